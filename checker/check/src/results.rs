@@ -1,0 +1,174 @@
+//! What the checker concludes, as data. Serialized as `results.json`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The anomalies of the contract, in the order they are reported. Every one of
+/// them fails the run.
+pub const ANOMALIES: [&str; 6] = [
+    "lost-order",
+    "lost-effect",
+    "double-applied",
+    "unexpected-effect",
+    "failed-but-present",
+    "projection-mismatch",
+];
+
+/// How many examples each anomaly keeps: enough to debug from, small enough to
+/// read in a terminal.
+pub const EXAMPLES_MAX: usize = 10;
+
+/// `true`, `false` or `"unknown"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Valid,
+    Invalid,
+    Unknown,
+}
+
+impl Verdict {
+    /// The exit status of `haunt check` for this verdict.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Verdict::Valid => 0,
+            Verdict::Invalid => 1,
+            Verdict::Unknown => 2,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Valid => "true",
+            Verdict::Invalid => "false",
+            Verdict::Unknown => "unknown",
+        }
+    }
+}
+
+impl Serialize for Verdict {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Verdict::Valid => s.serialize_bool(true),
+            Verdict::Invalid => s.serialize_bool(false),
+            Verdict::Unknown => s.serialize_str("unknown"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Verdict {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match serde_json::Value::deserialize(d)? {
+            serde_json::Value::Bool(true) => Ok(Verdict::Valid),
+            serde_json::Value::Bool(false) => Ok(Verdict::Invalid),
+            serde_json::Value::String(s) if s == "unknown" => Ok(Verdict::Unknown),
+            other => Err(serde::de::Error::custom(format!("not a verdict: {other}"))),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Results {
+    pub valid: Verdict,
+    /// Why the verdict is `"unknown"` (empty otherwise).
+    pub unknown_reasons: Vec<String>,
+    pub counts: Counts,
+    /// Every anomaly of [`ANOMALIES`], with a count of zero when absent.
+    pub anomalies: BTreeMap<String, AnomalyReport>,
+    /// Indeterminate orders that are present and applied exactly once.
+    pub recovered: u64,
+    /// Present orders whose message is parked in the dead-letter table.
+    pub dead_lettered: u64,
+    /// Present orders whose message is still queued.
+    pub pending: u64,
+    pub delivery: Delivery,
+    pub latency_ms: Latency,
+    pub faults: Vec<FaultWindow>,
+}
+
+impl Results {
+    pub fn failing_anomalies(&self) -> impl Iterator<Item = (&str, &AnomalyReport)> {
+        self.anomalies
+            .iter()
+            .filter(|(_, report)| report.count > 0)
+            .map(|(name, report)| (name.as_str(), report))
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    /// Lines of the history.
+    pub ops: u64,
+    pub client_ops: u64,
+    pub nemesis_ops: u64,
+    /// Logical orders (distinct order ids invoked).
+    pub attempted: u64,
+    pub acknowledged: u64,
+    pub failed: u64,
+    pub indeterminate: u64,
+    /// Invokes with no completion when the history ended.
+    pub open_invokes: u64,
+    /// `order` lines in the final state.
+    pub present: u64,
+    /// Distinct events with at least one `applied` line.
+    pub applied_events: u64,
+    pub applied_lines: u64,
+    pub pending_messages: u64,
+    pub dead_letters: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AnomalyReport {
+    pub count: u64,
+    /// History time of the earliest op involved in any instance (the order's
+    /// first invoke), when the instance names an invoked order.
+    pub first_time_ns: Option<u64>,
+    pub examples: Vec<Example>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Example {
+    pub order_id: Option<String>,
+    pub event_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item_id: Option<String>,
+    /// The first invoke of the order, on the history clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_ns: Option<u64>,
+    pub why: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Delivery {
+    /// `delivery_attempt` of every `applied` line -> number of lines.
+    pub histogram: BTreeMap<u32, u64>,
+    /// Applied events whose (first) application came on a redelivery.
+    pub redelivered_events: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Quantiles {
+    pub count: u64,
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Latency {
+    /// Client op latency (invoke to completion) by outcome: `ok`, `fail`, `info`.
+    pub ops: BTreeMap<String, Quantiles>,
+    /// From an order's `ok` to the first application of its event. Can be
+    /// negative: a worker may apply the event before the client reads the answer.
+    pub effect_lag: Quantiles,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FaultWindow {
+    pub fault: String,
+    pub target: String,
+    pub start_ns: u64,
+    /// `None`: still open when the history ended.
+    pub end_ns: Option<u64>,
+}

@@ -1,0 +1,241 @@
+//! One line of `history.jsonl`: a client op or a nemesis op.
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+/// Who performed an op: a client process or the nemesis.
+///
+/// The format allows an integer or a string; `"nemesis"` is the nemesis and any
+/// other string names a client process (some tools name their workers).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Process {
+    Client(u64),
+    Named(String),
+    Nemesis,
+}
+
+impl Process {
+    pub fn is_nemesis(&self) -> bool {
+        matches!(self, Process::Nemesis)
+    }
+}
+
+impl std::fmt::Display for Process {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Process::Client(n) => write!(f, "{n}"),
+            Process::Named(name) => f.write_str(name),
+            Process::Nemesis => f.write_str("nemesis"),
+        }
+    }
+}
+
+impl Serialize for Process {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Process::Client(n) => s.serialize_u64(*n),
+            Process::Named(name) => s.serialize_str(name),
+            Process::Nemesis => s.serialize_str("nemesis"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Process {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Process;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a non-negative integer or a string")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Process, E> {
+                Ok(Process::Client(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Process, E> {
+                u64::try_from(v)
+                    .map(Process::Client)
+                    .map_err(|_| E::custom(format!("process {v} is negative")))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Process, E> {
+                Ok(match v {
+                    "nemesis" => Process::Nemesis,
+                    _ => Process::Named(v.to_owned()),
+                })
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+/// Jepsen's op types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OpType {
+    /// The op was started.
+    Invoke,
+    /// The op took effect.
+    Ok,
+    /// The op certainly had no effect.
+    Fail,
+    /// Unknown: the op may or may not have taken effect.
+    Info,
+}
+
+impl OpType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OpType::Invoke => "invoke",
+            OpType::Ok => "ok",
+            OpType::Fail => "fail",
+            OpType::Info => "info",
+        }
+    }
+}
+
+/// The value of an `order` op.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrderValue {
+    pub order_id: String,
+    pub item_id: String,
+    pub qty: i64,
+    /// Only on an `ok` completion: the event the API enqueued for this order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_id: Option<String>,
+}
+
+/// The value of an op: typed for client `order` ops, free-form for the rest
+/// (nemesis ops describe their targets however the tool likes).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum OpValue {
+    Order(OrderValue),
+    Other(serde_json::Value),
+}
+
+/// One op of the history.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Op {
+    pub index: u64,
+    pub time_ns: u64,
+    pub process: Process,
+    #[serde(rename = "type")]
+    pub kind: OpType,
+    pub f: String,
+    pub value: OpValue,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub correlation_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Op {
+    /// The order value, when this is a client `order` op.
+    pub fn order(&self) -> Option<&OrderValue> {
+        match &self.value {
+            OpValue::Order(order) => Some(order),
+            OpValue::Other(_) => None,
+        }
+    }
+}
+
+/// The wire shape, borrowed from the line so `value` is parsed only once, into
+/// the right type.
+#[derive(Deserialize)]
+struct RawOp<'a> {
+    index: u64,
+    time_ns: u64,
+    process: Process,
+    #[serde(rename = "type")]
+    kind: OpType,
+    #[serde(borrow)]
+    f: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    value: &'a RawValue,
+    #[serde(default)]
+    correlation_id: Option<String>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+/// A completion's value may repeat the order or carry only what it adds.
+#[derive(Deserialize)]
+struct CompletionValue {
+    #[serde(default)]
+    order_id: Option<String>,
+    #[serde(default)]
+    item_id: Option<String>,
+    #[serde(default)]
+    qty: Option<i64>,
+    #[serde(default)]
+    event_id: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for Op {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let raw = RawOp::deserialize(d)?;
+        let is_client_order = !raw.process.is_nemesis() && raw.f == "order";
+        let value = if is_client_order && raw.kind == OpType::Invoke {
+            let order: OrderValue = serde_json::from_str(raw.value.get())
+                .map_err(|e| D::Error::custom(format!("value of an order invoke: {e}")))?;
+            OpValue::Order(order)
+        } else if is_client_order {
+            // A completion names its order through its invoke; what it repeats is
+            // checked against that invoke by the checker.
+            let v: CompletionValue = serde_json::from_str(raw.value.get())
+                .map_err(|e| D::Error::custom(format!("value of an order completion: {e}")))?;
+            OpValue::Order(OrderValue {
+                order_id: v.order_id.unwrap_or_default(),
+                item_id: v.item_id.unwrap_or_default(),
+                qty: v.qty.unwrap_or_default(),
+                event_id: v.event_id,
+            })
+        } else {
+            let v: serde_json::Value = serde_json::from_str(raw.value.get())
+                .map_err(|e| D::Error::custom(format!("value: {e}")))?;
+            if !v.is_object() {
+                return Err(D::Error::custom("value must be a JSON object"));
+            }
+            OpValue::Other(v)
+        };
+        Ok(Op {
+            index: raw.index,
+            time_ns: raw.time_ns,
+            process: raw.process,
+            kind: raw.kind,
+            f: raw.f.into_owned(),
+            value,
+            correlation_id: raw.correlation_id,
+            error: raw.error,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_invoke_round_trips() {
+        let line = r#"{"index":0,"time_ns":5,"process":3,"type":"invoke","f":"order","value":{"order_id":"o1","item_id":"i1","qty":2},"correlation_id":"c1"}"#;
+        let op: Op = serde_json::from_str(line).unwrap();
+        assert_eq!(op.process, Process::Client(3));
+        assert_eq!(op.order().unwrap().qty, 2);
+        assert_eq!(serde_json::to_string(&op).unwrap(), line);
+    }
+
+    #[test]
+    fn nemesis_value_is_free_form() {
+        let line = r#"{"index":1,"time_ns":9,"process":"nemesis","type":"info","f":"kill","value":{"target":"worker-1"}}"#;
+        let op: Op = serde_json::from_str(line).unwrap();
+        assert!(op.process.is_nemesis());
+        assert!(op.order().is_none());
+    }
+
+    #[test]
+    fn order_invoke_without_qty_is_rejected() {
+        let line = r#"{"index":0,"time_ns":5,"process":3,"type":"invoke","f":"order","value":{"order_id":"o1","item_id":"i1"}}"#;
+        let err = serde_json::from_str::<Op>(line).unwrap_err().to_string();
+        assert!(err.contains("qty"), "{err}");
+    }
+}

@@ -1,0 +1,205 @@
+//! Streaming JSON Lines: a reader that names the file and line of every error,
+//! and a writer.
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// A line that does not follow the format, or a file that cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    #[error("{}:{line}: {message}", file.display())]
+    Line {
+        file: PathBuf,
+        line: u64,
+        message: String,
+    },
+    #[error("{}: {source}", file.display())]
+    Io {
+        file: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl FormatError {
+    pub fn line(file: &Path, line: u64, message: impl Into<String>) -> Self {
+        FormatError::Line {
+            file: file.to_owned(),
+            line,
+            message: message.into(),
+        }
+    }
+}
+
+/// What the reader yields.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Line<T> {
+    /// A parsed line with its 1-based line number.
+    Item { line: u64, value: T },
+    /// The last line of the file has no newline and does not parse: the writer
+    /// was interrupted mid-line. The reader stops here.
+    Truncated { line: u64 },
+}
+
+/// Reads one JSON value a line. Blank lines are skipped.
+#[derive(Debug)]
+pub struct JsonlReader<R, T> {
+    inner: R,
+    file: PathBuf,
+    line: u64,
+    buf: Vec<u8>,
+    done: bool,
+    _item: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<R: BufRead, T: DeserializeOwned> JsonlReader<R, T> {
+    /// `file` is only used to name the source in errors.
+    pub fn new(inner: R, file: impl Into<PathBuf>) -> Self {
+        JsonlReader {
+            inner,
+            file: file.into(),
+            line: 0,
+            // Lines of a history are short; this avoids regrowing for most of them.
+            buf: Vec::with_capacity(512),
+            done: false,
+            _item: std::marker::PhantomData,
+        }
+    }
+
+    pub fn file(&self) -> &Path {
+        &self.file
+    }
+}
+
+impl<T: DeserializeOwned> JsonlReader<std::io::BufReader<std::fs::File>, T> {
+    pub fn open(path: &Path) -> Result<Self, FormatError> {
+        let file = std::fs::File::open(path).map_err(|source| FormatError::Io {
+            file: path.to_owned(),
+            source,
+        })?;
+        // A large buffer: histories are read front to back once.
+        let reader = std::io::BufReader::with_capacity(1 << 20, file);
+        Ok(JsonlReader::new(reader, path))
+    }
+}
+
+impl<R: BufRead, T: DeserializeOwned> Iterator for JsonlReader<R, T> {
+    type Item = Result<Line<T>, FormatError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while !self.done {
+            self.buf.clear();
+            let n = match self.inner.read_until(b'\n', &mut self.buf) {
+                Ok(n) => n,
+                Err(source) => {
+                    self.done = true;
+                    return Some(Err(FormatError::Io {
+                        file: self.file.clone(),
+                        source,
+                    }));
+                }
+            };
+            if n == 0 {
+                self.done = true;
+                return None;
+            }
+            self.line += 1;
+            let complete = self.buf.last() == Some(&b'\n');
+            if self.buf.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            return Some(match serde_json::from_slice::<T>(&self.buf) {
+                Ok(value) => Ok(Line::Item {
+                    line: self.line,
+                    value,
+                }),
+                Err(_) if !complete => {
+                    self.done = true;
+                    Ok(Line::Truncated { line: self.line })
+                }
+                Err(e) => {
+                    self.done = true;
+                    Err(FormatError::line(&self.file, self.line, e.to_string()))
+                }
+            });
+        }
+        None
+    }
+}
+
+/// Writes one JSON value a line.
+#[derive(Debug)]
+pub struct JsonlWriter<W> {
+    inner: W,
+}
+
+impl<W: Write> JsonlWriter<W> {
+    pub fn new(inner: W) -> Self {
+        JsonlWriter { inner }
+    }
+
+    pub fn write<T: Serialize>(&mut self, value: &T) -> std::io::Result<()> {
+        serde_json::to_writer(&mut self.inner, value)?;
+        self.inner.write_all(b"\n")
+    }
+
+    pub fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+
+    pub fn into_inner(self) -> W {
+        self.inner
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(text: &str) -> Vec<Result<Line<serde_json::Value>, String>> {
+        JsonlReader::new(text.as_bytes(), "t.jsonl")
+            .map(|r| r.map_err(|e| e.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn numbers_lines_and_skips_blank_ones() {
+        let got = read("{\"a\":1}\n\n{\"a\":2}\n");
+        assert_eq!(got.len(), 2);
+        assert!(matches!(got[1], Ok(Line::Item { line: 3, .. })));
+    }
+
+    #[test]
+    fn last_line_without_newline_still_counts_when_it_parses() {
+        let got = read("{\"a\":1}\n{\"a\":2}");
+        assert!(matches!(got[1], Ok(Line::Item { line: 2, .. })));
+    }
+
+    #[test]
+    fn a_cut_last_line_is_truncation_not_an_error() {
+        let got = read("{\"a\":1}\n{\"a\":");
+        assert_eq!(got[1], Ok(Line::Truncated { line: 2 }));
+    }
+
+    #[test]
+    fn a_bad_complete_line_names_file_and_line() {
+        let got = read("{\"a\":1}\nnot json\n{\"a\":3}\n");
+        let err = got[1].clone().unwrap_err();
+        assert!(err.starts_with("t.jsonl:2:"), "{err}");
+        assert_eq!(got.len(), 2, "the reader stops at the first error");
+    }
+
+    #[test]
+    fn writer_writes_one_value_a_line() {
+        let mut w = JsonlWriter::new(Vec::new());
+        w.write(&serde_json::json!({"a": 1})).unwrap();
+        w.write(&serde_json::json!({"b": 2})).unwrap();
+        assert_eq!(
+            String::from_utf8(w.into_inner()).unwrap(),
+            "{\"a\":1}\n{\"b\":2}\n"
+        );
+    }
+}

@@ -1,0 +1,26 @@
+//! The run directory: the contract between the harness, which writes one, and the
+//! checker, which reads one. Other tools and people write run directories too, so
+//! this crate follows `RUN-FORMAT.md` to the letter and depends on serde alone.
+//!
+//! Reading is streaming (a history can hold tens of millions of ops) and every
+//! line that does not follow the format is reported with its file and line number.
+//!
+//! # Layout
+//!
+//! - [`history`]: the ops of `history.jsonl` (client ops and nemesis ops).
+//! - [`final_state`]: the lines of `final-state.jsonl`.
+//! - [`jsonl`]: the streaming reader and the writer, and [`FormatError`].
+
+pub mod final_state;
+pub mod history;
+pub mod jsonl;
+
+pub use final_state::{Applied, DeadLetter, FinalLine, Meta, OrderRow, Pending, ProjectionRow};
+pub use history::{Op, OpType, OpValue, OrderValue, Process};
+pub use jsonl::{FormatError, JsonlReader, JsonlWriter, Line};
+
+/// File names inside a run directory.
+pub const HISTORY_FILE: &str = "history.jsonl";
+pub const FINAL_STATE_FILE: &str = "final-state.jsonl";
+pub const RUN_FILE: &str = "run.json";
+pub const RESULTS_FILE: &str = "results.json";

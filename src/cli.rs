@@ -1,0 +1,82 @@
+//! Command-line parsing and dispatch.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "haunt",
+    version,
+    about = "Jepsen-style chaos harness for at-least-once event pipelines",
+    long_about = "Jepsen-style chaos harness for at-least-once event pipelines.\n\n\
+        It runs a reference outbox/inbox pipeline (api, workers, reconcile), injects \
+        faults while clients record a history, and checks from that history and the \
+        final state that no acknowledged order was lost and no event applied twice."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Check a run directory (history.jsonl + final-state.jsonl) and write results.json.
+    ///
+    /// Exit status: 0 valid, 1 invalid (anomalies found), 2 unknown, 65 input that
+    /// does not follow the run-directory format (file and line on stderr), 66 no
+    /// such directory.
+    Check(CheckArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct CheckArgs {
+    /// The run directory.
+    dir: PathBuf,
+    /// Print the results as JSON instead of the human summary.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            // 64 (EX_USAGE), not clap's 2: `haunt check` already means "unknown" by 2.
+            return if e.use_stderr() { 64 } else { 0 };
+        }
+    };
+    match cli.command {
+        Command::Check(args) => check(args),
+    }
+}
+
+fn check(args: CheckArgs) -> i32 {
+    let results = match haunt_checker::check_dir(&args.dir) {
+        Ok(results) => results,
+        Err(e) => {
+            eprintln!("haunt check: {e}");
+            return e.exit_code();
+        }
+    };
+    let json = match serde_json::to_string_pretty(&results) {
+        Ok(json) => json,
+        Err(e) => {
+            eprintln!("haunt check: serializing results: {e}");
+            return 70;
+        }
+    };
+    let out = args.dir.join(haunt_format::RESULTS_FILE);
+    if let Err(e) = std::fs::write(&out, format!("{json}\n")) {
+        eprintln!("haunt check: writing {}: {e}", out.display());
+        return 73;
+    }
+    if args.json {
+        println!("{json}");
+    } else {
+        print!("{}", haunt_checker::summary::render(&results));
+        println!("\nresults: {}", out.display());
+    }
+    results.valid.exit_code()
+}

@@ -1,0 +1,9 @@
+//! `haunt`: one binary for the services, the harness and the checker. It parses
+//! arguments and calls into the libraries; nothing else lives here.
+
+mod cli;
+
+fn main() {
+    let code = cli::main();
+    std::process::exit(code);
+}

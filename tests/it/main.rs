@@ -1,0 +1,3 @@
+//! Tests of the `haunt` binary, run as a process.
+
+mod check;
