@@ -1,0 +1,95 @@
+//! Bug modes: switches that put back a mistake people really make with this
+//! pattern, so the harness can show that it catches each one. Every bug path in
+//! the services is marked with `BUG MODE` and is off unless `--bug` names it.
+
+use std::fmt;
+use std::str::FromStr;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Bug {
+    /// The consumer applies every delivery: no inbox check.
+    NoInbox,
+    /// The inbox row is committed in its own transaction before the effect.
+    InboxOutsideTxn,
+    /// The worker acks as soon as it leases (auto-ack), then processes.
+    AckBeforeProcess,
+    /// The order and its message are written in two transactions.
+    NonAtomicEnqueue,
+    /// The projection is updated by SELECT then UPDATE instead of an atomic upsert.
+    ReadModifyWriteProjection,
+    /// Leases are computed from the worker's (skewable) clock.
+    WorkerClockLease,
+    /// Ack deletes the message whoever holds the lease.
+    NoLeaseToken,
+    /// A retried request gets a new event instead of the original one.
+    NewEventIdOnRetry,
+    /// Dead letters are deleted instead of parked.
+    DlqDrop,
+    /// Orders commit with `synchronous_commit = off` (PostgreSQL).
+    AsyncCommit,
+}
+
+impl Bug {
+    pub const ALL: [Bug; 10] = [
+        Bug::NoInbox,
+        Bug::InboxOutsideTxn,
+        Bug::AckBeforeProcess,
+        Bug::NonAtomicEnqueue,
+        Bug::ReadModifyWriteProjection,
+        Bug::WorkerClockLease,
+        Bug::NoLeaseToken,
+        Bug::NewEventIdOnRetry,
+        Bug::DlqDrop,
+        Bug::AsyncCommit,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Bug::NoInbox => "no-inbox",
+            Bug::InboxOutsideTxn => "inbox-outside-txn",
+            Bug::AckBeforeProcess => "ack-before-process",
+            Bug::NonAtomicEnqueue => "non-atomic-enqueue",
+            Bug::ReadModifyWriteProjection => "read-modify-write-projection",
+            Bug::WorkerClockLease => "worker-clock-lease",
+            Bug::NoLeaseToken => "no-lease-token",
+            Bug::NewEventIdOnRetry => "new-event-id-on-retry",
+            Bug::DlqDrop => "dlq-drop",
+            Bug::AsyncCommit => "async-commit",
+        }
+    }
+}
+
+impl fmt::Display for Bug {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Bug {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Bug::ALL.into_iter().find(|b| b.name() == s).ok_or_else(|| {
+            let names: Vec<&str> = Bug::ALL.iter().map(|b| b.name()).collect();
+            format!("unknown bug mode {s:?}; known: {}", names.join(", "))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for bug in Bug::ALL {
+            assert_eq!(bug.name().parse::<Bug>().unwrap(), bug);
+        }
+        assert!(
+            "no-such-bug"
+                .parse::<Bug>()
+                .unwrap_err()
+                .contains("no-inbox")
+        );
+    }
+}

@@ -1,0 +1,136 @@
+//! The SQL, one text for both backends where they agree (sqlx binds `$N` on
+//! SQLite too) and one per backend where they do not: the database clock and the
+//! lease lock.
+
+/// Statements whose text depends on the backend.
+#[derive(Debug)]
+pub struct Dialect {
+    /// Milliseconds since the Unix epoch from the database clock.
+    pub now: &'static str,
+    pub lease: &'static str,
+    pub place_order: &'static str,
+    pub enqueue: &'static str,
+    pub mark_inbox: &'static str,
+    pub ledger: &'static str,
+    pub retry_later: &'static str,
+    pub dead_letter: &'static str,
+    pub redrive_all: &'static str,
+    pub redrive_one: &'static str,
+    pub queue_stats: &'static str,
+    pub dead_letter_count: &'static str,
+    /// Takes the write lock that keeps appliers out while reconcile recomputes.
+    pub reconcile_lock: &'static str,
+}
+
+macro_rules! dialect {
+    ($now:literal, $skip_locked:literal, $reconcile_lock:literal) => {
+        Dialect {
+            now: concat!("SELECT ", $now),
+            // $1 batch size, $2 worker clock (NULL: database clock), $3 lease token,
+            // $4 visibility timeout in ms.
+            lease: concat!(
+                "UPDATE queue_messages SET delivery_count = delivery_count + 1, lease_token = $3, ",
+                "lease_until_ms = COALESCE($2, ", $now, ") + $4, ",
+                "visible_at_ms = COALESCE($2, ", $now, ") + $4 ",
+                "WHERE message_id IN (SELECT message_id FROM queue_messages ",
+                "WHERE visible_at_ms <= COALESCE($2, ", $now, ") ",
+                "ORDER BY visible_at_ms LIMIT $1", $skip_locked, ") ",
+                "RETURNING message_id, event_id, payload, headers, delivery_count, lease_until_ms, enqueued_at_ms"
+            ),
+            place_order: concat!(
+                "INSERT INTO orders (order_id, item_id, qty, event_id, correlation_id, created_at_ms) ",
+                "VALUES ($1, $2, $3, $4, $5, ", $now, ") ON CONFLICT (order_id) DO NOTHING"
+            ),
+            enqueue: concat!(
+                "INSERT INTO queue_messages (message_id, event_id, payload, headers, enqueued_at_ms, visible_at_ms) ",
+                "VALUES ($1, $2, $3, $4, ", $now, ", ", $now, ")"
+            ),
+            mark_inbox: concat!(
+                "INSERT INTO inbox_processed (event_id, processed_at_ms) VALUES ($1, ", $now, ") ",
+                "ON CONFLICT (event_id) DO NOTHING"
+            ),
+            ledger: concat!(
+                "INSERT INTO projection_ledger (event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms) ",
+                "VALUES ($1, $2, $3, $4, $5, $6, ", $now, ") RETURNING applied_at_ms"
+            ),
+            // $1 message, $2 token (NULL: any holder), $3 backoff ms, $4 error.
+            retry_later: concat!(
+                "UPDATE queue_messages SET visible_at_ms = ", $now, " + $3, lease_until_ms = NULL, ",
+                "lease_token = NULL, last_error = $4 ",
+                "WHERE message_id = $1 AND ($2 IS NULL OR lease_token = $2)"
+            ),
+            dead_letter: concat!(
+                "INSERT INTO dead_letters (message_id, event_id, payload, headers, enqueued_at_ms, delivery_count, last_error, dead_at_ms) ",
+                "SELECT message_id, event_id, payload, headers, enqueued_at_ms, delivery_count, $3, ", $now, " ",
+                "FROM queue_messages WHERE message_id = $1 AND ($2 IS NULL OR lease_token = $2)"
+            ),
+            redrive_all: concat!(
+                "INSERT INTO queue_messages (message_id, event_id, payload, headers, enqueued_at_ms, visible_at_ms, last_error) ",
+                "SELECT message_id, event_id, payload, headers, enqueued_at_ms, ", $now, ", last_error FROM dead_letters"
+            ),
+            redrive_one: concat!(
+                "INSERT INTO queue_messages (message_id, event_id, payload, headers, enqueued_at_ms, visible_at_ms, last_error) ",
+                "SELECT message_id, event_id, payload, headers, enqueued_at_ms, ", $now, ", last_error FROM dead_letters ",
+                "WHERE message_id = $1"
+            ),
+            queue_stats: concat!(
+                "SELECT ",
+                "CAST(COALESCE(SUM(CASE WHEN visible_at_ms <= ", $now, " THEN 1 ELSE 0 END), 0) AS BIGINT), ",
+                "CAST(COALESCE(SUM(CASE WHEN lease_token IS NOT NULL AND lease_until_ms > ", $now, " THEN 1 ELSE 0 END), 0) AS BIGINT), ",
+                "CAST(COALESCE(SUM(CASE WHEN lease_token IS NULL AND visible_at_ms > ", $now, " THEN 1 ELSE 0 END), 0) AS BIGINT), ",
+                "CAST(COALESCE(", $now, " - MIN(enqueued_at_ms), 0) AS BIGINT) ",
+                "FROM queue_messages"
+            ),
+            dead_letter_count: "SELECT CAST(COUNT(*) AS BIGINT) FROM dead_letters",
+            reconcile_lock: $reconcile_lock,
+        }
+    };
+}
+
+pub const POSTGRES: Dialect = dialect!(
+    "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
+    " FOR UPDATE SKIP LOCKED",
+    "LOCK TABLE inventory_projection IN EXCLUSIVE MODE"
+);
+
+/// SQLite has one writer at a time, so leasing needs no row locks. Its
+/// reconcile lock is a write that matches nothing: it takes the database's write
+/// lock at once, as `BEGIN IMMEDIATE` would, so the reads that follow cannot be
+/// invalidated by a concurrent writer.
+pub const SQLITE: Dialect = dialect!(
+    "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+    "",
+    "UPDATE inventory_projection SET reserved_qty = reserved_qty WHERE 1 = 0"
+);
+
+// Statements that read the same on both backends.
+
+pub const ORDER_BY_ID: &str =
+    "SELECT order_id, item_id, qty, event_id, correlation_id FROM orders WHERE order_id = $1";
+pub const UPSERT_PROJECTION: &str = "INSERT INTO inventory_projection (item_id, reserved_qty) VALUES ($1, $2) \
+     ON CONFLICT (item_id) DO UPDATE SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty";
+pub const SET_PROJECTION: &str = "INSERT INTO inventory_projection (item_id, reserved_qty) VALUES ($1, $2) \
+     ON CONFLICT (item_id) DO UPDATE SET reserved_qty = excluded.reserved_qty";
+pub const READ_PROJECTION_ROW: &str =
+    "SELECT reserved_qty FROM inventory_projection WHERE item_id = $1";
+pub const ACK: &str = "DELETE FROM queue_messages WHERE message_id = $1 AND lease_token = $2";
+pub const ACK_ANY_HOLDER: &str = "DELETE FROM queue_messages WHERE message_id = $1";
+pub const DELETE_MESSAGE_HELD: &str =
+    "DELETE FROM queue_messages WHERE message_id = $1 AND ($2 IS NULL OR lease_token = $2)";
+pub const DELETE_DEAD_ALL: &str = "DELETE FROM dead_letters";
+pub const DELETE_DEAD_ONE: &str = "DELETE FROM dead_letters WHERE message_id = $1";
+pub const PROJECTION: &str =
+    "SELECT item_id, reserved_qty FROM inventory_projection ORDER BY item_id";
+pub const EXPECTED_PROJECTION: &str = "SELECT o.item_id, CAST(SUM(o.qty) AS BIGINT) FROM orders o \
+     JOIN inbox_processed i ON i.event_id = o.event_id GROUP BY o.item_id";
+pub const ORPHAN_ORDERS: &str = "SELECT o.order_id, o.item_id, o.qty, o.event_id, o.correlation_id FROM orders o \
+     WHERE NOT EXISTS (SELECT 1 FROM inbox_processed i WHERE i.event_id = o.event_id) \
+     AND NOT EXISTS (SELECT 1 FROM queue_messages q WHERE q.event_id = o.event_id) \
+     AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.event_id = o.event_id) \
+     ORDER BY o.created_at_ms";
+pub const FINAL_ORDERS: &str =
+    "SELECT order_id, item_id, qty, event_id FROM orders ORDER BY created_at_ms, order_id";
+pub const FINAL_LEDGER: &str = "SELECT event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms \
+     FROM projection_ledger ORDER BY id";
+pub const FINAL_PENDING: &str = "SELECT message_id, event_id, delivery_count FROM queue_messages ORDER BY enqueued_at_ms, message_id";
+pub const FINAL_DEAD: &str = "SELECT message_id, event_id, delivery_count, last_error FROM dead_letters ORDER BY dead_at_ms, message_id";

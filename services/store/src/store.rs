@@ -1,0 +1,715 @@
+//! [`Store`]: the operations of the pipeline, each one transaction.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use futures_util::TryStreamExt;
+use haunt_format::FinalLine;
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, Row};
+use uuid::Uuid;
+
+use crate::sql::{self, Dialect};
+use crate::{
+    Applied, Bug, Drift, Failed, Headers, LeaseClock, Leased, NewOrder, OrderEvent, Placement,
+    QueueStats, ReconcileReport, StoreError, StoredOrder,
+};
+
+use StoreError::{CommitUnknown, NotCommitted};
+
+static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+impl Backend {
+    pub fn from_url(url: &str) -> Result<Backend, StoreError> {
+        if url.starts_with("sqlite:") {
+            Ok(Backend::Sqlite)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(Backend::Postgres)
+        } else {
+            Err(StoreError::Url(url.to_owned()))
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// Connections in the pool. SQLite has one writer whatever this is.
+    pub max_connections: u32,
+    /// How long an operation waits for a pooled connection before failing.
+    pub acquire_timeout: Duration,
+    pub bug: Option<Bug>,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            // Enough for a worker's concurrency and the API's handlers on 2 cores;
+            // PostgreSQL's default max_connections (100) leaves room for many.
+            max_connections: 8,
+            // Short, so a partitioned database turns into errors the caller can
+            // report, not requests that hang past the client's timeout.
+            acquire_timeout: Duration::from_secs(5),
+            bug: None,
+        }
+    }
+}
+
+/// A connection pool and the SQL for its backend.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: AnyPool,
+    backend: Backend,
+    dialect: &'static Dialect,
+    bug: Option<Bug>,
+}
+
+/// How long SQLite waits on a locked database before reporting busy. Writers
+/// hold the lock for a millisecond or so; seconds of waiting only happen when a
+/// process holding it was paused, and then failing is the honest answer.
+const SQLITE_BUSY_TIMEOUT_MS: u32 = 5_000;
+
+fn corrupt(table: &'static str) -> impl Fn(sqlx::Error) -> StoreError {
+    move |e| StoreError::Corrupt {
+        table,
+        why: e.to_string(),
+    }
+}
+
+impl Store {
+    /// Connects and applies the embedded migrations.
+    pub async fn connect(url: &str, options: StoreOptions) -> Result<Store, StoreError> {
+        sqlx::any::install_default_drivers();
+        let backend = Backend::from_url(url)?;
+        let url = match backend {
+            // Create the file when missing.
+            Backend::Sqlite if !url.contains('?') => format!("{url}?mode=rwc"),
+            _ => url.to_owned(),
+        };
+        let connect_options = AnyConnectOptions::from_str(&url).map_err(StoreError::Connect)?;
+        let pool = AnyPoolOptions::new()
+            .max_connections(options.max_connections)
+            .acquire_timeout(options.acquire_timeout)
+            .after_connect(move |conn, _meta| {
+                Box::pin(async move {
+                    if backend == Backend::Sqlite {
+                        // WAL lets readers run beside the writer; NORMAL sync is durable
+                        // across a killed process (the faults here), not a power cut.
+                        sqlx::raw_sql("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL")
+                            .execute(&mut *conn)
+                            .await?;
+                        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                            "PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}"
+                        )))
+                        .execute(&mut *conn)
+                        .await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect_with(connect_options)
+            .await
+            .map_err(StoreError::Connect)?;
+        let migrator = match backend {
+            Backend::Sqlite => &SQLITE_MIGRATIONS,
+            Backend::Postgres => &POSTGRES_MIGRATIONS,
+        };
+        migrator.run(&pool).await.map_err(StoreError::Migrate)?;
+        let dialect = match backend {
+            Backend::Sqlite => &sql::SQLITE,
+            Backend::Postgres => &sql::POSTGRES,
+        };
+        Ok(Store {
+            pool,
+            backend,
+            dialect,
+            bug: options.bug,
+        })
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    pub fn bug(&self) -> Option<Bug> {
+        self.bug
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// The database clock, in ms since the epoch.
+    pub async fn now_ms(&self) -> Result<i64, StoreError> {
+        sqlx::query_scalar(self.dialect.now)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(NotCommitted)
+    }
+
+    /// Writes the order and its message in one transaction. The order id is the
+    /// idempotency key: the same order again is a replay, other content a conflict.
+    pub async fn place_order(&self, new: &NewOrder) -> Result<Placement, StoreError> {
+        let event_id = Uuid::new_v4().to_string();
+        let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
+        if self.bug == Some(Bug::AsyncCommit) && self.backend == Backend::Postgres {
+            // BUG MODE async-commit: the commit returns before the WAL is flushed,
+            // so an acknowledged order can vanish in a database crash.
+            sqlx::query("SET LOCAL synchronous_commit = off")
+                .execute(&mut *tx)
+                .await
+                .map_err(NotCommitted)?;
+        }
+        let inserted = sqlx::query(self.dialect.place_order)
+            .bind(&new.order_id)
+            .bind(&new.item_id)
+            .bind(new.qty)
+            .bind(&event_id)
+            .bind(&new.correlation_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(NotCommitted)?
+            .rows_affected();
+        if inserted == 0 {
+            let existing =
+                read_order(&mut *tx, &new.order_id)
+                    .await?
+                    .ok_or_else(|| StoreError::Corrupt {
+                        table: "orders",
+                        why: format!("order {} conflicted but cannot be read", new.order_id),
+                    })?;
+            // Nothing was written; a failed rollback only ends the transaction sooner.
+            let _ = tx.rollback().await;
+            if existing.item_id != new.item_id || existing.qty != new.qty {
+                return Ok(Placement::Conflict { existing });
+            }
+            if self.bug == Some(Bug::NewEventIdOnRetry) {
+                // BUG MODE new-event-id-on-retry: a retried request enqueues a fresh
+                // event instead of answering with the original one.
+                let fresh = OrderEvent {
+                    event_id: Uuid::new_v4().to_string(),
+                    ..event_for(new, &existing.event_id)
+                };
+                let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
+                self.enqueue(&mut tx, new, &fresh).await?;
+                tx.commit().await.map_err(CommitUnknown)?;
+                return Ok(Placement::Replayed {
+                    event_id: fresh.event_id,
+                });
+            }
+            return Ok(Placement::Replayed {
+                event_id: existing.event_id,
+            });
+        }
+        let event = event_for(new, &event_id);
+        if self.bug == Some(Bug::NonAtomicEnqueue) {
+            // BUG MODE non-atomic-enqueue: the order commits on its own; if the
+            // message insert then fails, the order exists with no event, and the
+            // caller is told the request failed.
+            tx.commit().await.map_err(CommitUnknown)?;
+            let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
+            self.enqueue(&mut tx, new, &event).await?;
+            tx.commit().await.map_err(NotCommitted)?;
+            return Ok(Placement::Created { event_id });
+        }
+        self.enqueue(&mut tx, new, &event).await?;
+        tx.commit().await.map_err(CommitUnknown)?;
+        Ok(Placement::Created { event_id })
+    }
+
+    async fn enqueue(
+        &self,
+        tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+        new: &NewOrder,
+        event: &OrderEvent,
+    ) -> Result<(), StoreError> {
+        let payload = serde_json::to_string(event).expect("an event serializes");
+        let headers = Headers {
+            correlation_id: new.correlation_id.clone(),
+            traceparent: new.traceparent.clone(),
+        };
+        let headers = serde_json::to_string(&headers).expect("headers serialize");
+        sqlx::query(self.dialect.enqueue)
+            .bind(Uuid::new_v4().to_string())
+            .bind(&event.event_id)
+            .bind(payload)
+            .bind(headers)
+            .execute(&mut **tx)
+            .await
+            .map_err(NotCommitted)?;
+        Ok(())
+    }
+
+    pub async fn get_order(&self, order_id: &str) -> Result<Option<StoredOrder>, StoreError> {
+        let mut conn = self.pool.acquire().await.map_err(NotCommitted)?;
+        read_order(&mut *conn, order_id).await
+    }
+
+    /// Leases up to `batch_size_max` visible messages for `visibility_timeout`.
+    /// Each delivery's count goes up by one and all share a fresh lease token.
+    pub async fn lease(
+        &self,
+        batch_size_max: u32,
+        visibility_timeout: Duration,
+        clock: LeaseClock,
+    ) -> Result<Vec<Leased>, StoreError> {
+        let token = Uuid::new_v4().to_string();
+        let now = match clock {
+            LeaseClock::Database => None,
+            LeaseClock::Worker { now_ms } => Some(now_ms),
+        };
+        let rows = sqlx::query(self.dialect.lease)
+            .bind(i64::from(batch_size_max))
+            .bind(now)
+            .bind(&token)
+            .bind(visibility_timeout.as_millis() as i64)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(NotCommitted)?;
+        let mut leased = rows
+            .iter()
+            .map(|row| {
+                let headers: String = row.try_get(3).map_err(corrupt("queue_messages"))?;
+                Ok(Leased {
+                    message_id: row.try_get(0).map_err(corrupt("queue_messages"))?,
+                    event_id: row.try_get(1).map_err(corrupt("queue_messages"))?,
+                    payload: row.try_get(2).map_err(corrupt("queue_messages"))?,
+                    // Unreadable headers lose tracing, not the message.
+                    headers: serde_json::from_str(&headers).unwrap_or_default(),
+                    delivery_count: row.try_get(4).map_err(corrupt("queue_messages"))?,
+                    lease_token: token.clone(),
+                    lease_until_ms: row.try_get(5).map_err(corrupt("queue_messages"))?,
+                    enqueued_at_ms: row.try_get(6).map_err(corrupt("queue_messages"))?,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        leased.sort_by_key(|m| m.enqueued_at_ms);
+        Ok(leased)
+    }
+
+    /// Applies one delivery in one transaction: the inbox row, and only when the
+    /// event is new, the projection upsert and one ledger row.
+    pub async fn apply(
+        &self,
+        leased: &Leased,
+        event: &OrderEvent,
+        worker_id: &str,
+    ) -> Result<Applied, StoreError> {
+        if self.bug == Some(Bug::InboxOutsideTxn) {
+            // BUG MODE inbox-outside-txn: the event is marked processed in its own
+            // transaction; a crash or error before the effect commits loses it.
+            let marked = sqlx::query(self.dialect.mark_inbox)
+                .bind(&event.event_id)
+                .execute(&self.pool)
+                .await
+                .map_err(NotCommitted)?
+                .rows_affected();
+            if marked == 0 {
+                return Ok(Applied::Duplicate);
+            }
+        }
+        let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
+        match self.bug {
+            // BUG MODE no-inbox: every delivery is applied.
+            Some(Bug::NoInbox) | Some(Bug::InboxOutsideTxn) => {}
+            _ => {
+                let marked = sqlx::query(self.dialect.mark_inbox)
+                    .bind(&event.event_id)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(NotCommitted)?
+                    .rows_affected();
+                if marked == 0 {
+                    let _ = tx.rollback().await;
+                    return Ok(Applied::Duplicate);
+                }
+            }
+        }
+        if self.bug == Some(Bug::ReadModifyWriteProjection) {
+            // BUG MODE read-modify-write-projection: read, add, write back. Two
+            // workers on the same item both read the old value; one update is lost.
+            let current: Option<i64> = sqlx::query_scalar(sql::READ_PROJECTION_ROW)
+                .bind(&event.item_id)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(NotCommitted)?;
+            sqlx::query(sql::SET_PROJECTION)
+                .bind(&event.item_id)
+                .bind(current.unwrap_or(0) + event.qty)
+                .execute(&mut *tx)
+                .await
+                .map_err(NotCommitted)?;
+        } else {
+            sqlx::query(sql::UPSERT_PROJECTION)
+                .bind(&event.item_id)
+                .bind(event.qty)
+                .execute(&mut *tx)
+                .await
+                .map_err(NotCommitted)?;
+        }
+        let applied_at_ms: i64 = sqlx::query_scalar(self.dialect.ledger)
+            .bind(&event.event_id)
+            .bind(&event.order_id)
+            .bind(&event.item_id)
+            .bind(event.qty)
+            .bind(leased.delivery_count)
+            .bind(worker_id)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(NotCommitted)?;
+        tx.commit().await.map_err(CommitUnknown)?;
+        Ok(Applied::Applied { applied_at_ms })
+    }
+
+    /// Deletes the message if the caller still holds its lease. False when the
+    /// lease expired and someone else (or no one) holds it now.
+    pub async fn ack(&self, message_id: &str, lease_token: &str) -> Result<bool, StoreError> {
+        let query = if self.bug == Some(Bug::NoLeaseToken) {
+            // BUG MODE no-lease-token: a zombie deletes a message another worker
+            // is processing under a newer lease.
+            sqlx::query(sql::ACK_ANY_HOLDER).bind(message_id)
+        } else {
+            sqlx::query(sql::ACK).bind(message_id).bind(lease_token)
+        };
+        let deleted = query
+            .execute(&self.pool)
+            .await
+            .map_err(NotCommitted)?
+            .rows_affected();
+        Ok(deleted == 1)
+    }
+
+    /// A delivery failed: retry after `backoff`, or dead-letter it once it has
+    /// had `delivery_attempts_max` deliveries.
+    pub async fn fail(
+        &self,
+        leased: &Leased,
+        error: &str,
+        backoff: Duration,
+        delivery_attempts_max: u32,
+    ) -> Result<Failed, StoreError> {
+        if leased.delivery_count >= i64::from(delivery_attempts_max) {
+            return self
+                .dead_letter(&leased.message_id, Some(&leased.lease_token), error)
+                .await;
+        }
+        let updated = sqlx::query(self.dialect.retry_later)
+            .bind(&leased.message_id)
+            .bind(Some(leased.lease_token.as_str()))
+            .bind(backoff.as_millis() as i64)
+            .bind(error)
+            .execute(&self.pool)
+            .await
+            .map_err(NotCommitted)?
+            .rows_affected();
+        Ok(if updated == 1 {
+            Failed::Retrying
+        } else {
+            Failed::LeaseLost
+        })
+    }
+
+    /// Moves a message to the dead-letter table, if `lease_token` (when given)
+    /// still holds it.
+    pub async fn dead_letter(
+        &self,
+        message_id: &str,
+        lease_token: Option<&str>,
+        error: &str,
+    ) -> Result<Failed, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
+        if self.bug != Some(Bug::DlqDrop) {
+            let parked = sqlx::query(self.dialect.dead_letter)
+                .bind(message_id)
+                .bind(lease_token)
+                .bind(error)
+                .execute(&mut *tx)
+                .await
+                .map_err(NotCommitted)?
+                .rows_affected();
+            if parked == 0 {
+                let _ = tx.rollback().await;
+                return Ok(Failed::LeaseLost);
+            }
+        }
+        // BUG MODE dlq-drop: with the insert above skipped, the message is simply deleted.
+        let deleted = sqlx::query(sql::DELETE_MESSAGE_HELD)
+            .bind(message_id)
+            .bind(lease_token)
+            .execute(&mut *tx)
+            .await
+            .map_err(NotCommitted)?
+            .rows_affected();
+        if deleted == 0 {
+            let _ = tx.rollback().await;
+            return Ok(Failed::LeaseLost);
+        }
+        tx.commit().await.map_err(CommitUnknown)?;
+        Ok(Failed::DeadLettered)
+    }
+
+    /// Moves dead letters back to the queue (all of them, or one), with a fresh
+    /// delivery count. Returns how many moved.
+    pub async fn redrive(&self, message_id: Option<&str>) -> Result<u64, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
+        let moved = match message_id {
+            None => {
+                sqlx::query(self.dialect.redrive_all)
+                    .execute(&mut *tx)
+                    .await
+            }
+            Some(id) => {
+                sqlx::query(self.dialect.redrive_one)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await
+            }
+        }
+        .map_err(NotCommitted)?
+        .rows_affected();
+        match message_id {
+            None => sqlx::query(sql::DELETE_DEAD_ALL).execute(&mut *tx).await,
+            Some(id) => {
+                sqlx::query(sql::DELETE_DEAD_ONE)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await
+            }
+        }
+        .map_err(NotCommitted)?;
+        tx.commit().await.map_err(CommitUnknown)?;
+        Ok(moved)
+    }
+
+    /// Rebuilds the projection from the source of truth in one transaction: each
+    /// item's `reserved_qty` becomes the sum over its orders whose event has been
+    /// applied (events still queued will add themselves when applied), and orders
+    /// whose event is nowhere at all are enqueued again.
+    pub async fn reconcile(&self, dry_run: bool) -> Result<ReconcileReport, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
+        sqlx::query(self.dialect.reconcile_lock)
+            .execute(&mut *tx)
+            .await
+            .map_err(NotCommitted)?;
+        let expected: Vec<(String, i64)> = sqlx::query_as(sql::EXPECTED_PROJECTION)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(NotCommitted)?;
+        let current: Vec<(String, i64)> = sqlx::query_as(sql::PROJECTION)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(NotCommitted)?;
+        let mut items: std::collections::BTreeMap<String, (i64, i64)> = Default::default();
+        for (item, qty) in current {
+            items.entry(item).or_default().0 = qty;
+        }
+        for (item, qty) in expected {
+            items.entry(item).or_default().1 = qty;
+        }
+        let drift: Vec<Drift> = items
+            .into_iter()
+            .filter(|(_, (have, want))| have != want)
+            .map(|(item_id, (reserved_qty, expected_qty))| Drift {
+                item_id,
+                reserved_qty,
+                expected_qty,
+            })
+            .collect();
+        let orphans = sqlx::query(sql::ORPHAN_ORDERS)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(NotCommitted)?;
+        let mut report = ReconcileReport {
+            drift,
+            requeued: Vec::new(),
+            dry_run,
+        };
+        for row in &orphans {
+            let order = stored_order(row)?;
+            report.requeued.push(order.order_id.clone());
+            if !dry_run {
+                let new = NewOrder {
+                    order_id: order.order_id.clone(),
+                    item_id: order.item_id.clone(),
+                    qty: order.qty,
+                    correlation_id: order.correlation_id.clone(),
+                    traceparent: None,
+                };
+                self.enqueue(&mut tx, &new, &event_for(&new, &order.event_id))
+                    .await?;
+            }
+        }
+        if dry_run {
+            let _ = tx.rollback().await;
+            return Ok(report);
+        }
+        for d in &report.drift {
+            sqlx::query(sql::SET_PROJECTION)
+                .bind(&d.item_id)
+                .bind(d.expected_qty)
+                .execute(&mut *tx)
+                .await
+                .map_err(NotCommitted)?;
+        }
+        tx.commit().await.map_err(CommitUnknown)?;
+        Ok(report)
+    }
+
+    /// Adds `delta` to an item's projection behind the pipeline's back: the drift
+    /// that reconcile exists to repair. For tests and the tutorial.
+    pub async fn corrupt_projection(&self, item_id: &str, delta: i64) -> Result<(), StoreError> {
+        sqlx::query(sql::UPSERT_PROJECTION)
+            .bind(item_id)
+            .bind(delta)
+            .execute(&self.pool)
+            .await
+            .map_err(NotCommitted)?;
+        Ok(())
+    }
+
+    pub async fn projection(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        sqlx::query_as(sql::PROJECTION)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(NotCommitted)
+    }
+
+    pub async fn queue_stats(&self) -> Result<QueueStats, StoreError> {
+        let (visible, leased, delayed, oldest_age_ms): (i64, i64, i64, i64) =
+            sqlx::query_as(self.dialect.queue_stats)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(NotCommitted)?;
+        let dead_letter: i64 = sqlx::query_scalar(self.dialect.dead_letter_count)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(NotCommitted)?;
+        Ok(QueueStats {
+            visible,
+            leased,
+            delayed,
+            dead_letter,
+            oldest_age_ms,
+        })
+    }
+
+    /// Streams the final state (every line of `final-state.jsonl` but `meta`,
+    /// which only the harness can write) from one consistent snapshot.
+    pub async fn final_state(
+        &self,
+        mut sink: impl FnMut(FinalLine) -> std::io::Result<()>,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
+        if self.backend == Backend::Postgres {
+            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                .execute(&mut *tx)
+                .await
+                .map_err(NotCommitted)?;
+        }
+        let mut emit = |line| sink(line).map_err(StoreError::Sink);
+        {
+            let mut rows = sqlx::query(sql::FINAL_ORDERS).fetch(&mut *tx);
+            while let Some(row) = rows.try_next().await.map_err(NotCommitted)? {
+                let c = corrupt("orders");
+                emit(FinalLine::Order(haunt_format::OrderRow {
+                    order_id: row.try_get(0).map_err(&c)?,
+                    item_id: row.try_get(1).map_err(&c)?,
+                    qty: row.try_get(2).map_err(&c)?,
+                    event_id: row.try_get(3).map_err(&c)?,
+                }))?;
+            }
+        }
+        {
+            let mut rows = sqlx::query(sql::FINAL_LEDGER).fetch(&mut *tx);
+            while let Some(row) = rows.try_next().await.map_err(NotCommitted)? {
+                let c = corrupt("projection_ledger");
+                emit(FinalLine::Applied(haunt_format::Applied {
+                    event_id: row.try_get(0).map_err(&c)?,
+                    order_id: row.try_get(1).map_err(&c)?,
+                    item_id: row.try_get(2).map_err(&c)?,
+                    qty: row.try_get(3).map_err(&c)?,
+                    delivery_attempt: count(row.try_get(4).map_err(&c)?),
+                    worker_id: row.try_get(5).map_err(&c)?,
+                    applied_at_ms: row.try_get(6).map_err(&c)?,
+                }))?;
+            }
+        }
+        {
+            let mut rows = sqlx::query(sql::PROJECTION).fetch(&mut *tx);
+            while let Some(row) = rows.try_next().await.map_err(NotCommitted)? {
+                let c = corrupt("inventory_projection");
+                emit(FinalLine::Projection(haunt_format::ProjectionRow {
+                    item_id: row.try_get(0).map_err(&c)?,
+                    reserved_qty: row.try_get(1).map_err(&c)?,
+                }))?;
+            }
+        }
+        {
+            let mut rows = sqlx::query(sql::FINAL_PENDING).fetch(&mut *tx);
+            while let Some(row) = rows.try_next().await.map_err(NotCommitted)? {
+                let c = corrupt("queue_messages");
+                emit(FinalLine::Pending(haunt_format::Pending {
+                    message_id: row.try_get(0).map_err(&c)?,
+                    event_id: row.try_get(1).map_err(&c)?,
+                    delivery_count: count(row.try_get(2).map_err(&c)?),
+                }))?;
+            }
+        }
+        {
+            let mut rows = sqlx::query(sql::FINAL_DEAD).fetch(&mut *tx);
+            while let Some(row) = rows.try_next().await.map_err(NotCommitted)? {
+                let c = corrupt("dead_letters");
+                emit(FinalLine::DeadLetter(haunt_format::DeadLetter {
+                    message_id: row.try_get(0).map_err(&c)?,
+                    event_id: row.try_get(1).map_err(&c)?,
+                    delivery_count: count(row.try_get(2).map_err(&c)?),
+                    last_error: row.try_get(3).map_err(&c)?,
+                }))?;
+            }
+        }
+        let _ = tx.rollback().await;
+        Ok(())
+    }
+}
+
+fn count(n: i64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+fn event_for(new: &NewOrder, event_id: &str) -> OrderEvent {
+    OrderEvent {
+        event_id: event_id.to_owned(),
+        order_id: new.order_id.clone(),
+        item_id: new.item_id.clone(),
+        qty: new.qty,
+    }
+}
+
+fn stored_order(row: &AnyRow) -> Result<StoredOrder, StoreError> {
+    let c = corrupt("orders");
+    Ok(StoredOrder {
+        order_id: row.try_get(0).map_err(&c)?,
+        item_id: row.try_get(1).map_err(&c)?,
+        qty: row.try_get(2).map_err(&c)?,
+        event_id: row.try_get(3).map_err(&c)?,
+        correlation_id: row.try_get(4).map_err(&c)?,
+    })
+}
+
+async fn read_order(
+    conn: &mut sqlx::AnyConnection,
+    order_id: &str,
+) -> Result<Option<StoredOrder>, StoreError> {
+    let row = sqlx::query(sql::ORDER_BY_ID)
+        .bind(order_id)
+        .fetch_optional(conn)
+        .await
+        .map_err(NotCommitted)?;
+    row.as_ref().map(stored_order).transpose()
+}
