@@ -59,3 +59,71 @@ mod tests {
         assert!(b.delay(3, 0.999) < Duration::from_millis(400));
     }
 }
+
+/// A small, fast, seedable random source (SplitMix64). The harness needs
+/// schedules that replay from a seed on any build; the services only need jitter.
+#[derive(Debug, Clone)]
+pub struct Rng {
+    state: u64,
+}
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng { state: seed }
+    }
+
+    /// Seeded from the clock and the process: for jitter, not for replay.
+    pub fn from_entropy() -> Rng {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        Rng::new(nanos ^ (u64::from(std::process::id()) << 32))
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform in `[0, n)`; `n` must be positive.
+    pub fn below(&mut self, n: u64) -> u64 {
+        assert!(n > 0, "below(0) has no values");
+        // The modulo bias is below 2^-40 for the small n used here.
+        self.next_u64() % n
+    }
+}
+
+#[cfg(test)]
+mod rng_tests {
+    use super::Rng;
+
+    #[test]
+    fn same_seed_same_sequence() {
+        let a: Vec<u64> = (0..5)
+            .scan(Rng::new(42), |r, _| Some(r.next_u64()))
+            .collect();
+        let b: Vec<u64> = (0..5)
+            .scan(Rng::new(42), |r, _| Some(r.next_u64()))
+            .collect();
+        assert_eq!(a, b);
+        assert_ne!(a[0], a[1]);
+    }
+
+    #[test]
+    fn unit_is_in_range_and_spread() {
+        let mut r = Rng::new(7);
+        let xs: Vec<f64> = (0..10_000).map(|_| r.unit()).collect();
+        assert!(xs.iter().all(|x| (0.0..1.0).contains(x)));
+        let mean = xs.iter().sum::<f64>() / xs.len() as f64;
+        assert!((0.45..0.55).contains(&mean), "{mean}");
+    }
+}

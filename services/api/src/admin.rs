@@ -1,0 +1,74 @@
+//! Admin endpoints, present only when `HAUNT_ADMIN_TOKEN` is set, and then only
+//! for callers that present it as a bearer token.
+
+use axum::Router;
+use axum::extract::{Query, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::Shared;
+use crate::orders::empty;
+
+pub(crate) fn routes(state: Shared) -> Router<Shared> {
+    Router::new()
+        .route("/admin/final-state", get(final_state))
+        .route("/admin/reconcile", post(reconcile))
+        .layer(axum::middleware::from_fn_with_state(state, require_token))
+}
+
+async fn require_token(State(state): State<Shared>, request: Request, next: Next) -> Response {
+    let expected = state.config.admin_token.as_deref().unwrap_or_default();
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    // Compared in full whatever the prefix: no early exit to time.
+    let ok = presented.is_some_and(|p| {
+        p.len() == expected.len()
+            && p.bytes()
+                .zip(expected.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    });
+    if !ok || expected.is_empty() {
+        return empty(StatusCode::UNAUTHORIZED);
+    }
+    next.run(request).await
+}
+
+/// The final state as JSON Lines (without the `meta` line, which only the
+/// harness can write).
+async fn final_state(State(state): State<Shared>) -> Response {
+    let mut out = Vec::new();
+    let mut writer = haunt_format::JsonlWriter::new(&mut out);
+    match state.store.final_state(|line| writer.write(&line)).await {
+        Ok(()) => ([(header::CONTENT_TYPE, "application/jsonl")], out).into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"error": e.to_string()})),
+        )
+            .into_response(),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct ReconcileQuery {
+    #[serde(default)]
+    dry_run: bool,
+}
+
+async fn reconcile(State(state): State<Shared>, Query(q): Query<ReconcileQuery>) -> Response {
+    match state.store.reconcile(q.dry_run).await {
+        Ok(report) => axum::Json(report).into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"error": e.to_string()})),
+        )
+            .into_response(),
+    }
+}

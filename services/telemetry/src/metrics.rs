@@ -1,0 +1,207 @@
+//! The metrics of the contract: names start with `haunt_`, counters end in
+//! `_total`, durations are in seconds.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::exemplar::{CounterWithExemplar, HistogramWithExemplars};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// The exemplar attached to delivery metrics: which order, which trace.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TraceExemplar {
+    pub correlation_id: String,
+    pub trace_id: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabels {
+    pub method: String,
+    pub route: &'static str,
+    pub status: u16,
+}
+
+/// `state`: visible, leased, delayed (waiting out a retry backoff), dead_letter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueLabels {
+    pub state: &'static str,
+}
+
+/// Latency buckets in seconds, from a fast commit to a request that waited out a
+/// lock or a pause.
+fn seconds_buckets() -> impl Iterator<Item = f64> {
+    [
+        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    ]
+    .into_iter()
+}
+
+/// Delivery counts: every attempt up to the usual dead-letter limits.
+fn attempt_buckets() -> impl Iterator<Item = f64> {
+    [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0].into_iter()
+}
+
+/// The API's metrics.
+#[derive(Debug)]
+pub struct ApiMetrics {
+    pub registry: Registry,
+    /// `outcome`: created, replayed, conflict, rejected, not_committed, unknown.
+    pub orders: Family<OutcomeLabels, Counter>,
+    pub messages_enqueued: Counter,
+    pub http_request_duration: Family<HttpLabels, Histogram>,
+}
+
+impl Default for ApiMetrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("haunt");
+        let orders = Family::<OutcomeLabels, Counter>::default();
+        registry.register("orders", "Order requests by outcome", orders.clone());
+        let messages_enqueued = Counter::default();
+        registry.register(
+            "messages_enqueued",
+            "Messages enqueued with a new order",
+            messages_enqueued.clone(),
+        );
+        let http_request_duration = Family::<HttpLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(seconds_buckets())
+        });
+        registry.register(
+            "http_request_duration_seconds",
+            "HTTP request duration by route and status",
+            http_request_duration.clone(),
+        );
+        ApiMetrics {
+            registry,
+            orders,
+            messages_enqueued,
+            http_request_duration,
+        }
+    }
+}
+
+/// The worker's metrics.
+#[derive(Debug)]
+pub struct WorkerMetrics {
+    pub registry: Registry,
+    /// `outcome`: applied, duplicate, failed, dead_lettered.
+    pub deliveries: Family<OutcomeLabels, CounterWithExemplar<TraceExemplar>>,
+    /// The delivery count of each message when it is processed.
+    pub delivery_attempt: HistogramWithExemplars<TraceExemplar>,
+    pub ack_failures: Counter,
+    /// Deliveries after the first.
+    pub redeliveries: Counter,
+    pub queue_messages: Family<QueueLabels, Gauge>,
+    pub oldest_message_age_seconds: Gauge<f64, AtomicU64>,
+    pub processing_duration: HistogramWithExemplars<TraceExemplar>,
+    /// From enqueue to the application of the event.
+    pub effect_lag: HistogramWithExemplars<TraceExemplar>,
+}
+
+impl Default for WorkerMetrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("haunt");
+        let deliveries = Family::<OutcomeLabels, CounterWithExemplar<TraceExemplar>>::default();
+        registry.register(
+            "deliveries",
+            "Deliveries processed by outcome",
+            deliveries.clone(),
+        );
+        let delivery_attempt = HistogramWithExemplars::new(attempt_buckets());
+        registry.register(
+            "delivery_attempt",
+            "Delivery count of each message when processed",
+            delivery_attempt.clone(),
+        );
+        let ack_failures = Counter::default();
+        registry.register(
+            "ack_failures",
+            "Acks that did not delete their message",
+            ack_failures.clone(),
+        );
+        let redeliveries = Counter::default();
+        registry.register(
+            "redeliveries",
+            "Deliveries after the first of a message",
+            redeliveries.clone(),
+        );
+        let queue_messages = Family::<QueueLabels, Gauge>::default();
+        registry.register(
+            "queue_messages",
+            "Messages in the queue by state",
+            queue_messages.clone(),
+        );
+        let oldest_message_age_seconds = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "oldest_message_age_seconds",
+            "Age of the oldest message in the queue",
+            oldest_message_age_seconds.clone(),
+        );
+        let processing_duration = HistogramWithExemplars::new(seconds_buckets());
+        registry.register(
+            "processing_duration_seconds",
+            "Time to apply one delivery",
+            processing_duration.clone(),
+        );
+        let effect_lag = HistogramWithExemplars::new(seconds_buckets());
+        registry.register(
+            "effect_lag_seconds",
+            "From enqueue to applied",
+            effect_lag.clone(),
+        );
+        WorkerMetrics {
+            registry,
+            deliveries,
+            delivery_attempt,
+            ack_failures,
+            redeliveries,
+            queue_messages,
+            oldest_message_age_seconds,
+            processing_duration,
+            effect_lag,
+        }
+    }
+}
+
+/// Renders a registry in OpenMetrics text.
+pub fn encode(registry: &Registry) -> String {
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, registry)
+        .expect("writing to a String cannot fail");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delivery_attempt_carries_its_exemplar() {
+        let m = WorkerMetrics::default();
+        let ex = TraceExemplar {
+            correlation_id: "c-1".into(),
+            trace_id: "abc".into(),
+        };
+        m.delivery_attempt.observe(2.0, Some(ex.clone()), None);
+        m.deliveries
+            .get_or_create(&OutcomeLabels { outcome: "applied" })
+            .inc_by(1, Some(ex), None);
+        let text = encode(&m.registry);
+        assert!(text.contains("haunt_delivery_attempt_bucket{le=\"2.0\"} 1 # {correlation_id=\"c-1\",trace_id=\"abc\"} 2.0"), "{text}");
+        assert!(
+            text.contains(
+                "haunt_deliveries_total{outcome=\"applied\"} 1 # {correlation_id=\"c-1\""
+            ),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"));
+    }
+}

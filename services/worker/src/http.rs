@@ -1,0 +1,122 @@
+//! The worker's HTTP side: `/metrics` (queue depth is sampled at scrape time),
+//! `/healthz`, and, with `HAUNT_ADMIN_TOKEN`, `GET`/`POST /admin/faults`.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use haunt_store::Store;
+use haunt_telemetry::metrics::{QueueLabels, WorkerMetrics};
+use serde_json::json;
+
+use crate::faults::{FaultSettings, Faults};
+
+#[derive(Debug)]
+struct HttpState {
+    store: Store,
+    metrics: Arc<WorkerMetrics>,
+    faults: Arc<Faults>,
+    admin_token: Option<String>,
+}
+
+pub fn router(
+    store: Store,
+    metrics: Arc<WorkerMetrics>,
+    faults: Arc<Faults>,
+    admin_token: Option<String>,
+) -> Router {
+    let admin = admin_token.is_some();
+    let state = Arc::new(HttpState {
+        store,
+        metrics,
+        faults,
+        admin_token,
+    });
+    let mut app = Router::new()
+        .route("/metrics", get(serve_metrics))
+        .route("/healthz", get(|| async { "ok\n" }));
+    if admin {
+        app = app.route("/admin/faults", get(get_faults).post(set_faults));
+    }
+    app.with_state(state)
+}
+
+async fn serve_metrics(State(state): State<Arc<HttpState>>) -> Response {
+    // A scrape during a database fault still answers, with the last depths.
+    let sample =
+        tokio::time::timeout(std::time::Duration::from_secs(2), state.store.queue_stats()).await;
+    if let Ok(Ok(stats)) = sample {
+        let m = &state.metrics;
+        for (label, n) in [
+            ("visible", stats.visible),
+            ("leased", stats.leased),
+            ("delayed", stats.delayed),
+            ("dead_letter", stats.dead_letter),
+        ] {
+            m.queue_messages
+                .get_or_create(&QueueLabels { state: label })
+                .set(n);
+        }
+        m.oldest_message_age_seconds
+            .set(stats.oldest_age_ms as f64 / 1000.0);
+    }
+    let body = haunt_telemetry::metrics::encode(&state.metrics.registry);
+    (
+        [(
+            header::CONTENT_TYPE,
+            haunt_telemetry::OPENMETRICS_CONTENT_TYPE,
+        )],
+        body,
+    )
+        .into_response()
+}
+
+fn authorized(state: &HttpState, headers: &HeaderMap) -> bool {
+    let expected = state.admin_token.as_deref().unwrap_or_default();
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    !expected.is_empty() && presented == Some(expected)
+}
+
+async fn get_faults(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
+    if !authorized(&state, &headers) {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    axum::Json(state.faults.get()).into_response()
+}
+
+async fn set_faults(
+    State(state): State<Arc<HttpState>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    if !authorized(&state, &headers) {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    let settings: FaultSettings = match serde_json::from_slice(&body) {
+        Ok(s) => s,
+        Err(e) => {
+            return (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                axum::Json(json!({"error": e.to_string(), "field": null})),
+            )
+                .into_response();
+        }
+    };
+    match state.faults.set(&settings) {
+        Ok(()) => {
+            tracing::info!(?settings, "fault switches changed");
+            axum::Json(state.faults.get()).into_response()
+        }
+        Err(e) => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            axum::Json(json!({"error": e, "field": "ack_fail_rate"})),
+        )
+            .into_response(),
+    }
+}

@@ -1,0 +1,200 @@
+//! Exactly-once effects from at-least-once delivery.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use haunt_format::FinalLine;
+use haunt_testkit::{TestDb, databases};
+use haunt_worker::WorkerConfig;
+use haunt_worker::faults::FaultSettings;
+
+use crate::{counter, order, spawn, store, wait_until};
+
+/// The tutorial's hands-on: acks fail, the event comes three times, the inbox
+/// lets it through once and counts two duplicates.
+#[tokio::test]
+async fn one_event_delivered_three_times_is_applied_once() {
+    for db in databases().await {
+        let store = store(&db.url).await;
+        store
+            .place_order(&order(1, "coffee-beans", 1))
+            .await
+            .unwrap();
+        let config = WorkerConfig {
+            visibility_timeout: Duration::from_millis(400),
+            concurrency: 1,
+            ..WorkerConfig::default()
+        };
+        let w = spawn(store.clone(), config, 1.0);
+        let text = || haunt_telemetry::metrics::encode(&w.metrics().registry);
+        let dup = "haunt_deliveries_total{outcome=\"duplicate\"}";
+        assert!(
+            wait_until(Duration::from_secs(10), async || counter(&text(), dup)
+                >= 1.0)
+            .await,
+            "{}",
+            db.kind
+        );
+        // Acks work again from the third delivery on.
+        w.faults
+            .set(&FaultSettings {
+                ack_fail_rate: Some(0.0),
+                clock_offset_ms: None,
+            })
+            .unwrap();
+        assert!(
+            wait_until(Duration::from_secs(10), async || store
+                .queue_stats()
+                .await
+                .unwrap()
+                .visible
+                + store.queue_stats().await.unwrap().leased
+                == 0)
+            .await
+        );
+        let t = text();
+        assert_eq!(
+            counter(&t, "haunt_deliveries_total{outcome=\"applied\"}"),
+            1.0,
+            "{}:\n{t}",
+            db.kind
+        );
+        assert_eq!(counter(&t, dup), 2.0, "{}:\n{t}", db.kind);
+        assert_eq!(counter(&t, "haunt_ack_failures_total"), 2.0, "{}", db.kind);
+        assert_eq!(counter(&t, "haunt_redeliveries_total"), 2.0, "{}", db.kind);
+        assert_eq!(
+            counter(&t, "haunt_delivery_attempt_count"),
+            3.0,
+            "{}",
+            db.kind
+        );
+        assert_eq!(
+            store.projection().await.unwrap(),
+            vec![("coffee-beans".to_string(), 1)]
+        );
+        w.stop().await;
+    }
+}
+
+/// Eight workers, 10,000 orders, half the acks lost and a lease short enough to
+/// expire under load: every event applied exactly once, the projection equal to
+/// the orders, the queue empty.
+#[tokio::test]
+async fn eight_workers_on_postgres_apply_every_event_exactly_once() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    const ORDERS: usize = 10_000;
+    // Few items: hot rows, so concurrent upserts contend on purpose.
+    const ITEMS: usize = 7;
+    let writer = store(&db.url).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for client in 0..16 {
+        let s = writer.clone();
+        tasks.spawn(async move {
+            for i in (client..ORDERS).step_by(16) {
+                s.place_order(&order(
+                    i,
+                    &format!("item-{}", i % ITEMS),
+                    (i % 5 + 1) as i64,
+                ))
+                .await
+                .unwrap();
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.unwrap();
+    }
+
+    let mut workers = Vec::new();
+    for n in 0..8 {
+        let config = WorkerConfig {
+            worker_id: format!("w{n}"),
+            visibility_timeout: Duration::from_millis(250),
+            batch_size_max: 32,
+            // Half the acks are lost, so a message can need many deliveries; the
+            // limit must not turn lost acks into dead letters.
+            delivery_attempts_max: 1_000,
+            concurrency: 1,
+            ..WorkerConfig::default()
+        };
+        workers.push(spawn(store(&db.url).await, config, 0.5));
+    }
+    let drained = wait_until(Duration::from_secs(240), async || {
+        let s = writer.queue_stats().await.unwrap();
+        s.visible + s.leased + s.delayed == 0
+    })
+    .await;
+    let mut redeliveries = 0.0;
+    let mut duplicates = 0.0;
+    for w in workers {
+        let t = haunt_telemetry::metrics::encode(&w.metrics().registry);
+        redeliveries += counter(&t, "haunt_redeliveries_total");
+        duplicates += counter(&t, "haunt_deliveries_total{outcome=\"duplicate\"}");
+        w.stop().await;
+    }
+    assert!(
+        drained,
+        "the queue did not drain: {:?}",
+        writer.queue_stats().await.unwrap()
+    );
+
+    let mut applied: HashMap<String, usize> = HashMap::new();
+    let mut orders: HashMap<String, i64> = HashMap::new();
+    let mut order_sum: HashMap<String, i64> = HashMap::new();
+    let mut pending = 0;
+    let mut dead = 0;
+    writer
+        .final_state(|line| {
+            match line {
+                FinalLine::Applied(a) => *applied.entry(a.event_id).or_default() += 1,
+                FinalLine::Order(o) => {
+                    *order_sum.entry(o.item_id).or_default() += o.qty;
+                    orders.insert(o.event_id, o.qty);
+                }
+                FinalLine::Pending(_) => pending += 1,
+                FinalLine::DeadLetter(_) => dead += 1,
+                _ => {}
+            }
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert_eq!(orders.len(), ORDERS);
+    assert_eq!(applied.len(), ORDERS, "every event applied");
+    assert!(
+        applied.values().all(|&n| n == 1),
+        "some event applied twice"
+    );
+    assert!(orders.keys().all(|e| applied.contains_key(e)));
+    assert_eq!((pending, dead), (0, 0));
+    let projection: HashMap<String, i64> = writer.projection().await.unwrap().into_iter().collect();
+    assert_eq!(projection, order_sum, "the projection equals the orders");
+    assert!(
+        redeliveries >= (ORDERS / 4) as f64,
+        "lost acks must cause redeliveries, saw {redeliveries}"
+    );
+    assert!(
+        duplicates >= (ORDERS / 4) as f64,
+        "redeliveries must be caught as duplicates, saw {duplicates}"
+    );
+}
+
+#[tokio::test]
+async fn shutdown_stops_leasing_and_returns() {
+    let db = TestDb::sqlite();
+    let store = store(&db.url).await;
+    let w = spawn(store.clone(), WorkerConfig::default(), 0.0);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::timeout(Duration::from_secs(5), w.stop())
+        .await
+        .expect("the worker stops within 5 s");
+    store.place_order(&order(1, "a", 1)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        store.queue_stats().await.unwrap().visible,
+        1,
+        "a stopped worker leases nothing"
+    );
+}
