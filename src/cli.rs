@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+use crate::services;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "haunt",
@@ -21,6 +23,17 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Serve the order API (POST /orders) over a store.
+    Api(services::ApiArgs),
+    /// Run a worker: lease messages, apply them once through the inbox, ack.
+    Worker(services::WorkerArgs),
+    /// Rebuild the projection from the orders; print the drift per item.
+    Reconcile(services::ReconcileArgs),
+    /// Move dead letters back to the queue.
+    Redrive(services::RedriveArgs),
+    /// Run a test: start the pipeline, drive orders while faults hit it, heal,
+    /// check, report. Exit status as for `haunt check` (130 when interrupted).
+    Run(crate::run_cmd::RunArgs),
     /// Check a run directory (history.jsonl + final-state.jsonl) and write results.json.
     ///
     /// Exit status: 0 valid, 1 invalid (anomalies found), 2 unknown, 65 input that
@@ -49,6 +62,44 @@ pub fn main() -> i32 {
     };
     match cli.command {
         Command::Check(args) => check(args),
+        Command::Api(args) => run_async(services::api(args)),
+        Command::Worker(args) => run_async(services::worker(args)),
+        Command::Reconcile(args) => run_async(services::reconcile(args)),
+        Command::Redrive(args) => run_async(services::redrive(args)),
+        Command::Run(args) => {
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("haunt: starting the runtime: {e}");
+                    return 70;
+                }
+            };
+            match runtime.block_on(crate::run_cmd::run(args)) {
+                Ok(code) => code,
+                Err(e) => {
+                    eprintln!("haunt run: {e:#}");
+                    3
+                }
+            }
+        }
+    }
+}
+
+/// Runs a service or tool on a multi-threaded runtime; errors print their chain.
+fn run_async(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> i32 {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("haunt: starting the runtime: {e}");
+            return 70;
+        }
+    };
+    match runtime.block_on(fut) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("haunt: {e:#}");
+            1
+        }
     }
 }
 

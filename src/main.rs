@@ -2,6 +2,8 @@
 //! arguments and calls into the libraries; nothing else lives here.
 
 mod cli;
+mod run_cmd;
+mod services;
 
 fn main() {
     let code = cli::main();

@@ -58,11 +58,7 @@ fn summary_puts_the_verdict_first_and_writes_results() {
 #[test]
 fn json_flag_prints_the_results() {
     let (_tmp, dir) = case("pending-not-quiesced");
-    let out = haunt()
-        .args(["check", "--json"])
-        .arg(&dir)
-        .output()
-        .unwrap();
+    let out = haunt().args(["check", "--json"]).arg(&dir).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let results: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(results["valid"], "unknown");
@@ -76,28 +72,18 @@ fn bad_input_names_file_and_line_on_stderr() {
     assert_eq!(out.status.code(), Some(65));
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.contains("final-state.jsonl:2:"), "{stderr}");
-    assert!(
-        !dir.join("results.json").exists(),
-        "nothing is written for bad input"
-    );
+    assert!(!dir.join("results.json").exists(), "nothing is written for bad input");
 }
 
 #[test]
 fn missing_directory_exits_66() {
-    let out = haunt()
-        .args(["check", "/nonexistent/haunt-run"])
-        .output()
-        .unwrap();
+    let out = haunt().args(["check", "/nonexistent/haunt-run"]).output().unwrap();
     assert_eq!(out.status.code(), Some(66));
 }
 
 #[test]
 fn unknown_flags_are_rejected() {
     let out = haunt().args(["check", "--jsn", "x"]).output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(64),
-        "usage errors are not the unknown verdict"
-    );
+    assert_eq!(out.status.code(), Some(64), "usage errors are not the unknown verdict");
     assert!(String::from_utf8_lossy(&out.stderr).contains("--jsn"));
 }

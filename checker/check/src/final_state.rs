@@ -32,8 +32,7 @@ impl FinalFold {
                 if self.order_index.contains_key(&row.order_id) {
                     self.repeated_orders.push(row);
                 } else {
-                    self.order_index
-                        .insert(row.order_id.clone(), self.orders.len());
+                    self.order_index.insert(row.order_id.clone(), self.orders.len());
                     self.orders.push(row);
                 }
             }
@@ -42,8 +41,7 @@ impl FinalFold {
                 match self.applied_index.get(&a.event_id) {
                     Some(&i) => self.applied[i].1.push(a),
                     None => {
-                        self.applied_index
-                            .insert(a.event_id.clone(), self.applied.len());
+                        self.applied_index.insert(a.event_id.clone(), self.applied.len());
                         self.applied.push((a.event_id.clone(), vec![a]));
                     }
                 }

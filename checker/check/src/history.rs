@@ -180,8 +180,7 @@ impl HistoryFold {
                                     first_invoke_ns: op.time_ns,
                                     first_ok_ns: None,
                                 });
-                                self.order_index
-                                    .insert(v.order_id.clone(), self.orders.len() - 1);
+                                self.order_index.insert(v.order_id.clone(), self.orders.len() - 1);
                                 self.orders.len() - 1
                             }
                         };
@@ -268,13 +267,9 @@ impl HistoryFold {
                 });
                 Some(WindowState::Open { start_ns: t })
             }
-            (
-                Some(WindowState::Open { start_ns } | WindowState::Closing { start_ns, .. }),
-                false,
-            ) => Some(WindowState::Closing {
-                start_ns,
-                end_ns: t,
-            }),
+            (Some(WindowState::Open { start_ns } | WindowState::Closing { start_ns, .. }), false) => {
+                Some(WindowState::Closing { start_ns, end_ns: t })
+            }
             // A stop with no start (the history began mid-fault): nothing to shade.
             (None, false) => None,
         };

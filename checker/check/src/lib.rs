@@ -58,10 +58,7 @@ pub fn check_dir(dir: &Path) -> Result<Results, InputError> {
     let history = history::fold(&history_path, JsonlReader::open(&history_path)?)?;
     let final_path = dir.join(FINAL_STATE_FILE);
     let final_state = if final_path.exists() {
-        Some(final_state::fold(
-            &final_path,
-            JsonlReader::open(&final_path)?,
-        )?)
+        Some(final_state::fold(&final_path, JsonlReader::open(&final_path)?)?)
     } else {
         None
     };
@@ -78,10 +75,7 @@ pub fn check_readers(
     let history = history::fold(history_path, JsonlReader::new(history, history_path))?;
     let final_path = Path::new(FINAL_STATE_FILE);
     let final_state = match final_state {
-        Some(r) => Some(final_state::fold(
-            final_path,
-            JsonlReader::new(r, final_path),
-        )?),
+        Some(r) => Some(final_state::fold(final_path, JsonlReader::new(r, final_path))?),
         None => None,
     };
     Ok(rules::check(&history, final_state.as_ref()))

@@ -11,9 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use crate::final_state::FinalFold;
 use crate::history::HistoryFold;
-use crate::results::{
-    ANOMALIES, AnomalyReport, Counts, Delivery, EXAMPLES_MAX, Example, Latency, Results, Verdict,
-};
+use crate::results::{ANOMALIES, AnomalyReport, Counts, Delivery, EXAMPLES_MAX, Example, Latency, Results, Verdict};
 use crate::stats::quantiles;
 
 #[derive(Debug, Default)]
@@ -31,10 +29,7 @@ impl Anomalies {
     }
 
     fn add(&mut self, name: &str, example: Example) {
-        let report = self
-            .reports
-            .get_mut(name)
-            .expect("anomaly names come from ANOMALIES");
+        let report = self.reports.get_mut(name).expect("anomaly names come from ANOMALIES");
         report.count += 1;
         if let Some(t) = example.time_ns {
             report.first_time_ns = Some(report.first_time_ns.map_or(t, |f| f.min(t)));
@@ -84,9 +79,7 @@ pub fn check(history: &HistoryFold, final_state: Option<&FinalFold>) -> Results 
                     ),
                 );
             }
-            if order.failed()
-                && (row.is_some() || applied_order_ids.contains(order.order_id.as_str()))
-            {
+            if order.failed() && (row.is_some() || applied_order_ids.contains(order.order_id.as_str())) {
                 let what = if row.is_some() {
                     "its order row"
                 } else {
@@ -137,27 +130,21 @@ pub fn check(history: &HistoryFold, final_state: Option<&FinalFold>) -> Results 
     }
     for row in &fs.orders {
         let applied = fs.applied_for(&row.event_id);
-        if applied.is_empty()
-            && !fs.pending.contains_key(&row.event_id)
-            && !fs.dead_letters.contains_key(&row.event_id)
+        if applied.is_empty() && !fs.pending.contains_key(&row.event_id) && !fs.dead_letters.contains_key(&row.event_id)
         {
             anomalies.add(
                 "lost-effect",
                 example(
                     &row.order_id,
                     Some(&row.event_id),
-                    "order present but its event was never applied, is not queued and not dead-lettered"
-                        .into(),
+                    "order present but its event was never applied, is not queued and not dead-lettered".into(),
                 ),
             );
         }
     }
     for (event_id, lines) in &fs.applied {
         if lines.len() > 1 {
-            let attempts: Vec<String> = lines
-                .iter()
-                .map(|a| a.delivery_attempt.to_string())
-                .collect();
+            let attempts: Vec<String> = lines.iter().map(|a| a.delivery_attempt.to_string()).collect();
             let workers: BTreeSet<&str> = lines.iter().map(|a| a.worker_id.as_str()).collect();
             anomalies.add(
                 "double-applied",
@@ -178,16 +165,11 @@ pub fn check(history: &HistoryFold, final_state: Option<&FinalFold>) -> Results 
                 (None, _) => Some("applied for an order that was never invoked".to_owned()),
                 // Reported as lost-order or failed-but-present; not counted again.
                 (Some(o), None) if !o.indeterminate() => None,
-                (Some(_), None) => {
-                    Some("applied, but the order is absent from the final orders".to_owned())
-                }
+                (Some(_), None) => Some("applied, but the order is absent from the final orders".to_owned()),
                 (Some(_), Some(row)) => {
                     let mut diffs = Vec::new();
                     if row.event_id != a.event_id {
-                        diffs.push(format!(
-                            "event_id {} (order has {})",
-                            a.event_id, row.event_id
-                        ));
+                        diffs.push(format!("event_id {} (order has {})", a.event_id, row.event_id));
                     }
                     if row.item_id != a.item_id {
                         diffs.push(format!("item_id {} (order has {})", a.item_id, row.item_id));
@@ -195,20 +177,12 @@ pub fn check(history: &HistoryFold, final_state: Option<&FinalFold>) -> Results 
                     if row.qty != a.qty {
                         diffs.push(format!("qty {} (order has {})", a.qty, row.qty));
                     }
-                    (!diffs.is_empty()).then(|| {
-                        format!(
-                            "applied line does not match its order: {}",
-                            diffs.join(", ")
-                        )
-                    })
+                    (!diffs.is_empty()).then(|| format!("applied line does not match its order: {}", diffs.join(", ")))
                 }
             };
             if let Some(why) = why {
                 if unexpected.insert(a.order_id.as_str()) {
-                    anomalies.add(
-                        "unexpected-effect",
-                        example(&a.order_id, Some(&a.event_id), why),
-                    );
+                    anomalies.add("unexpected-effect", example(&a.order_id, Some(&a.event_id), why));
                 }
             }
         }
@@ -222,8 +196,7 @@ pub fn check(history: &HistoryFold, final_state: Option<&FinalFold>) -> Results 
         }
     }
     for row in &fs.orders {
-        let parked =
-            fs.pending.contains_key(&row.event_id) || fs.dead_letters.contains_key(&row.event_id);
+        let parked = fs.pending.contains_key(&row.event_id) || fs.dead_letters.contains_key(&row.event_id);
         let entry = items.entry(row.item_id.as_str()).or_default();
         if !parked || !fs.applied_for(&row.event_id).is_empty() {
             entry.1 += row.qty;
@@ -362,13 +335,7 @@ fn latency(history: &HistoryFold, fs: &FinalFold) -> Latency {
         let first_applied: HashMap<&str, i64> = fs
             .applied
             .iter()
-            .filter_map(|(e, lines)| {
-                lines
-                    .iter()
-                    .map(|a| a.applied_at_ms)
-                    .min()
-                    .map(|t| (e.as_str(), t))
-            })
+            .filter_map(|(e, lines)| lines.iter().map(|a| a.applied_at_ms).min().map(|t| (e.as_str(), t)))
             .collect();
         for order in &history.orders {
             let (Some(ok_ns), Some(row)) = (order.first_ok_ns, fs.order(&order.order_id)) else {

@@ -35,10 +35,7 @@ mod tests {
     fn nearest_rank() {
         let mut v: Vec<f64> = (1..=100).rev().map(f64::from).collect();
         let q = quantiles(&mut v);
-        assert_eq!(
-            (q.count, q.p50, q.p95, q.p99, q.max),
-            (100, 50.0, 95.0, 99.0, 100.0)
-        );
+        assert_eq!((q.count, q.p50, q.p95, q.p99, q.max), (100, 50.0, 95.0, 99.0, 100.0));
     }
 
     #[test]

@@ -52,25 +52,14 @@ pub fn render(results: &Results) -> String {
                 let _ = writeln!(out, "    {subject}: {}", ex.why);
             }
             if report.count as usize > report.examples.len() {
-                let _ = writeln!(
-                    out,
-                    "    … and {} more",
-                    report.count as usize - report.examples.len()
-                );
+                let _ = writeln!(out, "    … and {} more", report.count as usize - report.examples.len());
             }
         }
     }
 
     if !results.delivery.histogram.is_empty() {
         let _ = writeln!(out, "\ndelivery attempt of each application:");
-        let max = results
-            .delivery
-            .histogram
-            .values()
-            .copied()
-            .max()
-            .unwrap_or(1)
-            .max(1);
+        let max = results.delivery.histogram.values().copied().max().unwrap_or(1).max(1);
         for (attempt, n) in &results.delivery.histogram {
             // Forty columns is wide enough to compare bars, narrow enough for any terminal.
             let bar = "#".repeat(((n * 40).div_ceil(max)) as usize);
@@ -78,10 +67,7 @@ pub fn render(results: &Results) -> String {
         }
     }
 
-    let _ = writeln!(
-        out,
-        "\nlatency (ms)        count      p50      p95      p99      max"
-    );
+    let _ = writeln!(out, "\nlatency (ms)        count      p50      p95      p99      max");
     let row = |out: &mut String, name: &str, q: &Quantiles| {
         let _ = writeln!(
             out,

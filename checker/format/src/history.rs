@@ -191,8 +191,8 @@ impl<'de> Deserialize<'de> for Op {
                 event_id: v.event_id,
             })
         } else {
-            let v: serde_json::Value = serde_json::from_str(raw.value.get())
-                .map_err(|e| D::Error::custom(format!("value: {e}")))?;
+            let v: serde_json::Value =
+                serde_json::from_str(raw.value.get()).map_err(|e| D::Error::custom(format!("value: {e}")))?;
             if !v.is_object() {
                 return Err(D::Error::custom("value must be a JSON object"));
             }
@@ -226,7 +226,8 @@ mod tests {
 
     #[test]
     fn nemesis_value_is_free_form() {
-        let line = r#"{"index":1,"time_ns":9,"process":"nemesis","type":"info","f":"kill","value":{"target":"worker-1"}}"#;
+        let line =
+            r#"{"index":1,"time_ns":9,"process":"nemesis","type":"info","f":"kill","value":{"target":"worker-1"}}"#;
         let op: Op = serde_json::from_str(line).unwrap();
         assert!(op.process.is_nemesis());
         assert!(op.order().is_none());

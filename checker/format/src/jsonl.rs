@@ -11,11 +11,7 @@ use serde::de::DeserializeOwned;
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
     #[error("{}:{line}: {message}", file.display())]
-    Line {
-        file: PathBuf,
-        line: u64,
-        message: String,
-    },
+    Line { file: PathBuf, line: u64, message: String },
     #[error("{}: {source}", file.display())]
     Io {
         file: PathBuf,
@@ -112,10 +108,7 @@ impl<R: BufRead, T: DeserializeOwned> Iterator for JsonlReader<R, T> {
                 continue;
             }
             return Some(match serde_json::from_slice::<T>(&self.buf) {
-                Ok(value) => Ok(Line::Item {
-                    line: self.line,
-                    value,
-                }),
+                Ok(value) => Ok(Line::Item { line: self.line, value }),
                 Err(_) if !complete => {
                     self.done = true;
                     Ok(Line::Truncated { line: self.line })
@@ -197,9 +190,6 @@ mod tests {
         let mut w = JsonlWriter::new(Vec::new());
         w.write(&serde_json::json!({"a": 1})).unwrap();
         w.write(&serde_json::json!({"b": 2})).unwrap();
-        assert_eq!(
-            String::from_utf8(w.into_inner()).unwrap(),
-            "{\"a\":1}\n{\"b\":2}\n"
-        );
+        assert_eq!(String::from_utf8(w.into_inner()).unwrap(), "{\"a\":1}\n{\"b\":2}\n");
     }
 }

@@ -29,11 +29,7 @@ async fn require_token(State(state): State<Shared>, request: Request, next: Next
         .and_then(|v| v.strip_prefix("Bearer "));
     // Compared in full whatever the prefix: no early exit to time.
     let ok = presented.is_some_and(|p| {
-        p.len() == expected.len()
-            && p.bytes()
-                .zip(expected.bytes())
-                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                == 0
+        p.len() == expected.len() && p.bytes().zip(expected.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
     });
     if !ok || expected.is_empty() {
         return empty(StatusCode::UNAUTHORIZED);

@@ -68,11 +68,8 @@ pub fn router(store: Store, config: ApiConfig) -> Router {
     if admin {
         app = app.merge(admin::routes(state.clone()));
     }
-    app.layer(axum::middleware::from_fn_with_state(
-        state.clone(),
-        record_http,
-    ))
-    .with_state(state)
+    app.layer(axum::middleware::from_fn_with_state(state.clone(), record_http))
+        .with_state(state)
 }
 
 /// Serves the API on `listener` until `shutdown` completes, then finishes the
@@ -91,11 +88,7 @@ pub async fn run(
 async fn record_http(State(state): State<Shared>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = request.method().to_string();
-    let route = match request
-        .extensions()
-        .get::<MatchedPath>()
-        .map(MatchedPath::as_str)
-    {
+    let route = match request.extensions().get::<MatchedPath>().map(MatchedPath::as_str) {
         Some("/orders") => "/orders",
         Some("/orders/{order_id}") => "/orders/{order_id}",
         Some("/projection") => "/projection",

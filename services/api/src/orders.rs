@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use haunt_store::{NewOrder, Placement};
 use haunt_telemetry::metrics::OutcomeLabels;
 use serde_json::{Value, json};
+use tracing::Instrument;
 
 use crate::{BODY_BYTES_MAX, CORRELATION_HEADER, NOT_COMMITTED, OUTCOME_HEADER, Shared};
 
@@ -53,10 +54,7 @@ fn valid_id(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
-fn id_field(
-    body: &serde_json::Map<String, Value>,
-    field: &'static str,
-) -> Result<Option<String>, Rejection> {
+fn id_field(body: &serde_json::Map<String, Value>, field: &'static str) -> Result<Option<String>, Rejection> {
     match body.get(field) {
         None => Ok(None),
         Some(Value::String(s)) if valid_id(s) => Ok(Some(s.clone())),
@@ -97,20 +95,13 @@ fn parse(headers: &HeaderMap, body: &[u8]) -> Result<(NewOrder, bool), Rejection
                 return Err(Rejection::new(
                     StatusCode::BAD_REQUEST,
                     Some("X-Correlation-Id"),
-                    format!(
-                        "X-Correlation-Id must be 1 to {ID_CHARS_MAX} characters of A-Z a-z 0-9 . _ -"
-                    ),
+                    format!("X-Correlation-Id must be 1 to {ID_CHARS_MAX} characters of A-Z a-z 0-9 . _ -"),
                 ));
             }
         },
     };
-    let value: Value = serde_json::from_slice(body).map_err(|e| {
-        Rejection::new(
-            StatusCode::BAD_REQUEST,
-            None,
-            format!("malformed JSON: {e}"),
-        )
-    })?;
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| Rejection::new(StatusCode::BAD_REQUEST, None, format!("malformed JSON: {e}")))?;
     let Value::Object(body) = value else {
         return Err(Rejection::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -123,15 +114,10 @@ fn parse(headers: &HeaderMap, body: &[u8]) -> Result<(NewOrder, bool), Rejection
         .find(|k| !matches!(k.as_str(), "order_id" | "item_id" | "qty"))
     {
         let error = format!("unknown field {unknown:?}; expected order_id, item_id, qty");
-        return Err(Rejection::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            None,
-            error,
-        ));
+        return Err(Rejection::new(StatusCode::UNPROCESSABLE_ENTITY, None, error));
     }
     let order_id = id_field(&body, "order_id")?.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-    let item_id = id_field(&body, "item_id")?
-        .ok_or_else(|| Rejection::field("item_id", "item_id is required"))?;
+    let item_id = id_field(&body, "item_id")?.ok_or_else(|| Rejection::field("item_id", "item_id is required"))?;
     let qty = match body.get("qty") {
         None => return Err(Rejection::field("qty", "qty is required")),
         Some(Value::Number(n)) => match n.as_i64() {
@@ -160,11 +146,7 @@ fn parse(headers: &HeaderMap, body: &[u8]) -> Result<(NewOrder, bool), Rejection
 pub(crate) async fn place(State(state): State<Shared>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
     let count = |outcome: &'static str| {
-        state
-            .metrics
-            .orders
-            .get_or_create(&OutcomeLabels { outcome })
-            .inc()
+        state.metrics.orders.get_or_create(&OutcomeLabels { outcome }).inc();
     };
     let body = match axum::body::to_bytes(body, BODY_BYTES_MAX).await {
         Ok(bytes) => bytes,
@@ -181,27 +163,36 @@ pub(crate) async fn place(State(state): State<Shared>, request: Request) -> Resp
             return rejection.into_response();
         }
     };
-    order.traceparent = haunt_telemetry::tracing_context::current_traceparent();
     let correlation = HeaderValue::from_str(&order.correlation_id).expect("validated above");
     let span = tracing::info_span!(
         "order.place",
+        otel.kind = "producer",
+        otel.name = "orders publish",
+        messaging.system = "haunt",
+        messaging.operation.type = "publish",
         correlation_id = %order.correlation_id,
         order_id = %order.order_id,
         item_id = %order.item_id,
         qty = order.qty,
     );
-    let _entered = span.enter();
-    let mut response = match state.store.place_order(&order).await {
+    order.traceparent = span.in_scope(haunt_telemetry::tracing_context::current_traceparent);
+    let mut response = place_in_span(&state, &order, count).instrument(span).await;
+    response.headers_mut().insert(CORRELATION_HEADER, correlation);
+    response
+}
+
+async fn place_in_span(state: &Shared, order: &NewOrder, count: impl Fn(&'static str)) -> Response {
+    match state.store.place_order(order).await {
         Ok(Placement::Created { event_id }) => {
             count("created");
             state.metrics.messages_enqueued.inc();
             tracing::info!(event_id = %event_id, "order placed");
-            answer(StatusCode::CREATED, &order, &event_id)
+            answer(StatusCode::CREATED, order, &event_id)
         }
         Ok(Placement::Replayed { event_id }) => {
             count("replayed");
             tracing::info!(event_id = %event_id, "order replayed");
-            answer(StatusCode::OK, &order, &event_id)
+            answer(StatusCode::OK, order, &event_id)
         }
         Ok(Placement::Conflict { existing }) => {
             count("conflict");
@@ -227,17 +218,11 @@ pub(crate) async fn place(State(state): State<Shared>, request: Request) -> Resp
             let body = json!({"error": format!("{e}: {}", source_of(&e)), "field": null});
             (StatusCode::INTERNAL_SERVER_ERROR, axum::Json(body)).into_response()
         }
-    };
-    response
-        .headers_mut()
-        .insert(CORRELATION_HEADER, correlation);
-    response
+    }
 }
 
 fn source_of(e: &haunt_store::StoreError) -> String {
-    std::error::Error::source(e)
-        .map(|s| s.to_string())
-        .unwrap_or_default()
+    std::error::Error::source(e).map(|s| s.to_string()).unwrap_or_default()
 }
 
 fn answer(status: StatusCode, order: &NewOrder, event_id: &str) -> Response {
@@ -247,12 +232,7 @@ fn answer(status: StatusCode, order: &NewOrder, event_id: &str) -> Response {
 
 pub(crate) async fn get(State(state): State<Shared>, Path(order_id): Path<String>) -> Response {
     if !valid_id(&order_id) {
-        return Rejection::new(
-            StatusCode::BAD_REQUEST,
-            Some("order_id"),
-            "invalid order_id",
-        )
-        .into_response();
+        return Rejection::new(StatusCode::BAD_REQUEST, Some("order_id"), "invalid order_id").into_response();
     }
     match state.store.get_order(&order_id).await {
         Ok(Some(order)) => axum::Json(order).into_response(),

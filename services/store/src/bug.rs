@@ -85,11 +85,6 @@ mod tests {
         for bug in Bug::ALL {
             assert_eq!(bug.name().parse::<Bug>().unwrap(), bug);
         }
-        assert!(
-            "no-such-bug"
-                .parse::<Bug>()
-                .unwrap_err()
-                .contains("no-inbox")
-        );
+        assert!("no-such-bug".parse::<Bug>().unwrap_err().contains("no-inbox"));
     }
 }

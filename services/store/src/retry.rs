@@ -108,12 +108,8 @@ mod rng_tests {
 
     #[test]
     fn same_seed_same_sequence() {
-        let a: Vec<u64> = (0..5)
-            .scan(Rng::new(42), |r, _| Some(r.next_u64()))
-            .collect();
-        let b: Vec<u64> = (0..5)
-            .scan(Rng::new(42), |r, _| Some(r.next_u64()))
-            .collect();
+        let a: Vec<u64> = (0..5).scan(Rng::new(42), |r, _| Some(r.next_u64())).collect();
+        let b: Vec<u64> = (0..5).scan(Rng::new(42), |r, _| Some(r.next_u64())).collect();
         assert_eq!(a, b);
         assert_ne!(a[0], a[1]);
     }

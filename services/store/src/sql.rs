@@ -105,22 +105,19 @@ pub const SQLITE: Dialect = dialect!(
 
 // Statements that read the same on both backends.
 
-pub const ORDER_BY_ID: &str =
-    "SELECT order_id, item_id, qty, event_id, correlation_id FROM orders WHERE order_id = $1";
+pub const ORDER_BY_ID: &str = "SELECT order_id, item_id, qty, event_id, correlation_id FROM orders WHERE order_id = $1";
 pub const UPSERT_PROJECTION: &str = "INSERT INTO inventory_projection (item_id, reserved_qty) VALUES ($1, $2) \
      ON CONFLICT (item_id) DO UPDATE SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty";
 pub const SET_PROJECTION: &str = "INSERT INTO inventory_projection (item_id, reserved_qty) VALUES ($1, $2) \
      ON CONFLICT (item_id) DO UPDATE SET reserved_qty = excluded.reserved_qty";
-pub const READ_PROJECTION_ROW: &str =
-    "SELECT reserved_qty FROM inventory_projection WHERE item_id = $1";
+pub const READ_PROJECTION_ROW: &str = "SELECT reserved_qty FROM inventory_projection WHERE item_id = $1";
 pub const ACK: &str = "DELETE FROM queue_messages WHERE message_id = $1 AND lease_token = $2";
 pub const ACK_ANY_HOLDER: &str = "DELETE FROM queue_messages WHERE message_id = $1";
 pub const DELETE_MESSAGE_HELD: &str =
     "DELETE FROM queue_messages WHERE message_id = $1 AND ($2 IS NULL OR lease_token = $2)";
 pub const DELETE_DEAD_ALL: &str = "DELETE FROM dead_letters";
 pub const DELETE_DEAD_ONE: &str = "DELETE FROM dead_letters WHERE message_id = $1";
-pub const PROJECTION: &str =
-    "SELECT item_id, reserved_qty FROM inventory_projection ORDER BY item_id";
+pub const PROJECTION: &str = "SELECT item_id, reserved_qty FROM inventory_projection ORDER BY item_id";
 pub const EXPECTED_PROJECTION: &str = "SELECT o.item_id, CAST(SUM(o.qty) AS BIGINT) FROM orders o \
      JOIN inbox_processed i ON i.event_id = o.event_id GROUP BY o.item_id";
 pub const ORPHAN_ORDERS: &str = "SELECT o.order_id, o.item_id, o.qty, o.event_id, o.correlation_id FROM orders o \
@@ -128,9 +125,10 @@ pub const ORPHAN_ORDERS: &str = "SELECT o.order_id, o.item_id, o.qty, o.event_id
      AND NOT EXISTS (SELECT 1 FROM queue_messages q WHERE q.event_id = o.event_id) \
      AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.event_id = o.event_id) \
      ORDER BY o.created_at_ms";
-pub const FINAL_ORDERS: &str =
-    "SELECT order_id, item_id, qty, event_id FROM orders ORDER BY created_at_ms, order_id";
+pub const FINAL_ORDERS: &str = "SELECT order_id, item_id, qty, event_id FROM orders ORDER BY created_at_ms, order_id";
 pub const FINAL_LEDGER: &str = "SELECT event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms \
      FROM projection_ledger ORDER BY id";
-pub const FINAL_PENDING: &str = "SELECT message_id, event_id, delivery_count FROM queue_messages ORDER BY enqueued_at_ms, message_id";
-pub const FINAL_DEAD: &str = "SELECT message_id, event_id, delivery_count, last_error FROM dead_letters ORDER BY dead_at_ms, message_id";
+pub const FINAL_PENDING: &str =
+    "SELECT message_id, event_id, delivery_count FROM queue_messages ORDER BY enqueued_at_ms, message_id";
+pub const FINAL_DEAD: &str =
+    "SELECT message_id, event_id, delivery_count, last_error FROM dead_letters ORDER BY dead_at_ms, message_id";

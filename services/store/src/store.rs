@@ -11,8 +11,8 @@ use uuid::Uuid;
 
 use crate::sql::{self, Dialect};
 use crate::{
-    Applied, Bug, Drift, Failed, Headers, LeaseClock, Leased, NewOrder, OrderEvent, Placement,
-    QueueStats, ReconcileReport, StoreError, StoredOrder,
+    Applied, Bug, Drift, Failed, Headers, LeaseClock, Leased, NewOrder, OrderEvent, Placement, QueueStats,
+    ReconcileReport, StoreError, StoredOrder,
 };
 
 use StoreError::{CommitUnknown, NotCommitted};
@@ -177,13 +177,12 @@ impl Store {
             .map_err(NotCommitted)?
             .rows_affected();
         if inserted == 0 {
-            let existing =
-                read_order(&mut *tx, &new.order_id)
-                    .await?
-                    .ok_or_else(|| StoreError::Corrupt {
-                        table: "orders",
-                        why: format!("order {} conflicted but cannot be read", new.order_id),
-                    })?;
+            let existing = read_order(&mut *tx, &new.order_id)
+                .await?
+                .ok_or_else(|| StoreError::Corrupt {
+                    table: "orders",
+                    why: format!("order {} conflicted but cannot be read", new.order_id),
+                })?;
             // Nothing was written; a failed rollback only ends the transaction sooner.
             let _ = tx.rollback().await;
             if existing.item_id != new.item_id || existing.qty != new.qty {
@@ -295,12 +294,7 @@ impl Store {
 
     /// Applies one delivery in one transaction: the inbox row, and only when the
     /// event is new, the projection upsert and one ledger row.
-    pub async fn apply(
-        &self,
-        leased: &Leased,
-        event: &OrderEvent,
-        worker_id: &str,
-    ) -> Result<Applied, StoreError> {
+    pub async fn apply(&self, leased: &Leased, event: &OrderEvent, worker_id: &str) -> Result<Applied, StoreError> {
         if self.bug == Some(Bug::InboxOutsideTxn) {
             // BUG MODE inbox-outside-txn: the event is marked processed in its own
             // transaction; a crash or error before the effect commits loses it.
@@ -377,11 +371,7 @@ impl Store {
         } else {
             sqlx::query(sql::ACK).bind(message_id).bind(lease_token)
         };
-        let deleted = query
-            .execute(&self.pool)
-            .await
-            .map_err(NotCommitted)?
-            .rows_affected();
+        let deleted = query.execute(&self.pool).await.map_err(NotCommitted)?.rows_affected();
         Ok(deleted == 1)
     }
 
@@ -459,28 +449,14 @@ impl Store {
     pub async fn redrive(&self, message_id: Option<&str>) -> Result<u64, StoreError> {
         let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
         let moved = match message_id {
-            None => {
-                sqlx::query(self.dialect.redrive_all)
-                    .execute(&mut *tx)
-                    .await
-            }
-            Some(id) => {
-                sqlx::query(self.dialect.redrive_one)
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await
-            }
+            None => sqlx::query(self.dialect.redrive_all).execute(&mut *tx).await,
+            Some(id) => sqlx::query(self.dialect.redrive_one).bind(id).execute(&mut *tx).await,
         }
         .map_err(NotCommitted)?
         .rows_affected();
         match message_id {
             None => sqlx::query(sql::DELETE_DEAD_ALL).execute(&mut *tx).await,
-            Some(id) => {
-                sqlx::query(sql::DELETE_DEAD_ONE)
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await
-            }
+            Some(id) => sqlx::query(sql::DELETE_DEAD_ONE).bind(id).execute(&mut *tx).await,
         }
         .map_err(NotCommitted)?;
         tx.commit().await.map_err(CommitUnknown)?;
@@ -541,8 +517,7 @@ impl Store {
                     correlation_id: order.correlation_id.clone(),
                     traceparent: None,
                 };
-                self.enqueue(&mut tx, &new, &event_for(&new, &order.event_id))
-                    .await?;
+                self.enqueue(&mut tx, &new, &event_for(&new, &order.event_id)).await?;
             }
         }
         if dry_run {
@@ -581,11 +556,10 @@ impl Store {
     }
 
     pub async fn queue_stats(&self) -> Result<QueueStats, StoreError> {
-        let (visible, leased, delayed, oldest_age_ms): (i64, i64, i64, i64) =
-            sqlx::query_as(self.dialect.queue_stats)
-                .fetch_one(&self.pool)
-                .await
-                .map_err(NotCommitted)?;
+        let (visible, leased, delayed, oldest_age_ms): (i64, i64, i64, i64) = sqlx::query_as(self.dialect.queue_stats)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(NotCommitted)?;
         let dead_letter: i64 = sqlx::query_scalar(self.dialect.dead_letter_count)
             .fetch_one(&self.pool)
             .await
@@ -601,10 +575,7 @@ impl Store {
 
     /// Streams the final state (every line of `final-state.jsonl` but `meta`,
     /// which only the harness can write) from one consistent snapshot.
-    pub async fn final_state(
-        &self,
-        mut sink: impl FnMut(FinalLine) -> std::io::Result<()>,
-    ) -> Result<(), StoreError> {
+    pub async fn final_state(&self, mut sink: impl FnMut(FinalLine) -> std::io::Result<()>) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
         if self.backend == Backend::Postgres {
             sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
@@ -702,10 +673,7 @@ fn stored_order(row: &AnyRow) -> Result<StoredOrder, StoreError> {
     })
 }
 
-async fn read_order(
-    conn: &mut sqlx::AnyConnection,
-    order_id: &str,
-) -> Result<Option<StoredOrder>, StoreError> {
+async fn read_order(conn: &mut sqlx::AnyConnection, order_id: &str) -> Result<Option<StoredOrder>, StoreError> {
     let row = sqlx::query(sql::ORDER_BY_ID)
         .bind(order_id)
         .fetch_optional(conn)

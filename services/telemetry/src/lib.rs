@@ -15,5 +15,4 @@ pub mod metrics;
 pub mod tracing_context;
 
 /// The content type of `/metrics`.
-pub const OPENMETRICS_CONTENT_TYPE: &str =
-    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

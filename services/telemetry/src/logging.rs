@@ -6,6 +6,8 @@
 //! when `OTEL_EXPORTER_OTLP_ENDPOINT` is set (gRPC unless
 //! `OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf`).
 
+use std::io::IsTerminal;
+
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
@@ -54,15 +56,9 @@ fn exporter() -> anyhow::Result<Option<opentelemetry_otlp::SpanExporter>> {
     }
     let protocol = std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL").unwrap_or_else(|_| "grpc".into());
     let exporter = match protocol.as_str() {
-        "grpc" => opentelemetry_otlp::SpanExporter::builder()
-            .with_tonic()
-            .build()?,
-        "http/protobuf" => opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .build()?,
-        other => anyhow::bail!(
-            "OTEL_EXPORTER_OTLP_PROTOCOL={other} is not supported; use grpc or http/protobuf"
-        ),
+        "grpc" => opentelemetry_otlp::SpanExporter::builder().with_tonic().build()?,
+        "http/protobuf" => opentelemetry_otlp::SpanExporter::builder().with_http().build()?,
+        other => anyhow::bail!("OTEL_EXPORTER_OTLP_PROTOCOL={other} is not supported; use grpc or http/protobuf"),
     };
     Ok(Some(exporter))
 }
@@ -91,7 +87,11 @@ pub fn init(service: &'static str, format: LogFormat) -> anyhow::Result<Telemetr
     // A second init (tests start several services in one process) keeps the first.
     let _ = match format {
         LogFormat::Text => registry
-            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(std::io::stderr().is_terminal())
+                    .with_writer(std::io::stderr),
+            )
             .try_init(),
         LogFormat::Json => registry
             .with(

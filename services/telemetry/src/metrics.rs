@@ -71,9 +71,8 @@ impl Default for ApiMetrics {
             "Messages enqueued with a new order",
             messages_enqueued.clone(),
         );
-        let http_request_duration = Family::<HttpLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(seconds_buckets())
-        });
+        let http_request_duration =
+            Family::<HttpLabels, Histogram>::new_with_constructor(|| Histogram::new(seconds_buckets()));
         registry.register(
             "http_request_duration_seconds",
             "HTTP request duration by route and status",
@@ -110,11 +109,7 @@ impl Default for WorkerMetrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("haunt");
         let deliveries = Family::<OutcomeLabels, CounterWithExemplar<TraceExemplar>>::default();
-        registry.register(
-            "deliveries",
-            "Deliveries processed by outcome",
-            deliveries.clone(),
-        );
+        registry.register("deliveries", "Deliveries processed by outcome", deliveries.clone());
         let delivery_attempt = HistogramWithExemplars::new(attempt_buckets());
         registry.register(
             "delivery_attempt",
@@ -152,11 +147,7 @@ impl Default for WorkerMetrics {
             processing_duration.clone(),
         );
         let effect_lag = HistogramWithExemplars::new(seconds_buckets());
-        registry.register(
-            "effect_lag_seconds",
-            "From enqueue to applied",
-            effect_lag.clone(),
-        );
+        registry.register("effect_lag_seconds", "From enqueue to applied", effect_lag.clone());
         WorkerMetrics {
             registry,
             deliveries,
@@ -174,8 +165,7 @@ impl Default for WorkerMetrics {
 /// Renders a registry in OpenMetrics text.
 pub fn encode(registry: &Registry) -> String {
     let mut out = String::new();
-    prometheus_client::encoding::text::encode(&mut out, registry)
-        .expect("writing to a String cannot fail");
+    prometheus_client::encoding::text::encode(&mut out, registry).expect("writing to a String cannot fail");
     out
 }
 
@@ -195,11 +185,14 @@ mod tests {
             .get_or_create(&OutcomeLabels { outcome: "applied" })
             .inc_by(1, Some(ex), None);
         let text = encode(&m.registry);
-        assert!(text.contains("haunt_delivery_attempt_bucket{le=\"2.0\"} 1 # {correlation_id=\"c-1\",trace_id=\"abc\"} 2.0"), "{text}");
         assert!(
             text.contains(
-                "haunt_deliveries_total{outcome=\"applied\"} 1 # {correlation_id=\"c-1\""
+                "haunt_delivery_attempt_bucket{le=\"2.0\"} 1 # {correlation_id=\"c-1\",trace_id=\"abc\"} 2.0"
             ),
+            "{text}"
+        );
+        assert!(
+            text.contains("haunt_deliveries_total{outcome=\"applied\"} 1 # {correlation_id=\"c-1\""),
             "{text}"
         );
         assert!(text.ends_with("# EOF\n"));

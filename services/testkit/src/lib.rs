@@ -54,10 +54,7 @@ impl TestDb {
             .await
             .expect("creating a test database");
         let _ = conn.close().await;
-        let base = admin_url
-            .rsplit_once('/')
-            .map(|(b, _)| b)
-            .unwrap_or(&admin_url);
+        let base = admin_url.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin_url);
         Some(TestDb {
             url: format!("{base}/{name}"),
             kind: "postgres",
@@ -80,10 +77,7 @@ impl Drop for TestDb {
                 rt.block_on(async {
                     let mut conn = sqlx::PgConnection::connect(&admin_url).await.ok()?;
                     let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
-                    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-                        .execute(&mut conn)
-                        .await
-                        .ok()?;
+                    sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut conn).await.ok()?;
                     conn.close().await.ok()
                 })
             })

@@ -22,12 +22,7 @@ struct HttpState {
     admin_token: Option<String>,
 }
 
-pub fn router(
-    store: Store,
-    metrics: Arc<WorkerMetrics>,
-    faults: Arc<Faults>,
-    admin_token: Option<String>,
-) -> Router {
+pub fn router(store: Store, metrics: Arc<WorkerMetrics>, faults: Arc<Faults>, admin_token: Option<String>) -> Router {
     let admin = admin_token.is_some();
     let state = Arc::new(HttpState {
         store,
@@ -46,8 +41,7 @@ pub fn router(
 
 async fn serve_metrics(State(state): State<Arc<HttpState>>) -> Response {
     // A scrape during a database fault still answers, with the last depths.
-    let sample =
-        tokio::time::timeout(std::time::Duration::from_secs(2), state.store.queue_stats()).await;
+    let sample = tokio::time::timeout(std::time::Duration::from_secs(2), state.store.queue_stats()).await;
     if let Ok(Ok(stats)) = sample {
         let m = &state.metrics;
         for (label, n) in [
@@ -56,19 +50,13 @@ async fn serve_metrics(State(state): State<Arc<HttpState>>) -> Response {
             ("delayed", stats.delayed),
             ("dead_letter", stats.dead_letter),
         ] {
-            m.queue_messages
-                .get_or_create(&QueueLabels { state: label })
-                .set(n);
+            m.queue_messages.get_or_create(&QueueLabels { state: label }).set(n);
         }
-        m.oldest_message_age_seconds
-            .set(stats.oldest_age_ms as f64 / 1000.0);
+        m.oldest_message_age_seconds.set(stats.oldest_age_ms as f64 / 1000.0);
     }
     let body = haunt_telemetry::metrics::encode(&state.metrics.registry);
     (
-        [(
-            header::CONTENT_TYPE,
-            haunt_telemetry::OPENMETRICS_CONTENT_TYPE,
-        )],
+        [(header::CONTENT_TYPE, haunt_telemetry::OPENMETRICS_CONTENT_TYPE)],
         body,
     )
         .into_response()
@@ -90,11 +78,7 @@ async fn get_faults(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> 
     axum::Json(state.faults.get()).into_response()
 }
 
-async fn set_faults(
-    State(state): State<Arc<HttpState>>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Response {
+async fn set_faults(State(state): State<Arc<HttpState>>, headers: HeaderMap, body: axum::body::Bytes) -> Response {
     if !authorized(&state, &headers) {
         return StatusCode::UNAUTHORIZED.into_response();
     }

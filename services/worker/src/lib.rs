@@ -22,6 +22,7 @@ use haunt_store::{Applied, Backoff, Bug, Failed, LeaseClock, Leased, Rng, Store}
 use haunt_telemetry::metrics::{OutcomeLabels, TraceExemplar, WorkerMetrics};
 use haunt_telemetry::tracing_context;
 use tokio::sync::watch;
+use tracing::Instrument;
 
 pub use faults::Faults;
 
@@ -72,12 +73,7 @@ pub struct Worker {
 }
 
 impl Worker {
-    pub fn new(
-        store: Store,
-        config: WorkerConfig,
-        faults: Arc<Faults>,
-        metrics: Arc<WorkerMetrics>,
-    ) -> Worker {
+    pub fn new(store: Store, config: WorkerConfig, faults: Arc<Faults>, metrics: Arc<WorkerMetrics>) -> Worker {
         Worker {
             store,
             config: Arc::new(config),
@@ -120,11 +116,7 @@ impl Worker {
             };
             let wait = match self
                 .store
-                .lease(
-                    self.config.batch_size_max,
-                    self.config.visibility_timeout,
-                    clock,
-                )
+                .lease(self.config.batch_size_max, self.config.visibility_timeout, clock)
                 .await
             {
                 Ok(batch) if batch.is_empty() => {
@@ -173,10 +165,17 @@ impl Worker {
             worker_id,
         );
         tracing_context::continue_from(&span, leased.headers.traceparent.as_deref());
-        let _entered = span.enter();
+        // Instrumented, not entered: an entered guard held across an await would
+        // leave the span (and its OpenTelemetry context) on whichever thread
+        // resumes the task.
+        self.deliver(leased, rng, started, &span).instrument(span.clone()).await;
+    }
+
+    async fn deliver(&self, leased: &Leased, rng: &mut Rng, started: Instant, span: &tracing::Span) {
+        let worker_id = self.config.worker_id.as_str();
         let exemplar = TraceExemplar {
             correlation_id: leased.headers.correlation_id.clone(),
-            trace_id: tracing_context::trace_id(&span),
+            trace_id: tracing_context::trace_id(span),
         };
         let m = &self.metrics;
         let count = |outcome: &'static str| {
@@ -231,10 +230,7 @@ impl Worker {
             }
             Err(error) => {
                 count("failed");
-                let delay = self
-                    .config
-                    .backoff
-                    .delay(leased.delivery_count as u32, rng.unit());
+                let delay = self.config.backoff.delay(leased.delivery_count as u32, rng.unit());
                 match self
                     .store
                     .fail(leased, &error, delay, self.config.delivery_attempts_max)
@@ -254,11 +250,8 @@ impl Worker {
                         tracing::warn!(%error, fail_error = ?e, "apply failed; the lease will expire")
                     }
                 }
-                m.processing_duration.observe(
-                    started.elapsed().as_secs_f64(),
-                    Some(exemplar),
-                    None,
-                );
+                m.processing_duration
+                    .observe(started.elapsed().as_secs_f64(), Some(exemplar), None);
                 return;
             }
         }
@@ -275,11 +268,7 @@ impl Worker {
             tracing::warn!("ack dropped (ack-loss fault): expect a redelivery");
             return;
         }
-        match self
-            .store
-            .ack(&leased.message_id, &leased.lease_token)
-            .await
-        {
+        match self.store.ack(&leased.message_id, &leased.lease_token).await {
             Ok(true) => tracing::debug!("acked"),
             Ok(false) => {
                 self.metrics.ack_failures.inc();

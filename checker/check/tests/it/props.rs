@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use haunt_checker::{Results, Verdict, check_readers};
 use haunt_format::{
-    Applied, DeadLetter, FinalLine, JsonlWriter, Meta, Op, OpType, OpValue, OrderRow, OrderValue,
-    Pending, Process, ProjectionRow,
+    Applied, DeadLetter, FinalLine, JsonlWriter, Meta, Op, OpType, OpValue, OrderRow, OrderValue, Pending, Process,
+    ProjectionRow,
 };
 use proptest::prelude::*;
 
@@ -129,9 +129,7 @@ fn build(mut plans: Vec<Plan>, clients: usize, schedule: Vec<usize>) -> Run {
     let mut time_ns = 0u64;
     let mut step = 0usize;
     loop {
-        let live: Vec<usize> = (0..clients)
-            .filter(|&t| threads[t].order < queues[t].len())
-            .collect();
+        let live: Vec<usize> = (0..clients).filter(|&t| threads[t].order < queues[t].len()).collect();
         if live.is_empty() {
             break;
         }
@@ -245,10 +243,7 @@ fn build(mut plans: Vec<Plan>, clients: usize, schedule: Vec<usize>) -> Run {
         }
     }
     for (item_id, reserved_qty) in projection {
-        final_state.push(FinalLine::Projection(ProjectionRow {
-            item_id,
-            reserved_qty,
-        }));
+        final_state.push(FinalLine::Projection(ProjectionRow { item_id, reserved_qty }));
     }
     final_state.push(FinalLine::Meta(Meta {
         quiesced: true,
@@ -282,8 +277,7 @@ fn check(run: &Run) -> Results {
     for line in &run.final_state {
         f.write(line).unwrap();
     }
-    check_readers(&h.into_inner()[..], Some(&f.into_inner()[..]))
-        .expect("generated runs follow the format")
+    check_readers(&h.into_inner()[..], Some(&f.into_inner()[..])).expect("generated runs follow the format")
 }
 
 /// The anomalies reported, by name, with the order ids (or item ids) they name.

@@ -17,11 +17,7 @@ fn cases() -> Vec<PathBuf> {
         .filter(|p| p.is_dir())
         .collect();
     dirs.sort();
-    assert!(
-        dirs.len() >= 30,
-        "expected the case folder, found {} cases",
-        dirs.len()
-    );
+    assert!(dirs.len() >= 30, "expected the case folder, found {} cases", dirs.len());
     dirs
 }
 
@@ -56,10 +52,7 @@ fn check_expectation(dir: &Path, expect: &Value, results: &Results) -> Result<()
     if let Some(want) = expect.get("counts").and_then(Value::as_object) {
         for (field, n) in want {
             if &json["counts"][field] != n {
-                return Err(format!(
-                    "counts.{field}: expected {n}, got {}",
-                    json["counts"][field]
-                ));
+                return Err(format!("counts.{field}: expected {n}, got {}", json["counts"][field]));
             }
         }
     }
@@ -94,32 +87,19 @@ fn check_expectation(dir: &Path, expect: &Value, results: &Results) -> Result<()
 
 fn check_error(expect: &Value, err: &InputError) -> Result<(), String> {
     let want = &expect["error"];
-    let InputError::Format(FormatError::Line {
-        file,
-        line,
-        message,
-    }) = err
-    else {
+    let InputError::Format(FormatError::Line { file, line, message }) = err else {
         return Err(format!("expected a line error, got {err}"));
     };
     let want_file = want["file"].as_str().unwrap();
     if file.file_name().and_then(|f| f.to_str()) != Some(want_file) {
-        return Err(format!(
-            "error file: expected {want_file}, got {}",
-            file.display()
-        ));
+        return Err(format!("error file: expected {want_file}, got {}", file.display()));
     }
     if Some(*line) != want["line"].as_u64() {
-        return Err(format!(
-            "error line: expected {}, got {line} ({message})",
-            want["line"]
-        ));
+        return Err(format!("error line: expected {}, got {line} ({message})", want["line"]));
     }
     let contains = want["contains"].as_str().unwrap();
     if !message.contains(contains) {
-        return Err(format!(
-            "error message {message:?} does not contain {contains:?}"
-        ));
+        return Err(format!("error message {message:?} does not contain {contains:?}"));
     }
     Ok(())
 }
@@ -129,24 +109,16 @@ fn every_case_concludes_what_it_expects() {
     let mut failures = Vec::new();
     for dir in cases() {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let expect: Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("expect.json")).unwrap())
-                .unwrap();
+        let expect: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("expect.json")).unwrap()).unwrap();
         let outcome = match (check_dir(&dir), expect.get("error").is_some()) {
             (Ok(results), false) => {
                 let json = serde_json::to_string_pretty(&results).unwrap();
                 insta::assert_snapshot!(name.clone(), json);
                 check_expectation(&dir, &expect, &results)
             }
-            (Ok(results), true) => Err(format!(
-                "expected an input error, got verdict {:?}",
-                results.valid
-            )),
+            (Ok(results), true) => Err(format!("expected an input error, got verdict {:?}", results.valid)),
             (Err(e), true) => {
-                insta::assert_snapshot!(
-                    name.clone(),
-                    e.to_string().replace(&*dir.to_string_lossy(), "RUN")
-                );
+                insta::assert_snapshot!(name.clone(), e.to_string().replace(&*dir.to_string_lossy(), "RUN"));
                 check_error(&expect, &e)
             }
             (Err(e), false) => Err(format!("unexpected input error: {e}")),
@@ -155,11 +127,7 @@ fn every_case_concludes_what_it_expects() {
             failures.push(format!("{name}: {why}"));
         }
     }
-    assert!(
-        failures.is_empty(),
-        "cases that failed:\n{}",
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "cases that failed:\n{}", failures.join("\n"));
 }
 
 #[test]

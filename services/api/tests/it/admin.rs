@@ -48,13 +48,7 @@ async fn admin_endpoints_require_the_token() {
         .send()
         .await
         .unwrap();
-    let r = api
-        .client
-        .get(&url)
-        .bearer_auth("s3cret")
-        .send()
-        .await
-        .unwrap();
+    let r = api.client.get(&url).bearer_auth("s3cret").send().await.unwrap();
     assert_eq!(r.status(), 200);
     let text = r.text().await.unwrap();
     let kinds: Vec<String> = text

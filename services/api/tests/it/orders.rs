@@ -28,10 +28,7 @@ async fn create_then_replay_then_conflict() {
         );
         let created: Value = created.json().await.unwrap();
         assert_eq!(
-            (
-                created["order_id"].as_str(),
-                created["correlation_id"].as_str()
-            ),
+            (created["order_id"].as_str(), created["correlation_id"].as_str()),
             (Some("o-1"), Some("corr-1"))
         );
 
@@ -76,12 +73,7 @@ async fn create_then_replay_then_conflict() {
             (Some(2), created["event_id"].clone())
         );
         assert_eq!(
-            api.client
-                .get(format!("{url}/nope"))
-                .send()
-                .await
-                .unwrap()
-                .status(),
+            api.client.get(format!("{url}/nope")).send().await.unwrap().status(),
             404
         );
     }
@@ -163,12 +155,7 @@ async fn metrics_are_openmetrics_and_count_orders() {
         .send()
         .await
         .unwrap();
-    let r = api
-        .client
-        .get(format!("{}/metrics", api.base))
-        .send()
-        .await
-        .unwrap();
+    let r = api.client.get(format!("{}/metrics", api.base)).send().await.unwrap();
     assert!(
         r.headers()["content-type"]
             .to_str()

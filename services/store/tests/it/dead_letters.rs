@@ -17,10 +17,7 @@ async fn a_failed_delivery_comes_back_after_its_backoff() {
             .await
             .unwrap()
             .remove(0);
-        let outcome = store
-            .fail(&m, "boom", Duration::from_millis(400), 5)
-            .await
-            .unwrap();
+        let outcome = store.fail(&m, "boom", Duration::from_millis(400), 5).await.unwrap();
         assert_eq!(outcome, Failed::Retrying);
         assert!(
             store
@@ -32,12 +29,7 @@ async fn a_failed_delivery_comes_back_after_its_backoff() {
             db.kind
         );
         let stats = store.queue_stats().await.unwrap();
-        assert_eq!(
-            (stats.visible, stats.leased, stats.delayed),
-            (0, 0, 1),
-            "{}",
-            db.kind
-        );
+        assert_eq!((stats.visible, stats.leased, stats.delayed), (0, 0, 1), "{}", db.kind);
         tokio::time::sleep(Duration::from_millis(500)).await;
         let again = store
             .lease(1, Duration::from_secs(30), LeaseClock::Database)
@@ -63,12 +55,7 @@ async fn after_the_last_allowed_delivery_it_is_dead_lettered_then_redriven() {
                 .remove(0);
             outcomes.push(
                 store
-                    .fail(
-                        &m,
-                        &format!("boom {}", m.delivery_count),
-                        Duration::ZERO,
-                        max,
-                    )
+                    .fail(&m, &format!("boom {}", m.delivery_count), Duration::ZERO, max)
                     .await
                     .unwrap(),
             );
@@ -81,10 +68,7 @@ async fn after_the_last_allowed_delivery_it_is_dead_lettered_then_redriven() {
         );
         let lines = final_lines(&store).await;
         assert_eq!(
-            (
-                count_kind(&lines, "pending"),
-                count_kind(&lines, "dead_letter")
-            ),
+            (count_kind(&lines, "pending"), count_kind(&lines, "dead_letter")),
             (0, 1),
             "{}",
             db.kind
@@ -94,10 +78,7 @@ async fn after_the_last_allowed_delivery_it_is_dead_lettered_then_redriven() {
             _ => None,
         });
         let dead = dead.unwrap();
-        assert_eq!(
-            (dead.delivery_count, dead.last_error.as_deref()),
-            (3, Some("boom 3"))
-        );
+        assert_eq!((dead.delivery_count, dead.last_error.as_deref()), (3, Some("boom 3")));
         assert_eq!(store.queue_stats().await.unwrap().dead_letter, 1);
 
         assert_eq!(store.redrive(None).await.unwrap(), 1);
@@ -105,17 +86,8 @@ async fn after_the_last_allowed_delivery_it_is_dead_lettered_then_redriven() {
             .lease(1, Duration::from_secs(30), LeaseClock::Database)
             .await
             .unwrap();
-        assert_eq!(
-            m.len(),
-            1,
-            "{}: redriven messages are visible at once",
-            db.kind
-        );
-        assert_eq!(
-            m[0].delivery_count, 1,
-            "{}: redrive starts the count afresh",
-            db.kind
-        );
+        assert_eq!(m.len(), 1, "{}: redriven messages are visible at once", db.kind);
+        assert_eq!(m[0].delivery_count, 1, "{}: redrive starts the count afresh", db.kind);
         assert_eq!(count_kind(&final_lines(&store).await, "dead_letter"), 0);
     }
 }
@@ -137,19 +109,13 @@ async fn a_lost_lease_cannot_be_failed_or_dead_lettered() {
             .unwrap()
             .remove(0);
         assert_eq!(
-            store
-                .fail(&zombie, "late", Duration::ZERO, 5)
-                .await
-                .unwrap(),
+            store.fail(&zombie, "late", Duration::ZERO, 5).await.unwrap(),
             Failed::LeaseLost,
             "{}",
             db.kind
         );
         assert_eq!(
-            store
-                .fail(&zombie, "late", Duration::ZERO, 1)
-                .await
-                .unwrap(),
+            store.fail(&zombie, "late", Duration::ZERO, 1).await.unwrap(),
             Failed::LeaseLost,
             "{}",
             db.kind

@@ -18,10 +18,7 @@ async fn a_lease_hides_the_message_until_it_expires_and_counts_deliveries() {
         let store = open(&db).await;
         store.place_order(&order("o1", "apple", 1)).await.unwrap();
         let before = store.now_ms().await.unwrap();
-        let first = store
-            .lease(10, SHORT_LEASE, LeaseClock::Database)
-            .await
-            .unwrap();
+        let first = store.lease(10, SHORT_LEASE, LeaseClock::Database).await.unwrap();
         assert_eq!(first.len(), 1);
         assert_eq!(first[0].delivery_count, 1);
         let lease_ms = first[0].lease_until_ms - before;
@@ -40,16 +37,8 @@ async fn a_lease_hides_the_message_until_it_expires_and_counts_deliveries() {
             db.kind
         );
         tokio::time::sleep(SHORT_LEASE + Duration::from_millis(100)).await;
-        let second = store
-            .lease(10, SHORT_LEASE, LeaseClock::Database)
-            .await
-            .unwrap();
-        assert_eq!(
-            second.len(),
-            1,
-            "{}: visible again after the lease expired",
-            db.kind
-        );
+        let second = store.lease(10, SHORT_LEASE, LeaseClock::Database).await.unwrap();
+        assert_eq!(second.len(), 1, "{}: visible again after the lease expired", db.kind);
         assert_eq!(second[0].delivery_count, 2);
         assert_ne!(second[0].lease_token, first[0].lease_token);
     }
@@ -60,10 +49,7 @@ async fn a_batch_is_at_most_batch_size_max() {
     for db in databases().await {
         let store = open(&db).await;
         for i in 0..7 {
-            store
-                .place_order(&order(&format!("o{i}"), "apple", 1))
-                .await
-                .unwrap();
+            store.place_order(&order(&format!("o{i}"), "apple", 1)).await.unwrap();
         }
         let a = store
             .lease(5, Duration::from_secs(30), LeaseClock::Database)
@@ -85,38 +71,21 @@ async fn a_batch_is_at_most_batch_size_max() {
 async fn apply_is_once_per_event_whatever_the_deliveries() {
     for db in databases().await {
         let store = open(&db).await;
-        let Placement::Created { event_id } =
-            store.place_order(&order("o1", "apple", 4)).await.unwrap()
-        else {
+        let Placement::Created { event_id } = store.place_order(&order("o1", "apple", 4)).await.unwrap() else {
             panic!()
         };
         // The tutorial's scenario: three deliveries, every ack lost.
         let mut outcomes = Vec::new();
         for _ in 0..3 {
-            let leased = store
-                .lease(1, SHORT_LEASE, LeaseClock::Database)
-                .await
-                .unwrap();
+            let leased = store.lease(1, SHORT_LEASE, LeaseClock::Database).await.unwrap();
             assert_eq!(leased.len(), 1, "{}", db.kind);
             let m = &leased[0];
             outcomes.push(store.apply(m, &m.event().unwrap(), "w1").await.unwrap());
             tokio::time::sleep(SHORT_LEASE + Duration::from_millis(100)).await;
         }
-        assert!(
-            matches!(outcomes[0], Applied::Applied { .. }),
-            "{}",
-            db.kind
-        );
-        assert_eq!(
-            &outcomes[1..],
-            &[Applied::Duplicate, Applied::Duplicate],
-            "{}",
-            db.kind
-        );
-        assert_eq!(
-            store.projection().await.unwrap(),
-            vec![("apple".to_string(), 4)]
-        );
+        assert!(matches!(outcomes[0], Applied::Applied { .. }), "{}", db.kind);
+        assert_eq!(&outcomes[1..], &[Applied::Duplicate, Applied::Duplicate], "{}", db.kind);
+        assert_eq!(store.projection().await.unwrap(), vec![("apple".to_string(), 4)]);
         let lines = final_lines(&store).await;
         assert_eq!(count_kind(&lines, "applied"), 1, "{}", db.kind);
         let applied = lines.iter().find_map(|l| match l {
@@ -125,11 +94,7 @@ async fn apply_is_once_per_event_whatever_the_deliveries() {
         });
         let applied = applied.unwrap();
         assert_eq!(
-            (
-                applied.event_id,
-                applied.delivery_attempt,
-                applied.worker_id.as_str()
-            ),
+            (applied.event_id, applied.delivery_attempt, applied.worker_id.as_str()),
             (event_id, 1, "w1")
         );
     }
@@ -152,10 +117,7 @@ async fn a_zombie_cannot_ack_a_lease_it_lost() {
             .unwrap()
             .remove(0);
         assert!(
-            !store
-                .ack(&zombie.message_id, &zombie.lease_token)
-                .await
-                .unwrap(),
+            !store.ack(&zombie.message_id, &zombie.lease_token).await.unwrap(),
             "{}",
             db.kind
         );
@@ -165,12 +127,7 @@ async fn a_zombie_cannot_ack_a_lease_it_lost() {
             "{}: the zombie deleted nothing",
             db.kind
         );
-        assert!(
-            store
-                .ack(&current.message_id, &current.lease_token)
-                .await
-                .unwrap()
-        );
+        assert!(store.ack(&current.message_id, &current.lease_token).await.unwrap());
         assert_eq!(count_kind(&final_lines(&store).await, "pending"), 0);
     }
 }
@@ -192,10 +149,7 @@ async fn bug_no_lease_token_lets_the_zombie_ack() {
             .unwrap()
             .remove(0);
         assert!(
-            store
-                .ack(&zombie.message_id, &zombie.lease_token)
-                .await
-                .unwrap(),
+            store.ack(&zombie.message_id, &zombie.lease_token).await.unwrap(),
             "{}",
             db.kind
         );
@@ -239,10 +193,7 @@ async fn worker_clock_leases_follow_the_given_clock() {
         let skewed = LeaseClock::Worker {
             now_ms: now - 3_600_000,
         };
-        let first = store
-            .lease(1, Duration::from_secs(30), skewed)
-            .await
-            .unwrap();
+        let first = store.lease(1, Duration::from_secs(30), skewed).await.unwrap();
         assert_eq!(
             first.len(),
             0,
@@ -252,33 +203,13 @@ async fn worker_clock_leases_follow_the_given_clock() {
         let ahead = LeaseClock::Worker {
             now_ms: now + 3_600_000,
         };
-        assert_eq!(
-            store
-                .lease(1, Duration::from_secs(30), ahead)
-                .await
-                .unwrap()
-                .len(),
-            1
-        );
-        let again = store
-            .lease(1, Duration::from_secs(30), ahead)
-            .await
-            .unwrap();
-        assert_eq!(
-            again.len(),
-            0,
-            "{}: within the skewed clock's own lease",
-            db.kind
-        );
+        assert_eq!(store.lease(1, Duration::from_secs(30), ahead).await.unwrap().len(), 1);
+        let again = store.lease(1, Duration::from_secs(30), ahead).await.unwrap();
+        assert_eq!(again.len(), 0, "{}: within the skewed clock's own lease", db.kind);
         let honest = store
             .lease(1, Duration::from_secs(30), LeaseClock::Database)
             .await
             .unwrap();
-        assert_eq!(
-            honest.len(),
-            0,
-            "{}: the skewed lease ends an hour from now",
-            db.kind
-        );
+        assert_eq!(honest.len(), 0, "{}: the skewed lease ends an hour from now", db.kind);
     }
 }

@@ -10,18 +10,12 @@ use crate::{count_kind, final_lines, open, order};
 async fn an_order_and_its_message_are_written_together() {
     for db in databases().await {
         let store = open(&db).await;
-        let Placement::Created { event_id } =
-            store.place_order(&order("o1", "apple", 3)).await.unwrap()
-        else {
+        let Placement::Created { event_id } = store.place_order(&order("o1", "apple", 3)).await.unwrap() else {
             panic!("{}: expected a new order", db.kind);
         };
         let stored = store.get_order("o1").await.unwrap().unwrap();
         assert_eq!(
-            (
-                stored.item_id.as_str(),
-                stored.qty,
-                stored.event_id.as_str()
-            ),
+            (stored.item_id.as_str(), stored.qty, stored.event_id.as_str()),
             ("apple", 3, event_id.as_str())
         );
         let leased = store
@@ -46,9 +40,7 @@ async fn an_order_and_its_message_are_written_together() {
 async fn the_same_order_again_replays_the_original_event() {
     for db in databases().await {
         let store = open(&db).await;
-        let Placement::Created { event_id } =
-            store.place_order(&order("o1", "apple", 3)).await.unwrap()
-        else {
+        let Placement::Created { event_id } = store.place_order(&order("o1", "apple", 3)).await.unwrap() else {
             panic!()
         };
         let again = store.place_order(&order("o1", "apple", 3)).await.unwrap();
@@ -84,14 +76,10 @@ async fn the_same_order_id_with_other_content_conflicts_and_writes_nothing() {
 async fn bug_new_event_id_on_retry_enqueues_a_second_event() {
     for db in databases().await {
         let store = crate::open_with_bug(&db, haunt_store::Bug::NewEventIdOnRetry).await;
-        let Placement::Created { event_id } =
-            store.place_order(&order("o1", "apple", 3)).await.unwrap()
-        else {
+        let Placement::Created { event_id } = store.place_order(&order("o1", "apple", 3)).await.unwrap() else {
             panic!()
         };
-        let Placement::Replayed { event_id: again } =
-            store.place_order(&order("o1", "apple", 3)).await.unwrap()
-        else {
+        let Placement::Replayed { event_id: again } = store.place_order(&order("o1", "apple", 3)).await.unwrap() else {
             panic!()
         };
         assert_ne!(event_id, again, "{}: the bug mints a new event", db.kind);

@@ -54,11 +54,7 @@ async fn reconcile_reports_and_repairs_drift() {
         let dry = store.reconcile(true).await.unwrap();
         assert_eq!(dry.drift, want, "{}", db.kind);
         assert!(
-            store
-                .projection()
-                .await
-                .unwrap()
-                .contains(&("apple".into(), 12)),
+            store.projection().await.unwrap().contains(&("apple".into(), 12)),
             "{}: dry run changes nothing",
             db.kind
         );

@@ -16,10 +16,7 @@ use crate::{counter, order, spawn, store, wait_until};
 async fn one_event_delivered_three_times_is_applied_once() {
     for db in databases().await {
         let store = store(&db.url).await;
-        store
-            .place_order(&order(1, "coffee-beans", 1))
-            .await
-            .unwrap();
+        store.place_order(&order(1, "coffee-beans", 1)).await.unwrap();
         let config = WorkerConfig {
             visibility_timeout: Duration::from_millis(400),
             concurrency: 1,
@@ -29,9 +26,7 @@ async fn one_event_delivered_three_times_is_applied_once() {
         let text = || haunt_telemetry::metrics::encode(&w.metrics().registry);
         let dup = "haunt_deliveries_total{outcome=\"duplicate\"}";
         assert!(
-            wait_until(Duration::from_secs(10), async || counter(&text(), dup)
-                >= 1.0)
-            .await,
+            wait_until(Duration::from_secs(10), async || counter(&text(), dup) >= 1.0).await,
             "{}",
             db.kind
         );
@@ -62,16 +57,8 @@ async fn one_event_delivered_three_times_is_applied_once() {
         assert_eq!(counter(&t, dup), 2.0, "{}:\n{t}", db.kind);
         assert_eq!(counter(&t, "haunt_ack_failures_total"), 2.0, "{}", db.kind);
         assert_eq!(counter(&t, "haunt_redeliveries_total"), 2.0, "{}", db.kind);
-        assert_eq!(
-            counter(&t, "haunt_delivery_attempt_count"),
-            3.0,
-            "{}",
-            db.kind
-        );
-        assert_eq!(
-            store.projection().await.unwrap(),
-            vec![("coffee-beans".to_string(), 1)]
-        );
+        assert_eq!(counter(&t, "haunt_delivery_attempt_count"), 3.0, "{}", db.kind);
+        assert_eq!(store.projection().await.unwrap(), vec![("coffee-beans".to_string(), 1)]);
         w.stop().await;
     }
 }
@@ -93,13 +80,9 @@ async fn eight_workers_on_postgres_apply_every_event_exactly_once() {
         let s = writer.clone();
         tasks.spawn(async move {
             for i in (client..ORDERS).step_by(16) {
-                s.place_order(&order(
-                    i,
-                    &format!("item-{}", i % ITEMS),
-                    (i % 5 + 1) as i64,
-                ))
-                .await
-                .unwrap();
+                s.place_order(&order(i, &format!("item-{}", i % ITEMS), (i % 5 + 1) as i64))
+                    .await
+                    .unwrap();
             }
         });
     }
@@ -163,10 +146,7 @@ async fn eight_workers_on_postgres_apply_every_event_exactly_once() {
         .unwrap();
     assert_eq!(orders.len(), ORDERS);
     assert_eq!(applied.len(), ORDERS, "every event applied");
-    assert!(
-        applied.values().all(|&n| n == 1),
-        "some event applied twice"
-    );
+    assert!(applied.values().all(|&n| n == 1), "some event applied twice");
     assert!(orders.keys().all(|e| applied.contains_key(e)));
     assert_eq!((pending, dead), (0, 0));
     let projection: HashMap<String, i64> = writer.projection().await.unwrap().into_iter().collect();

@@ -34,12 +34,7 @@ impl Running {
 
 pub fn spawn(store: Store, config: WorkerConfig, ack_fail_rate: f64) -> Running {
     let faults = Arc::new(Faults::new(ack_fail_rate, 0).unwrap());
-    let worker = Worker::new(
-        store,
-        config,
-        faults.clone(),
-        Arc::new(WorkerMetrics::default()),
-    );
+    let worker = Worker::new(store, config, faults.clone(), Arc::new(WorkerMetrics::default()));
     let (stop, rx) = watch::channel(false);
     let w = worker.clone();
     let task = tokio::spawn(async move { w.run(rx).await });

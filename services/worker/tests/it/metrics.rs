@@ -46,9 +46,7 @@ fn check_openmetrics(text: &str) -> Result<(), String> {
             Some((s, e)) => (s, Some(e)),
             None => (*line, None),
         };
-        let name_end = sample
-            .find(['{', ' '])
-            .ok_or(format!("line {n}: no value"))?;
+        let name_end = sample.find(['{', ' ']).ok_or(format!("line {n}: no value"))?;
         let name = &sample[..name_end];
         if !typed.iter().any(|t| name.starts_with(t.as_str())) {
             return Err(format!("line {n}: sample {name} before its TYPE"));
@@ -93,11 +91,7 @@ async fn metrics_are_openmetrics_with_exemplars_on_delivery_attempt() {
     );
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     let client = reqwest::Client::new();
-    let r = client
-        .get(format!("http://{addr}/metrics"))
-        .send()
-        .await
-        .unwrap();
+    let r = client.get(format!("http://{addr}/metrics")).send().await.unwrap();
     assert!(
         r.headers()["content-type"]
             .to_str()
@@ -111,10 +105,7 @@ async fn metrics_are_openmetrics_with_exemplars_on_delivery_attempt() {
         .find(|l| l.starts_with("haunt_delivery_attempt_bucket") && l.contains(" # {"))
         .unwrap_or_else(|| panic!("no exemplar on haunt_delivery_attempt:\n{text}"));
     assert!(exemplar.contains("correlation_id=\"c7\""), "{exemplar}");
-    assert!(
-        text.contains("haunt_queue_messages{state=\"visible\"} 0"),
-        "{text}"
-    );
+    assert!(text.contains("haunt_queue_messages{state=\"visible\"} 0"), "{text}");
 
     // The fault endpoint: token required, bad values rejected and nothing changed.
     let faults = format!("http://{addr}/admin/faults");

@@ -1,0 +1,24 @@
+//! The harness: it runs the reference pipeline, breaks it on a seeded schedule
+//! while clients record a Jepsen-style history, heals, reads the final state,
+//! checks, and reports.
+//!
+//! # Layout
+//!
+//! - [`roles`]: the small traits of a run (`Client`, `Nemesis`, `Backend`,
+//!   `Checker`), each with a no-op implementation.
+//! - [`history`]: the recorder of `history.jsonl`.
+//! - [`workload`]: the HTTP client and the concurrent client loops.
+//! - [`local`]: the local backend (child processes, signals).
+//! - [`proxy`]: the TCP fault proxy (partitions, delay).
+//! - [`nemesis`]: the faults and their seeded schedule.
+//! - [`run`]: one run from start to verdict, and the run directory.
+//! - [`report`]: `report.html`.
+
+pub mod history;
+pub mod local;
+pub mod nemesis;
+pub mod proxy;
+pub mod report;
+pub mod roles;
+pub mod run;
+pub mod workload;

@@ -1,0 +1,229 @@
+//! The local backend: the API and the workers as child processes of the
+//! harness (the same `haunt` executable), faults by signals.
+//!
+//! No child may outlive the harness: each is started with a parent-death signal
+//! (SIGKILL when the harness dies, however it dies), and dropping the backend
+//! kills whatever is still running, which covers panics.
+
+use std::collections::HashMap;
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::Context;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::roles::{Backend, Node, Role};
+
+/// How a node is started.
+#[derive(Debug, Clone)]
+pub struct NodeSpec {
+    pub node: Node,
+    /// Arguments after the executable (`api --listen …`).
+    pub args: Vec<String>,
+}
+
+#[derive(Debug)]
+pub struct LocalBackend {
+    exe: PathBuf,
+    logs: PathBuf,
+    env: Vec<(String, String)>,
+    specs: Vec<NodeSpec>,
+    children: Mutex<HashMap<String, Child>>,
+}
+
+/// How long a node gets to finish in-flight work after SIGTERM before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+impl LocalBackend {
+    /// `logs` is the folder for `<node>.log`; `env` is set on every child.
+    pub fn new(exe: PathBuf, logs: PathBuf, env: Vec<(String, String)>, specs: Vec<NodeSpec>) -> LocalBackend {
+        LocalBackend {
+            exe,
+            logs,
+            env,
+            specs,
+            children: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn spec(&self, node: &Node) -> anyhow::Result<&NodeSpec> {
+        self.specs
+            .iter()
+            .find(|s| s.node == *node)
+            .with_context(|| format!("no node {}", node.name))
+    }
+
+    fn pid(&self, node: &Node) -> Option<Pid> {
+        let children = self.children.lock().unwrap_or_else(|p| p.into_inner());
+        children.get(&node.name).map(|c| Pid::from_raw(c.id() as i32))
+    }
+
+    fn signal(&self, node: &Node, signal: Signal) -> anyhow::Result<()> {
+        let pid = self
+            .pid(node)
+            .with_context(|| format!("{} is not running", node.name))?;
+        kill(pid, signal).with_context(|| format!("sending {signal} to {}", node.name))
+    }
+
+    /// Reaps a child that has exited, or waits for it up to `limit`.
+    fn reap(&self, node: &Node, limit: Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            {
+                let mut children = self.children.lock().unwrap_or_else(|p| p.into_inner());
+                match children.get_mut(&node.name).map(|c| c.try_wait()) {
+                    None => return true,
+                    Some(Ok(Some(_))) | Some(Err(_)) => {
+                        children.remove(&node.name);
+                        return true;
+                    }
+                    Some(Ok(None)) => {}
+                }
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills every child at once. Idempotent; used on drop.
+    pub fn kill_all(&self) {
+        let mut children = self.children.lock().unwrap_or_else(|p| p.into_inner());
+        for (_, child) in children.iter_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        children.clear();
+    }
+
+    pub fn log_path(&self, node: &Node) -> PathBuf {
+        self.logs.join(format!("{}.log", node.name))
+    }
+}
+
+fn spawn(exe: &Path, args: &[String], env: &[(String, String)], log: &Path) -> anyhow::Result<Child> {
+    let out = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening {}", log.display()))?;
+    let err = out.try_clone()?;
+    let mut command = Command::new(exe);
+    command
+        .args(args)
+        .envs(env.iter().cloned())
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err);
+    set_parent_death_signal(&mut command);
+    command
+        .spawn()
+        .with_context(|| format!("starting {} {}", exe.display(), args.join(" ")))
+}
+
+/// Asks the kernel to SIGKILL the child when the harness dies, even by SIGKILL,
+/// where no destructor runs.
+#[allow(unsafe_code)]
+fn set_parent_death_signal(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the child between fork and exec and only makes
+    // the async-signal-safe prctl(2) system call.
+    unsafe {
+        command.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
+            Ok(())
+        });
+    }
+}
+
+impl Backend for LocalBackend {
+    fn nodes(&self) -> Vec<Node> {
+        self.specs.iter().map(|s| s.node.clone()).collect()
+    }
+
+    async fn start(&self, node: &Node) -> anyhow::Result<()> {
+        if self.is_running(node) {
+            return Ok(());
+        }
+        let spec = self.spec(node)?;
+        let child = spawn(&self.exe, &spec.args, &self.env, &self.log_path(node))?;
+        self.children
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(node.name.clone(), child);
+        Ok(())
+    }
+
+    async fn stop(&self, node: &Node) -> anyhow::Result<()> {
+        if !self.is_running(node) {
+            return Ok(());
+        }
+        // A paused process cannot act on SIGTERM.
+        let _ = self.signal(node, Signal::SIGCONT);
+        let _ = self.signal(node, Signal::SIGTERM);
+        let node2 = node.clone();
+        let done = tokio::task::block_in_place(|| self.reap(&node2, STOP_GRACE));
+        if !done {
+            tracing::warn!(node = %node.name, "did not stop within {STOP_GRACE:?}; killing it");
+            self.kill(node).await?;
+        }
+        Ok(())
+    }
+
+    async fn kill(&self, node: &Node) -> anyhow::Result<()> {
+        if !self.is_running(node) {
+            return Ok(());
+        }
+        self.signal(node, Signal::SIGKILL)?;
+        let node2 = node.clone();
+        // SIGKILL cannot be ignored; the wait is for the kernel to tear down.
+        tokio::task::block_in_place(|| self.reap(&node2, Duration::from_secs(5)));
+        Ok(())
+    }
+
+    async fn pause(&self, node: &Node) -> anyhow::Result<()> {
+        self.signal(node, Signal::SIGSTOP)
+    }
+
+    async fn resume(&self, node: &Node) -> anyhow::Result<()> {
+        self.signal(node, Signal::SIGCONT)
+    }
+
+    fn is_running(&self, node: &Node) -> bool {
+        let mut children = self.children.lock().unwrap_or_else(|p| p.into_inner());
+        match children.get_mut(&node.name).map(|c| c.try_wait()) {
+            Some(Ok(None)) => true,
+            Some(_) => {
+                children.remove(&node.name);
+                false
+            }
+            None => false,
+        }
+    }
+}
+
+impl Drop for LocalBackend {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+/// The first worker, second worker, … as nodes.
+pub fn worker_node(i: usize) -> Node {
+    Node {
+        name: format!("worker-{i}"),
+        role: Role::Worker,
+    }
+}
+
+pub fn api_node() -> Node {
+    Node {
+        name: "api".into(),
+        role: Role::Api,
+    }
+}

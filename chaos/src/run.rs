@@ -1,0 +1,536 @@
+//! One run, start to verdict: start the cluster, drive the workload while the
+//! nemesis breaks things, heal, wait for the queue to drain, read the final
+//! state, check, report.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use haunt_checker::Results;
+use haunt_format::{FINAL_STATE_FILE, FinalLine, HISTORY_FILE, JsonlWriter, Meta, RESULTS_FILE, RUN_FILE};
+use haunt_store::{Bug, Rng, Store, StoreOptions};
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::history::Recorder;
+use crate::local::{LocalBackend, NodeSpec, api_node, worker_node};
+use crate::nemesis::{
+    AckLossNemesis, ActiveFaults, ClockSkewNemesis, KillNemesis, PartitionNemesis, PauseNemesis, ScheduleOptions,
+    WorkerAdmin,
+};
+use crate::proxy::FaultProxy;
+use crate::roles::{Backend, Checker, Nemesis, Node, RunDirChecker};
+use crate::workload::{HttpClient, WorkloadOptions};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunOptions {
+    pub time_limit: Duration,
+    pub rate: f64,
+    pub concurrency: usize,
+    pub workers: usize,
+    /// `None`: a fresh SQLite file in the run directory.
+    pub db: Option<String>,
+    pub nemesis: Vec<String>,
+    pub nemesis_interval: Duration,
+    pub seed: u64,
+    pub store: PathBuf,
+    pub visibility_timeout: Duration,
+    pub quiesce_timeout: Duration,
+    #[serde(serialize_with = "bug_name")]
+    pub bug: Option<Bug>,
+    pub quiet: bool,
+    pub request_timeout: Duration,
+    pub items: usize,
+    /// The executable that runs the services (the current `haunt`).
+    pub exe: PathBuf,
+    pub git_revision: String,
+}
+
+fn bug_name<S: serde::Serializer>(bug: &Option<Bug>, s: S) -> Result<S::Ok, S::Error> {
+    match bug {
+        Some(b) => s.serialize_str(b.name()),
+        None => s.serialize_none(),
+    }
+}
+
+/// How a run ended.
+#[derive(Debug)]
+pub struct RunOutcome {
+    pub run_dir: PathBuf,
+    /// `None` when the run was aborted before it could be checked.
+    pub results: Option<Results>,
+    pub aborted: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct RunFile<'a> {
+    haunt_version: &'static str,
+    git_revision: &'a str,
+    seed: u64,
+    backend: &'static str,
+    db: &'a str,
+    options: &'a RunOptions,
+    started_at_ms: i64,
+    ended_at_ms: Option<i64>,
+    aborted: bool,
+    /// Why the run stopped early, if it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    verdict: Option<&'static str>,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// `20261129T150405Z` from Unix milliseconds (UTC).
+fn timestamp(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Days to civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn free_port() -> anyhow::Result<SocketAddr> {
+    // Bound and released: another process could take it in between, which on a
+    // test machine is rare enough, and then the service fails loudly to bind.
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?)
+}
+
+/// Creates `store/<name>/<timestamp>/` and points `store/latest` at it.
+fn create_run_dir(store: &Path, name: &str, started_at_ms: i64) -> anyhow::Result<PathBuf> {
+    let mut dir = store.join(name).join(timestamp(started_at_ms));
+    let mut n = 1;
+    while dir.exists() {
+        n += 1;
+        dir = store.join(name).join(format!("{}-{n}", timestamp(started_at_ms)));
+    }
+    std::fs::create_dir_all(dir.join("logs")).with_context(|| format!("creating {}", dir.display()))?;
+    let latest = store.join("latest");
+    let _ = std::fs::remove_file(&latest);
+    let relative = dir.strip_prefix(store).unwrap_or(&dir);
+    std::os::unix::fs::symlink(relative, &latest).with_context(|| format!("linking {}", latest.display()))?;
+    Ok(dir)
+}
+
+fn write_json(path: &Path, value: &impl Serialize) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(value)?;
+    std::fs::write(path, format!("{text}\n")).with_context(|| format!("writing {}", path.display()))
+}
+
+async fn wait_http_ok(url: &str, limit: Duration) -> anyhow::Result<()> {
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(1)).build()?;
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(r) = http.get(url).send().await {
+            if r.status().is_success() {
+                return Ok(());
+            }
+        }
+        anyhow::ensure!(Instant::now() < deadline, "{url} did not answer within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Everything the run started, so it can be torn down on any path.
+struct Cluster {
+    backend: Arc<LocalBackend>,
+    api_url: String,
+    worker_admin: Vec<(String, String)>,
+}
+
+fn start_cluster(options: &RunOptions, db: &str, run_dir: &Path, token: &str) -> anyhow::Result<Cluster> {
+    let api_addr = free_port()?;
+    let bug: Vec<String> = options
+        .bug
+        .map(|b| vec!["--bug".into(), b.name().into()])
+        .unwrap_or_default();
+    let mut specs = vec![NodeSpec {
+        node: api_node(),
+        args: [
+            vec![
+                "api".into(),
+                "--db".into(),
+                db.into(),
+                "--listen".into(),
+                api_addr.to_string(),
+            ],
+            bug.clone(),
+        ]
+        .concat(),
+    }];
+    let mut worker_admin = Vec::new();
+    for i in 1..=options.workers {
+        let node = worker_node(i);
+        let metrics = free_port()?;
+        worker_admin.push((node.name.clone(), format!("http://{metrics}")));
+        let args = vec![
+            "worker".into(),
+            "--db".into(),
+            db.into(),
+            "--worker-id".into(),
+            node.name.clone(),
+            "--visibility-timeout-ms".into(),
+            options.visibility_timeout.as_millis().to_string(),
+            "--metrics-listen".into(),
+            metrics.to_string(),
+        ];
+        specs.push(NodeSpec {
+            node,
+            args: [args, bug.clone()].concat(),
+        });
+    }
+    let env = vec![
+        ("HAUNT_ADMIN_TOKEN".to_owned(), token.to_owned()),
+        ("NO_COLOR".to_owned(), "1".to_owned()),
+    ];
+    let backend = Arc::new(LocalBackend::new(options.exe.clone(), run_dir.join("logs"), env, specs));
+    Ok(Cluster {
+        backend,
+        api_url: format!("http://{api_addr}"),
+        worker_admin,
+    })
+}
+
+fn nemeses(
+    options: &RunOptions,
+    cluster: &Cluster,
+    client_proxy: &Arc<FaultProxy>,
+    token: &str,
+) -> anyhow::Result<Vec<Box<dyn Nemesis>>> {
+    let workers: Vec<Node> = (1..=options.workers).map(worker_node).collect();
+    let admin = WorkerAdmin::new(token.to_owned(), cluster.worker_admin.clone())?;
+    let mut list: Vec<Box<dyn Nemesis>> = Vec::new();
+    for name in &options.nemesis {
+        match name.as_str() {
+            "kill" => {
+                let targets = [vec![api_node()], workers.clone()].concat();
+                list.push(Box::new(KillNemesis::new(cluster.backend.clone(), targets)));
+            }
+            "pause" => list.push(Box::new(PauseNemesis::new(
+                cluster.backend.clone(),
+                workers.clone(),
+                options.visibility_timeout,
+            ))),
+            "partition" => list.push(Box::new(PartitionNemesis::new(vec![(
+                "client<->api".into(),
+                client_proxy.clone(),
+            )]))),
+            // Half the acks lost: most messages come back at least once.
+            "ack-loss" => list.push(Box::new(AckLossNemesis::new(admin.clone(), 0.5))),
+            // Ten leases ahead: a worker trusting its clock would lease for ages.
+            "clock-skew" => {
+                let offset = (options.visibility_timeout.as_millis() as i64) * 10;
+                list.push(Box::new(ClockSkewNemesis::new(admin.clone(), offset)))
+            }
+            "db-restart" => anyhow::bail!(
+                "--nemesis db-restart needs a database server the harness controls; \
+                 the local backend does not restart one yet (use the other faults)"
+            ),
+            other => anyhow::bail!("unknown nemesis {other:?}"),
+        }
+    }
+    Ok(list)
+}
+
+/// Runs one test. `abort` (Ctrl-C) stops it early: faults are healed, processes
+/// stopped, and the run directory marked aborted.
+pub async fn run(options: RunOptions, abort: Arc<AtomicBool>) -> anyhow::Result<RunOutcome> {
+    let started_at_ms = now_ms();
+    let backend_name = "local";
+    let db_kind = match &options.db {
+        Some(url) if !url.starts_with("sqlite:") => "postgres",
+        _ => "sqlite",
+    };
+    let name = match options.bug {
+        Some(bug) => format!("{backend_name}-{db_kind}-{}", bug.name()),
+        None => format!("{backend_name}-{db_kind}"),
+    };
+    let run_dir = create_run_dir(&options.store, &name, started_at_ms)?;
+    let db = options
+        .db
+        .clone()
+        .unwrap_or_else(|| format!("sqlite://{}", run_dir.join("haunt.db").display()));
+    let mut run_file = RunFile {
+        haunt_version: env!("CARGO_PKG_VERSION"),
+        git_revision: &options.git_revision,
+        seed: options.seed,
+        backend: backend_name,
+        db: &db,
+        options: &options,
+        started_at_ms,
+        ended_at_ms: None,
+        aborted: false,
+        error: None,
+        verdict: None,
+    };
+    write_json(&run_dir.join(RUN_FILE), &run_file)?;
+    say(
+        &options,
+        &format!(
+            "run {} (seed {}, revision {})",
+            run_dir.display(),
+            options.seed,
+            options.git_revision
+        ),
+    );
+
+    let mut token_rng = Rng::from_entropy();
+    let token = format!("{:016x}{:016x}", token_rng.next_u64(), token_rng.next_u64());
+    let store = Store::connect(&db, StoreOptions::default())
+        .await
+        .with_context(|| format!("opening {db}"))?;
+    let cluster = start_cluster(&options, &db, &run_dir, &token)?;
+    let outcome = drive(&options, &cluster, &store, &run_dir, &token, &abort).await;
+
+    // Whatever happened above, nothing is left running.
+    for node in cluster.backend.nodes() {
+        if let Err(e) = cluster.backend.stop(&node).await {
+            tracing::warn!(node = %node.name, error = ?e, "stopping");
+        }
+    }
+    cluster.backend.kill_all();
+
+    let aborted = abort.load(Ordering::Relaxed);
+    run_file.aborted = aborted;
+    let results = match outcome {
+        Ok(quiesced) if !aborted => {
+            let recorder_done = finish_final_state(&store, &run_dir, quiesced.0, &quiesced.1).await;
+            store.close().await;
+            recorder_done?;
+            let results = RunDirChecker
+                .check(&run_dir)
+                .map_err(|e| anyhow::anyhow!("checking the run: {e}"))?;
+            write_json(&run_dir.join(RESULTS_FILE), &results)?;
+            let history = std::fs::read_to_string(run_dir.join(HISTORY_FILE)).unwrap_or_default();
+            let report = crate::report::render(&results, &history, &run_file_summary(&options, &db, &run_dir));
+            std::fs::write(run_dir.join("report.html"), report).context("writing report.html")?;
+            run_file.verdict = Some(results.valid.as_str());
+            Some(results)
+        }
+        Ok(_) => None,
+        Err(e) => {
+            run_file.error = Some(format!("{e:#}"));
+            run_file.ended_at_ms = Some(now_ms());
+            write_json(&run_dir.join(RUN_FILE), &run_file)?;
+            return Err(e);
+        }
+    };
+    run_file.ended_at_ms = Some(now_ms());
+    write_json(&run_dir.join(RUN_FILE), &run_file)?;
+    Ok(RunOutcome {
+        run_dir,
+        results,
+        aborted,
+    })
+}
+
+fn run_file_summary(options: &RunOptions, db: &str, run_dir: &Path) -> String {
+    format!(
+        "{} · seed {} · revision {} · {} workers · nemesis {} · db {}",
+        run_dir.display(),
+        options.seed,
+        options.git_revision,
+        options.workers,
+        if options.nemesis.is_empty() {
+            "none".to_owned()
+        } else {
+            options.nemesis.join(",")
+        },
+        db
+    )
+}
+
+/// Starts the nodes, runs the workload and the faults, heals, and waits for the
+/// queue to drain. Returns whether it drained, and the recorder.
+async fn drive(
+    options: &RunOptions,
+    cluster: &Cluster,
+    store: &Store,
+    run_dir: &Path,
+    token: &str,
+    abort: &Arc<AtomicBool>,
+) -> anyhow::Result<(bool, Arc<Recorder>)> {
+    for node in cluster.backend.nodes() {
+        cluster.backend.start(&node).await?;
+    }
+    // A cold start compiles nothing but opens the database and migrates; 30 s
+    // covers a slow disk.
+    wait_http_ok(&format!("{}/readyz", cluster.api_url), Duration::from_secs(30)).await?;
+    for (_, admin) in &cluster.worker_admin {
+        wait_http_ok(&format!("{admin}/healthz"), Duration::from_secs(30)).await?;
+    }
+    let api_addr: SocketAddr = cluster.api_url.trim_start_matches("http://").parse()?;
+    let client_proxy = Arc::new(FaultProxy::start(api_addr).await?);
+    let nemeses = nemeses(options, cluster, &client_proxy, token)?;
+    let recorder = Arc::new(Recorder::create(&run_dir.join(HISTORY_FILE))?);
+    let active = Arc::new(ActiveFaults::default());
+    let deadline = Instant::now() + options.time_limit;
+
+    let client = Arc::new(HttpClient::new(
+        &format!("http://{}", client_proxy.addr()),
+        options.request_timeout,
+    )?);
+    let workload = tokio::spawn(crate::workload::run(
+        client,
+        recorder.clone(),
+        WorkloadOptions {
+            concurrency: options.concurrency,
+            rate: options.rate,
+            items: options.items,
+            retries_max: 3,
+            seed: options.seed,
+            deadline,
+        },
+        abort.clone(),
+    ));
+    let progress = tokio::spawn(progress(
+        options.clone(),
+        recorder.clone(),
+        active.clone(),
+        deadline,
+        abort.clone(),
+    ));
+    let schedule = ScheduleOptions {
+        interval: options.nemesis_interval,
+        seed: options.seed.rotate_left(17),
+        deadline,
+    };
+    crate::nemesis::run_schedule(&nemeses, &recorder, &active, schedule, abort).await;
+    let workload_result = workload.await;
+    let heal = crate::nemesis::heal_all(&nemeses, &recorder, &active).await;
+    progress.abort();
+    workload_result.context("the workload panicked")?;
+    heal?;
+    // A node can also die on its own (a bug mode may crash it): the queue only
+    // drains if every node runs.
+    for node in cluster.backend.nodes() {
+        if !cluster.backend.is_running(&node) {
+            say(
+                options,
+                &format!("{} was not running after heal; starting it", node.name),
+            );
+            cluster.backend.start(&node).await?;
+        }
+    }
+    if abort.load(Ordering::Relaxed) {
+        return Ok((false, recorder));
+    }
+    say(options, "healed; waiting for the queue to drain");
+    let drain_deadline = Instant::now() + options.quiesce_timeout;
+    let drained = loop {
+        match store.queue_stats().await {
+            Ok(s) if s.visible + s.leased + s.delayed == 0 => break true,
+            _ if Instant::now() >= drain_deadline || abort.load(Ordering::Relaxed) => break false,
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    if !drained {
+        say(
+            options,
+            &format!("the queue did not drain within {:?}", options.quiesce_timeout),
+        );
+    }
+    Ok((drained, recorder))
+}
+
+async fn finish_final_state(store: &Store, run_dir: &Path, quiesced: bool, recorder: &Recorder) -> anyhow::Result<()> {
+    recorder.finish().context("writing the history")?;
+    let path = run_dir.join(FINAL_STATE_FILE);
+    let file = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    let mut writer = JsonlWriter::new(std::io::BufWriter::new(file));
+    store
+        .final_state(|line| writer.write(&line))
+        .await
+        .context("reading the final state")?;
+    let meta = Meta {
+        quiesced,
+        read_at_ns: recorder.elapsed_ns(),
+        run_started_at_ms: recorder.started_at_ms(),
+    };
+    writer.write(&FinalLine::Meta(meta))?;
+    writer.flush()?;
+    Ok(())
+}
+
+fn say(options: &RunOptions, line: &str) {
+    if !options.quiet {
+        eprintln!("{line}");
+    }
+}
+
+async fn progress(
+    options: RunOptions,
+    recorder: Arc<Recorder>,
+    active: Arc<ActiveFaults>,
+    deadline: Instant,
+    abort: Arc<AtomicBool>,
+) {
+    if options.quiet {
+        return;
+    }
+    let started = Instant::now();
+    let mut last = (started, 0u64);
+    // Every 5 s: often enough to watch, rare enough for a log file.
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        if abort.load(Ordering::Relaxed) {
+            return;
+        }
+        let now = Instant::now();
+        let t = recorder.tally();
+        let done = t.ok + t.fail + t.info;
+        let rate = (done - last.1) as f64 / (now - last.0).as_secs_f64().max(0.001);
+        last = (now, done);
+        let faults: Vec<String> = active.list().iter().map(|(f, t)| format!("{f} {t}")).collect();
+        eprintln!(
+            "[{:>3}s, {:>3}s left] {:>7.1} ops/s  ok {}  fail {}  info {}  faults: {}",
+            (now - started).as_secs(),
+            deadline.saturating_duration_since(now).as_secs(),
+            rate,
+            t.ok,
+            t.fail,
+            t.info,
+            if faults.is_empty() {
+                "none".to_owned()
+            } else {
+                faults.join(", ")
+            }
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::timestamp;
+
+    #[test]
+    fn timestamps_are_utc_civil_time() {
+        assert_eq!(timestamp(0), "19700101T000000Z");
+        assert_eq!(timestamp(1_795_964_645_123), "20261129T150405Z");
+        assert_eq!(timestamp(951_782_400_000), "20000229T000000Z");
+    }
+}

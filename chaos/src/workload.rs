@@ -1,0 +1,229 @@
+//! The workload: concurrent clients placing orders over a few hot items, each op
+//! recorded as an invoke and its completion.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use haunt_format::{OpType, OpValue, OrderValue, Process};
+use haunt_store::Rng;
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+use crate::history::Recorder;
+use crate::roles::{Client, Completion};
+
+/// Talks to the API over HTTP.
+#[derive(Debug, Clone)]
+pub struct HttpClient {
+    http: reqwest::Client,
+    orders_url: String,
+}
+
+impl HttpClient {
+    pub fn new(api_base: &str, request_timeout: Duration) -> anyhow::Result<HttpClient> {
+        let http = reqwest::Client::builder()
+            .timeout(request_timeout)
+            // A refused or unanswered connect means nothing was sent: a definite
+            // failure, so it must not eat the whole request timeout.
+            .connect_timeout(request_timeout.min(Duration::from_millis(500)))
+            .pool_max_idle_per_host(64)
+            .build()?;
+        Ok(HttpClient {
+            http,
+            orders_url: format!("{api_base}/orders"),
+        })
+    }
+}
+
+impl Client for HttpClient {
+    async fn place(&self, order: &OrderValue, correlation_id: &str) -> Completion {
+        let body = serde_json::json!({"order_id": order.order_id, "item_id": order.item_id, "qty": order.qty});
+        let response = self
+            .http
+            .post(&self.orders_url)
+            .header("x-correlation-id", correlation_id)
+            .json(&body)
+            .send()
+            .await;
+        let response = match response {
+            Ok(r) => r,
+            Err(e) if e.is_connect() => {
+                return Completion::Fail {
+                    error: format!("connect: {e}"),
+                };
+            }
+            Err(e) if e.is_timeout() => {
+                return Completion::Info {
+                    error: "timeout".into(),
+                };
+            }
+            Err(e) => return Completion::Info { error: format!("{e}") },
+        };
+        let status = response.status();
+        let definite_failure = response
+            .headers()
+            .get("haunt-outcome")
+            .is_some_and(|v| v == "not-committed");
+        let body: serde_json::Value = match response.json().await {
+            Ok(b) => b,
+            // The status was read, the body was not: for a success the commit
+            // happened, but without the event id the op cannot count as ok.
+            Err(e) if status.is_success() => {
+                return Completion::Info {
+                    error: format!("reading the answer: {e}"),
+                };
+            }
+            Err(_) => serde_json::Value::Null,
+        };
+        if status.is_success() {
+            match body["event_id"].as_str() {
+                Some(e) => Completion::Ok { event_id: e.to_owned() },
+                None => Completion::Info {
+                    error: format!("{status} without an event_id"),
+                },
+            }
+        } else if status.is_client_error() || (status.as_u16() == 503 && definite_failure) {
+            Completion::Fail {
+                error: format!("{status}: {}", body["error"].as_str().unwrap_or_default()),
+            }
+        } else {
+            Completion::Info {
+                error: format!("{status}: {}", body["error"].as_str().unwrap_or_default()),
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct WorkloadOptions {
+    pub concurrency: usize,
+    /// Target ops per second across all clients.
+    pub rate: f64,
+    pub items: usize,
+    /// Retries of one order after an indeterminate answer, each under a new
+    /// process. Three covers a kill and a restart of the API.
+    pub retries_max: u32,
+    pub seed: u64,
+    pub deadline: Instant,
+}
+
+/// Spaces the ops of all clients `1/rate` apart.
+#[derive(Debug)]
+struct Pacer {
+    interval: Duration,
+    next: Mutex<Instant>,
+}
+
+impl Pacer {
+    async fn wait(&self) {
+        let at = {
+            let mut next = self.next.lock().await;
+            let now = Instant::now();
+            let at = (*next).max(now);
+            *next = at + self.interval;
+            at
+        };
+        tokio::time::sleep_until(at).await;
+    }
+}
+
+/// Runs `concurrency` clients until the deadline or `stop`. Returns once every
+/// client has completed its op in flight.
+pub async fn run<C: Client + 'static>(
+    client: Arc<C>,
+    recorder: Arc<Recorder>,
+    options: WorkloadOptions,
+    stop: Arc<AtomicBool>,
+) {
+    let rate = options.rate.max(0.1);
+    let pacer = Arc::new(Pacer {
+        interval: Duration::from_secs_f64(1.0 / rate),
+        next: Mutex::new(Instant::now()),
+    });
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..options.concurrency.max(1) {
+        let (client, recorder, pacer, stop, options) = (
+            client.clone(),
+            recorder.clone(),
+            pacer.clone(),
+            stop.clone(),
+            options.clone(),
+        );
+        tasks.spawn(async move { client_loop(t, client, recorder, pacer, options, stop).await });
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+async fn client_loop<C: Client>(
+    thread: usize,
+    client: Arc<C>,
+    recorder: Arc<Recorder>,
+    pacer: Arc<Pacer>,
+    options: WorkloadOptions,
+    stop: Arc<AtomicBool>,
+) {
+    let mut rng = Rng::new(options.seed ^ (thread as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let stride = options.concurrency.max(1) as u64;
+    let mut process = thread as u64;
+    let mut n = 0u64;
+    let running = || !stop.load(Ordering::Relaxed) && Instant::now() < options.deadline;
+    while running() {
+        pacer.wait().await;
+        if !running() {
+            break;
+        }
+        n += 1;
+        let order = OrderValue {
+            order_id: format!("o-{thread}-{n}"),
+            item_id: format!("item-{}", rng.below(options.items.max(1) as u64)),
+            qty: 1 + rng.below(5) as i64,
+            event_id: None,
+        };
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let correlation_id = format!("{}-a{attempt}", order.order_id);
+            recorder.record(
+                Process::Client(process),
+                OpType::Invoke,
+                "order",
+                OpValue::Order(order.clone()),
+                Some(correlation_id.clone()),
+                None,
+            );
+            let completion = client.place(&order, &correlation_id).await;
+            let (kind, value, error) = match completion {
+                Completion::Ok { event_id } => (
+                    OpType::Ok,
+                    OrderValue {
+                        event_id: Some(event_id),
+                        ..order.clone()
+                    },
+                    None,
+                ),
+                Completion::Fail { error } => (OpType::Fail, order.clone(), Some(error)),
+                Completion::Info { error } => (OpType::Info, order.clone(), Some(error)),
+            };
+            recorder.record(
+                Process::Client(process),
+                kind,
+                "order",
+                OpValue::Order(value),
+                Some(correlation_id),
+                error,
+            );
+            if kind != OpType::Info {
+                break;
+            }
+            // After an indeterminate op this process is done; the client goes on
+            // under a new number, and retries the same order (its idempotency key).
+            process += stride;
+            if attempt > options.retries_max || !running() {
+                break;
+            }
+            // Back off a little: the API was probably killed or partitioned.
+            tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! `haunt run`: arguments and the exit status.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use haunt_chaos::nemesis::NEMESIS_NAMES;
+use haunt_chaos::run::RunOptions;
+use haunt_store::Bug;
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// How long the workload runs, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub time_limit_s: u64,
+    /// Target client ops per second, across all clients.
+    #[arg(long, default_value_t = 100.0)]
+    pub rate: f64,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Worker processes.
+    #[arg(long, default_value_t = 3)]
+    pub workers: usize,
+    /// Database URL; default: a fresh SQLite file in the run directory.
+    /// postgres://USER@HOST:PORT/DB runs against a real server.
+    #[arg(long)]
+    pub db: Option<String>,
+    /// Faults, comma-separated: kill, pause, partition, ack-loss, clock-skew,
+    /// db-restart; or all, or none.
+    #[arg(long, default_value = "kill,pause,partition,ack-loss,clock-skew")]
+    pub nemesis: String,
+    /// Mean seconds between faults (each also lasts about this long).
+    #[arg(long, default_value_t = 5.0)]
+    pub nemesis_interval_s: f64,
+    /// Seed of the workload and the fault schedule (default: random, printed).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Where run directories go.
+    #[arg(long, default_value = "store")]
+    pub store: PathBuf,
+    /// Workers' visibility timeout; pauses last at least twice this.
+    #[arg(long, default_value_t = 2_000)]
+    pub visibility_timeout_ms: u64,
+    /// How long to wait for the queue to drain after healing.
+    #[arg(long, default_value_t = 60)]
+    pub quiesce_timeout_s: u64,
+    /// Run the services with a known mistake switched on (see `haunt api --help`).
+    #[arg(long, value_name = "NAME")]
+    pub bug: Option<Bug>,
+    /// Client request timeout; a request without an answer by then is indeterminate.
+    #[arg(long, default_value_t = 2_000)]
+    pub request_timeout_ms: u64,
+    /// Distinct items ordered: few on purpose, so rows are hot.
+    #[arg(long, default_value_t = 5)]
+    pub items: usize,
+    /// Print nothing but the verdict line.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+fn parse_nemesis(list: &str, db_is_postgres: bool) -> anyhow::Result<Vec<String>> {
+    let mut out = Vec::new();
+    for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        match name {
+            "none" => {}
+            "all" => out.extend(
+                NEMESIS_NAMES
+                    .iter()
+                    .filter(|n| **n != "db-restart" || db_is_postgres)
+                    .map(|n| n.to_string()),
+            ),
+            n if NEMESIS_NAMES.contains(&n) => out.push(n.to_owned()),
+            other => anyhow::bail!(
+                "unknown nemesis {other:?}; known: {}, all, none",
+                NEMESIS_NAMES.join(", ")
+            ),
+        }
+    }
+    out.dedup();
+    Ok(out)
+}
+
+pub fn revision() -> &'static str {
+    option_env!("HAUNT_GIT_REVISION").unwrap_or("unknown")
+}
+
+pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
+    anyhow::ensure!(args.time_limit_s > 0, "--time-limit-s must be positive");
+    anyhow::ensure!(args.rate > 0.0, "--rate must be positive");
+    anyhow::ensure!(
+        args.concurrency > 0 && args.workers > 0,
+        "--concurrency and --workers must be positive"
+    );
+    anyhow::ensure!(args.nemesis_interval_s > 0.0, "--nemesis-interval-s must be positive");
+    let db_is_postgres = args.db.as_deref().is_some_and(|d| d.starts_with("postgres"));
+    if let Some(db) = &args.db {
+        haunt_store::Backend::from_url(db)?;
+    }
+    let nemesis = parse_nemesis(&args.nemesis, db_is_postgres)?;
+    let seed = args
+        .seed
+        .unwrap_or_else(|| haunt_store::Rng::from_entropy().next_u64() >> 16);
+    let options = RunOptions {
+        time_limit: Duration::from_secs(args.time_limit_s),
+        rate: args.rate,
+        concurrency: args.concurrency,
+        workers: args.workers,
+        db: args.db,
+        nemesis,
+        nemesis_interval: Duration::from_secs_f64(args.nemesis_interval_s),
+        seed,
+        store: args.store,
+        visibility_timeout: Duration::from_millis(args.visibility_timeout_ms),
+        quiesce_timeout: Duration::from_secs(args.quiesce_timeout_s),
+        bug: args.bug,
+        quiet: args.quiet,
+        request_timeout: Duration::from_millis(args.request_timeout_ms),
+        items: args.items.max(1),
+        exe: std::env::current_exe().context("finding the haunt executable")?,
+        git_revision: revision().to_owned(),
+    };
+    let abort = Arc::new(AtomicBool::new(false));
+    let flag = abort.clone();
+    tokio::spawn(async move {
+        crate::services::shutdown_signal().await;
+        eprintln!("interrupted: healing faults and stopping every process (again to kill at once)");
+        flag.store(true, Ordering::Relaxed);
+        crate::services::shutdown_signal().await;
+        // Children die with us: they carry a parent-death signal.
+        std::process::exit(130);
+    });
+    let quiet = options.quiet;
+    let outcome = haunt_chaos::run::run(options, abort).await?;
+    if outcome.aborted {
+        eprintln!("aborted: {}", outcome.run_dir.display());
+        return Ok(130);
+    }
+    let results = outcome.results.context("a finished run has results")?;
+    if quiet {
+        println!("{} {}", results.valid.as_str(), outcome.run_dir.display());
+    } else {
+        print!("{}", haunt_checker::summary::render(&results));
+        println!("\nrun: {}", outcome.run_dir.display());
+        println!("report: {}", outcome.run_dir.join("report.html").display());
+        println!("seed: {seed} (replay with --seed {seed})");
+    }
+    Ok(results.valid.exit_code())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_nemesis;
+
+    #[test]
+    fn nemesis_lists() {
+        assert_eq!(parse_nemesis("none", false).unwrap(), Vec::<String>::new());
+        assert_eq!(parse_nemesis("kill, pause", false).unwrap(), vec!["kill", "pause"]);
+        assert!(!parse_nemesis("all", false).unwrap().contains(&"db-restart".to_string()));
+        assert!(parse_nemesis("all", true).unwrap().contains(&"db-restart".to_string()));
+        assert!(parse_nemesis("kil", false).unwrap_err().to_string().contains("kill"));
+    }
+}

@@ -1,0 +1,251 @@
+//! `haunt api`, `haunt worker`, `haunt reconcile`, `haunt redrive`: argument
+//! structs and the few lines that start each service.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use haunt_store::{Bug, Store, StoreOptions};
+use haunt_telemetry::logging::{self, LogFormat};
+use tokio::sync::watch;
+
+/// The embedded default: a SQLite file in the working directory.
+pub const DEFAULT_DB: &str = "sqlite://haunt.db";
+
+#[derive(Debug, clap::Args)]
+pub struct DbArgs {
+    /// Database URL: sqlite://PATH (embedded, the default) or postgres://USER@HOST:PORT/DB.
+    #[arg(long, env = "HAUNT_DB", default_value = DEFAULT_DB)]
+    pub db: String,
+    /// Connections in the pool.
+    #[arg(long, default_value_t = 8)]
+    pub db_connections_max: u32,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ServiceArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Reintroduce a known mistake (see docs/bug-modes.md): no-inbox,
+    /// inbox-outside-txn, ack-before-process, non-atomic-enqueue,
+    /// read-modify-write-projection, worker-clock-lease, no-lease-token,
+    /// new-event-id-on-retry, dlq-drop, async-commit.
+    #[arg(long, value_name = "NAME")]
+    pub bug: Option<Bug>,
+    /// Log format: text or json.
+    #[arg(long, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ApiArgs {
+    #[command(flatten)]
+    pub service: ServiceArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    pub service: ServiceArgs,
+    /// Names this worker in the ledger, logs and metrics (default: worker-PID).
+    #[arg(long)]
+    pub worker_id: Option<String>,
+    /// How long a lease hides a message from other workers.
+    #[arg(long, default_value_t = 5_000)]
+    pub visibility_timeout_ms: u64,
+    /// Messages leased at once by one lease loop.
+    #[arg(long, default_value_t = 16)]
+    pub batch_size_max: u32,
+    /// Deliveries a message gets before it is dead-lettered.
+    #[arg(long, default_value_t = 10)]
+    pub delivery_attempts_max: u32,
+    /// How long an idle lease loop waits before asking again.
+    #[arg(long, default_value_t = 50)]
+    pub poll_interval_ms: u64,
+    /// Lease loops running side by side.
+    #[arg(long, default_value_t = 2)]
+    pub concurrency: usize,
+    /// Serve /metrics, /healthz (and /admin/faults with HAUNT_ADMIN_TOKEN) here.
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Fault: the chance (0..=1) that an ack is dropped after the effect committed.
+    #[arg(long, default_value_t = 0.0)]
+    pub ack_fail_rate: f64,
+    /// Fault: milliseconds added to this worker's clock.
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    pub clock_offset_ms: i64,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ReconcileArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Report the drift without fixing it.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RedriveArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Only this dead letter (default: all of them).
+    #[arg(long)]
+    pub message_id: Option<String>,
+}
+
+fn admin_token() -> Option<String> {
+    std::env::var("HAUNT_ADMIN_TOKEN").ok().filter(|t| !t.is_empty())
+}
+
+/// Connects, retrying for a while: a service started during a database restart
+/// should wait for it, not die. 30 s covers a crash recovery here.
+async fn connect(db: &DbArgs, bug: Option<Bug>) -> anyhow::Result<Store> {
+    const CONNECT_WAIT_MAX: Duration = Duration::from_secs(30);
+    let options = StoreOptions {
+        max_connections: db.db_connections_max,
+        bug,
+        ..StoreOptions::default()
+    };
+    let deadline = tokio::time::Instant::now() + CONNECT_WAIT_MAX;
+    loop {
+        match Store::connect(&db.db, options.clone()).await {
+            Ok(store) => return Ok(store),
+            Err(e @ haunt_store::StoreError::Url(_)) => return Err(e.into()),
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                return Err(anyhow::Error::new(e).context(format!("connecting to {}", db.db)));
+            }
+            Err(e) => {
+                tracing::warn!(error = ?e, "database not reachable yet; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+pub async fn api(args: ApiArgs) -> anyhow::Result<()> {
+    let telemetry = logging::init("haunt-api", args.service.log_format)?;
+    let store = connect(&args.service.db, args.service.bug).await?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    tracing::info!(listen = %listener.local_addr()?, db = %args.service.db.db, bug = ?args.service.bug, "api ready");
+    let config = haunt_api::ApiConfig {
+        admin_token: admin_token(),
+    };
+    haunt_api::run(listener, store.clone(), config, shutdown_signal())
+        .await
+        .context("serving the api")?;
+    store.close().await;
+    telemetry.shutdown().await;
+    Ok(())
+}
+
+pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
+    let telemetry = logging::init("haunt-worker", args.service.log_format)?;
+    let faults =
+        Arc::new(haunt_worker::Faults::new(args.ack_fail_rate, args.clock_offset_ms).map_err(anyhow::Error::msg)?);
+    let store = connect(&args.service.db, args.service.bug).await?;
+    let worker_id = args
+        .worker_id
+        .unwrap_or_else(|| format!("worker-{}", std::process::id()));
+    let config = haunt_worker::WorkerConfig {
+        worker_id: worker_id.clone(),
+        visibility_timeout: Duration::from_millis(args.visibility_timeout_ms),
+        batch_size_max: args.batch_size_max.max(1),
+        delivery_attempts_max: args.delivery_attempts_max.max(1),
+        poll_interval: Duration::from_millis(args.poll_interval_ms),
+        concurrency: args.concurrency.max(1),
+        bug: args.service.bug,
+        ..haunt_worker::WorkerConfig::default()
+    };
+    let metrics = Arc::new(haunt_telemetry::metrics::WorkerMetrics::default());
+    let worker = haunt_worker::Worker::new(store.clone(), config, faults.clone(), metrics.clone());
+    let (stop, stopped) = watch::channel(false);
+    if let Some(addr) = args.metrics_listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        let app = haunt_worker::http::router(store.clone(), metrics, faults, admin_token());
+        let mut until = stopped.clone();
+        tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = until.wait_for(|s| *s).await;
+            };
+            if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
+                tracing::error!(error = ?e, "metrics server failed");
+            }
+        });
+    }
+    tracing::info!(%worker_id, db = %args.service.db.db, bug = ?args.service.bug, "worker ready");
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: no new leases, finishing in-flight deliveries");
+        let _ = stop.send(true);
+    });
+    worker.run(stopped).await;
+    store.close().await;
+    telemetry.shutdown().await;
+    Ok(())
+}
+
+pub async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
+    let store = connect(&args.db, None).await?;
+    let report = store.reconcile(args.dry_run).await.context("reconciling")?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        if report.drift.is_empty() {
+            println!("projection: no drift");
+        }
+        for d in &report.drift {
+            let verb = if args.dry_run { "would set" } else { "set" };
+            println!(
+                "drift: {} reserved_qty {} (expected {}, off by {:+}); {verb} to {}",
+                d.item_id,
+                d.reserved_qty,
+                d.expected_qty,
+                d.reserved_qty - d.expected_qty,
+                d.expected_qty
+            );
+        }
+        for order_id in &report.requeued {
+            let verb = if args.dry_run {
+                "would re-enqueue"
+            } else {
+                "re-enqueued"
+            };
+            println!("lost event: order {order_id} was never applied, queued or dead-lettered; {verb} it");
+        }
+    }
+    store.close().await;
+    Ok(())
+}
+
+pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
+    let store = connect(&args.db, None).await?;
+    let moved = store
+        .redrive(args.message_id.as_deref())
+        .await
+        .context("redriving dead letters")?;
+    println!("redrove {moved} dead letters back to the queue");
+    store.close().await;
+    Ok(())
+}
