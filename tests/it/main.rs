@@ -1,3 +1,4 @@
 //! Tests of the `haunt` binary, run as a process.
 
 mod check;
+mod run;

@@ -108,6 +108,17 @@ pub fn postgres_admin_url() -> Option<String> {
     );
 }
 
+impl TestDb {
+    /// [`TestDb::postgres`] for tests without a runtime of their own.
+    pub fn postgres_blocking() -> Option<TestDb> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        rt.block_on(TestDb::postgres())
+    }
+}
+
 /// Every backend a store test should run on: SQLite, then PostgreSQL.
 pub async fn databases() -> Vec<TestDb> {
     let mut dbs = vec![TestDb::sqlite()];

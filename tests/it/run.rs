@@ -1,0 +1,244 @@
+//! `haunt run` end to end, as a process: verdicts, the report, and that nothing
+//! is left running afterwards, also after Ctrl-C.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn haunt_run(store: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_haunt"));
+    c.arg("run").arg("--store").arg(store).args(args);
+    c
+}
+
+/// Every live process whose command line mentions `needle`: children of a run
+/// carry the run directory in their `--db` argument.
+fn processes_mentioning(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let is_pid = entry.file_name().to_string_lossy().chars().all(|c| c.is_ascii_digit());
+        if is_pid && cmdline.contains(needle) && !cmdline.contains(" run ") {
+            found.push(format!("{}: {cmdline}", entry.file_name().to_string_lossy()));
+        }
+    }
+    found
+}
+
+fn latest(store: &Path) -> PathBuf {
+    std::fs::canonicalize(store.join("latest")).expect("store/latest points at the run")
+}
+
+fn read_json(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
+}
+
+#[test]
+fn a_short_run_with_every_local_fault_on_sqlite_is_valid() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = haunt_run(
+        tmp.path(),
+        &[
+            "--time-limit-s",
+            "12",
+            "--nemesis",
+            "all",
+            "--nemesis-interval-s",
+            "1",
+            "--visibility-timeout-ms",
+            "500",
+            "--seed",
+            "7",
+        ],
+    )
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.starts_with("VALID"), "{stdout}");
+    let run = latest(tmp.path());
+    let results = read_json(&run.join("results.json"));
+    assert_eq!(results["valid"], true);
+    assert!(results["counts"]["acknowledged"].as_u64().unwrap() > 100, "{results}");
+    let faults: Vec<&str> = results["faults"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["fault"].as_str().unwrap())
+        .collect();
+    assert!(faults.len() >= 3, "the nemesis must have acted: {faults:?}");
+    let run_json = read_json(&run.join("run.json"));
+    assert_eq!(
+        (run_json["seed"].as_u64(), run_json["aborted"].as_bool()),
+        (Some(7), Some(false))
+    );
+    assert!(run_json["git_revision"].as_str().is_some_and(|r| !r.is_empty()));
+    for log in ["api", "worker-1", "worker-2", "worker-3"] {
+        assert!(run.join("logs").join(format!("{log}.log")).exists(), "logs/{log}.log");
+    }
+    let report = std::fs::read_to_string(run.join("report.html")).unwrap();
+    assert!(
+        report.contains("VALID: no acknowledged order lost"),
+        "the report leads with the verdict"
+    );
+    assert!(
+        report.matches("<svg").count() >= 3,
+        "latency, throughput and delivery plots"
+    );
+    assert!(
+        !report.contains("<script") && !report.contains("src=\"http") && !report.contains("href=\"http"),
+        "self-contained"
+    );
+    let left = processes_mentioning(&run.to_string_lossy());
+    assert!(left.is_empty(), "processes left running: {left:?}");
+}
+
+#[test]
+fn bug_no_inbox_under_ack_loss_is_caught_as_double_applied() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = haunt_run(
+        tmp.path(),
+        &[
+            "--time-limit-s",
+            "8",
+            "--nemesis",
+            "ack-loss",
+            "--nemesis-interval-s",
+            "1",
+            "--visibility-timeout-ms",
+            "500",
+            "--bug",
+            "no-inbox",
+            "--seed",
+            "3",
+            "--quiet",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let results = read_json(&latest(tmp.path()).join("results.json"));
+    assert!(
+        results["anomalies"]["double-applied"]["count"].as_u64().unwrap() > 0,
+        "{results}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.starts_with("false "),
+        "--quiet prints the verdict and the run: {stdout}"
+    );
+}
+
+#[test]
+fn a_run_on_postgres_with_partitions_and_kills_is_valid() {
+    let Some(db) = haunt_testkit::TestDb::postgres_blocking() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let out = haunt_run(
+        tmp.path(),
+        &[
+            "--db",
+            &db.url,
+            "--time-limit-s",
+            "10",
+            "--nemesis",
+            "partition,kill,pause",
+            "--nemesis-interval-s",
+            "1",
+            "--visibility-timeout-ms",
+            "500",
+            "--seed",
+            "11",
+        ],
+    )
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = latest(tmp.path());
+    assert!(run.to_string_lossy().contains("local-postgres"), "{}", run.display());
+    let results = read_json(&run.join("results.json"));
+    assert!(results["counts"]["applied_events"].as_u64().unwrap() > 100, "{results}");
+}
+
+#[test]
+fn ctrl_c_mid_run_heals_stops_everything_and_marks_the_run_aborted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = haunt_run(
+        tmp.path(),
+        &[
+            "--time-limit-s",
+            "60",
+            "--nemesis",
+            "pause,kill",
+            "--nemesis-interval-s",
+            "1",
+            "--visibility-timeout-ms",
+            "500",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    // Wait until the workload is running: the history has client ops.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let run = loop {
+        assert!(Instant::now() < deadline, "the run never started");
+        if let Ok(run) = std::fs::canonicalize(tmp.path().join("latest")) {
+            let ops = std::fs::read_to_string(run.join("history.jsonl"))
+                .map(|h| h.lines().count())
+                .unwrap_or(0);
+            if ops > 50 {
+                break run;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // Let a fault or two start, so healing has something to do.
+    std::thread::sleep(Duration::from_secs(3));
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "interrupted runs exit 130");
+    let run_json = read_json(&run.join("run.json"));
+    assert_eq!(run_json["aborted"], true, "{run_json}");
+    let left = processes_mentioning(&run.to_string_lossy());
+    assert!(left.is_empty(), "processes left running: {left:?}");
+    let history = std::fs::read_to_string(run.join("history.jsonl")).unwrap();
+    let starts = history.matches("\"f\":\"pause\"").count() + history.matches("\"f\":\"kill\"").count();
+    let stops = history.matches("\"f\":\"resume\"").count() + history.matches("\"f\":\"restart\"").count();
+    assert_eq!(starts, stops, "every fault started was healed and recorded");
+}
+
+#[test]
+fn bad_options_are_refused_before_anything_starts() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (args, needle) in [
+        (vec!["--nemesis", "kil"], "unknown nemesis"),
+        (vec!["--db", "mysql://x"], "unsupported database URL"),
+        (vec!["--bug", "no-such"], "unknown bug mode"),
+        (vec!["--rate", "0"], "--rate must be positive"),
+    ] {
+        let out = haunt_run(tmp.path(), &args).output().unwrap();
+        assert_ne!(out.status.code(), Some(0));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+    assert!(
+        !tmp.path().join("latest").exists(),
+        "no run directory for refused options"
+    );
+}
