@@ -75,6 +75,9 @@ pub struct WorkerArgs {
     /// Fault: the chance (0..=1) that an ack is dropped after the effect committed.
     #[arg(long, default_value_t = 0.0)]
     pub ack_fail_rate: f64,
+    /// Fault: drop exactly the next N acks (on top of the rate), then ack normally.
+    #[arg(long, default_value_t = 0)]
+    pub ack_fail_next: u64,
     /// Fault: milliseconds added to this worker's clock.
     #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
     pub clock_offset_ms: i64,

@@ -14,6 +14,9 @@ pub struct Faults {
     ack_fail_rate: AtomicU64,
     /// Added to this worker's clock.
     clock_offset_ms: AtomicI64,
+    /// Acks still to drop whatever the rate: an exact number of redeliveries,
+    /// for the tutorial's scenario and its test.
+    ack_fail_next: AtomicU64,
 }
 
 /// The switches as JSON (`GET`/`POST /admin/faults`); absent fields are left as they are.
@@ -24,6 +27,9 @@ pub struct FaultSettings {
     pub ack_fail_rate: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clock_offset_ms: Option<i64>,
+    /// Drop exactly the next N acks (on top of the rate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ack_fail_next: Option<u64>,
 }
 
 impl Faults {
@@ -32,6 +38,7 @@ impl Faults {
         faults.set(&FaultSettings {
             ack_fail_rate: Some(ack_fail_rate),
             clock_offset_ms: Some(clock_offset_ms),
+            ack_fail_next: None,
         })?;
         Ok(faults)
     }
@@ -49,6 +56,9 @@ impl Faults {
         if let Some(offset) = settings.clock_offset_ms {
             self.clock_offset_ms.store(offset, Ordering::Relaxed);
         }
+        if let Some(n) = settings.ack_fail_next {
+            self.ack_fail_next.store(n, Ordering::Relaxed);
+        }
         Ok(())
     }
 
@@ -56,11 +66,18 @@ impl Faults {
         FaultSettings {
             ack_fail_rate: Some(f64::from_bits(self.ack_fail_rate.load(Ordering::Relaxed))),
             clock_offset_ms: Some(self.clock_offset_ms.load(Ordering::Relaxed)),
+            ack_fail_next: Some(self.ack_fail_next.load(Ordering::Relaxed)),
         }
     }
 
     /// Whether to drop this ack.
     pub fn drop_ack(&self, rng: &mut Rng) -> bool {
+        let counted = self
+            .ack_fail_next
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        if counted.is_ok() {
+            return true;
+        }
         let rate = f64::from_bits(self.ack_fail_rate.load(Ordering::Relaxed));
         rate > 0.0 && rng.unit() < rate
     }
@@ -85,13 +102,15 @@ mod tests {
         let bad = FaultSettings {
             ack_fail_rate: Some(1.5),
             clock_offset_ms: Some(9),
+            ack_fail_next: Some(3),
         };
         assert!(f.set(&bad).is_err());
         assert_eq!(
             f.get(),
             FaultSettings {
                 ack_fail_rate: Some(0.25),
-                clock_offset_ms: Some(0)
+                clock_offset_ms: Some(0),
+                ack_fail_next: Some(0)
             }
         );
     }
@@ -102,5 +121,18 @@ mod tests {
         let never = Faults::new(0.0, 0).unwrap();
         let always = Faults::new(1.0, 0).unwrap();
         assert!((0..1000).all(|_| !never.drop_ack(&mut rng) && always.drop_ack(&mut rng)));
+    }
+
+    #[test]
+    fn ack_fail_next_drops_exactly_that_many() {
+        let mut rng = Rng::new(1);
+        let f = Faults::new(0.0, 0).unwrap();
+        f.set(&FaultSettings {
+            ack_fail_next: Some(2),
+            ..FaultSettings::default()
+        })
+        .unwrap();
+        let dropped: Vec<bool> = (0..4).map(|_| f.drop_ack(&mut rng)).collect();
+        assert_eq!(dropped, vec![true, true, false, false]);
     }
 }
