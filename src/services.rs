@@ -165,6 +165,11 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     let telemetry = logging::init("haunt-worker", args.service.log_format)?;
     let faults =
         Arc::new(haunt_worker::Faults::new(args.ack_fail_rate, args.clock_offset_ms).map_err(anyhow::Error::msg)?);
+    let next = haunt_worker::faults::FaultSettings {
+        ack_fail_next: Some(args.ack_fail_next),
+        ..Default::default()
+    };
+    faults.set(&next).map_err(anyhow::Error::msg)?;
     let store = connect(&args.service.db, args.service.bug).await?;
     let worker_id = args
         .worker_id
