@@ -34,6 +34,9 @@ enum Command {
     /// Run a test: start the pipeline, drive orders while faults hit it, heal,
     /// check, report. Exit status as for `haunt check` (130 when interrupted).
     Run(crate::run_cmd::RunArgs),
+    /// Benchmarks, each against a baseline measured in the same run.
+    #[command(subcommand)]
+    Bench(crate::bench::BenchCommand),
     /// Check a run directory (history.jsonl + final-state.jsonl) and write results.json.
     ///
     /// Exit status: 0 valid, 1 invalid (anomalies found), 2 unknown, 65 input that
@@ -62,6 +65,13 @@ pub fn main() -> i32 {
     };
     match cli.command {
         Command::Check(args) => check(args),
+        Command::Bench(crate::bench::BenchCommand::Check(args)) => match crate::bench::check(args) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("haunt bench: {e:#}");
+                1
+            }
+        },
         Command::Api(args) => run_async(services::api(args)),
         Command::Worker(args) => run_async(services::worker(args)),
         Command::Reconcile(args) => run_async(services::reconcile(args)),

@@ -1,6 +1,7 @@
 //! `haunt`: one binary for the services, the harness and the checker. It parses
 //! arguments and calls into the libraries; nothing else lives here.
 
+mod bench;
 mod cli;
 mod run_cmd;
 mod services;

@@ -13,6 +13,7 @@
 //! - [`nemesis`]: the faults and their seeded schedule.
 //! - [`run`]: one run from start to verdict, and the run directory.
 //! - [`report`]: `report.html`.
+//! - [`synthetic`]: large synthetic run directories, for benchmarking the checker.
 
 pub mod history;
 pub mod local;
@@ -21,4 +22,5 @@ pub mod proxy;
 pub mod report;
 pub mod roles;
 pub mod run;
+pub mod synthetic;
 pub mod workload;
