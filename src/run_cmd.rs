@@ -56,12 +56,18 @@ pub struct RunArgs {
     /// Distinct items ordered: few on purpose, so rows are hot.
     #[arg(long, default_value_t = 5)]
     pub items: usize,
+    /// The data directory of the PostgreSQL server behind --db, which the
+    /// harness may kill and restart (needed by --nemesis db-restart).
+    #[arg(long, value_name = "DIR")]
+    pub pg_data: Option<PathBuf>,
     /// Print nothing but the verdict line.
     #[arg(long)]
     pub quiet: bool,
 }
 
-fn parse_nemesis(list: &str, db_is_postgres: bool) -> anyhow::Result<Vec<String>> {
+/// `db_restart_possible`: the database is a PostgreSQL server whose data
+/// directory was given, so `all` includes `db-restart`.
+fn parse_nemesis(list: &str, db_restart_possible: bool) -> anyhow::Result<Vec<String>> {
     let mut out = Vec::new();
     for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         match name {
@@ -69,7 +75,7 @@ fn parse_nemesis(list: &str, db_is_postgres: bool) -> anyhow::Result<Vec<String>
             "all" => out.extend(
                 NEMESIS_NAMES
                     .iter()
-                    .filter(|n| **n != "db-restart" || db_is_postgres)
+                    .filter(|n| **n != "db-restart" || db_restart_possible)
                     .map(|n| n.to_string()),
             ),
             n if NEMESIS_NAMES.contains(&n) => out.push(n.to_owned()),
@@ -99,7 +105,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
     if let Some(db) = &args.db {
         haunt_store::Backend::from_url(db)?;
     }
-    let nemesis = parse_nemesis(&args.nemesis, db_is_postgres)?;
+    let nemesis = parse_nemesis(&args.nemesis, db_is_postgres && args.pg_data.is_some())?;
+    anyhow::ensure!(
+        args.pg_data.is_none() || db_is_postgres,
+        "--pg-data names the PostgreSQL server behind --db; give --db postgres://… too"
+    );
     let seed = args
         .seed
         .unwrap_or_else(|| haunt_store::Rng::from_entropy().next_u64() >> 16);
@@ -121,6 +131,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         items: args.items.max(1),
         exe: std::env::current_exe().context("finding the haunt executable")?,
         git_revision: revision().to_owned(),
+        pg_data: args.pg_data,
     };
     let abort = Arc::new(AtomicBool::new(false));
     let flag = abort.clone();

@@ -11,6 +11,7 @@
 //! - [`local`]: the local backend (child processes, signals).
 //! - [`proxy`]: the TCP fault proxy (partitions, delay).
 //! - [`nemesis`]: the faults and their seeded schedule.
+//! - [`postgres`]: a PostgreSQL server the harness crashes and restarts.
 //! - [`run`]: one run from start to verdict, and the run directory.
 //! - [`report`]: `report.html`.
 //! - [`synthetic`]: large synthetic run directories, for benchmarking the checker.
@@ -18,6 +19,7 @@
 pub mod history;
 pub mod local;
 pub mod nemesis;
+pub mod postgres;
 pub mod proxy;
 pub mod report;
 pub mod roles;

@@ -374,13 +374,22 @@ pub async fn run_schedule(
     }
     let mut rng = Rng::new(options.seed);
     let interval_ms = options.interval.as_millis().max(1) as u64;
+    let mut round: Vec<usize> = Vec::new();
     loop {
         // Half to one and a half intervals of calm between faults.
         let calm = Duration::from_millis(interval_ms / 2 + rng.below(interval_ms));
         if !sleep_until(Instant::now() + calm, stop).await {
             break;
         }
-        let nemesis = usable[rng.below(usable.len() as u64) as usize];
+        // Faults come in rounds, each a fresh shuffle of every enabled kind, so a
+        // short run still meets each kind once.
+        if round.is_empty() {
+            round = (0..usable.len()).collect();
+            for i in (1..round.len()).rev() {
+                round.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+        }
+        let nemesis = usable[round.pop().expect("refilled above")];
         let targets = nemesis.targets();
         let target = targets[rng.below(targets.len() as u64) as usize].clone();
         let hold = nemesis

@@ -21,6 +21,7 @@ use crate::nemesis::{
     AckLossNemesis, ActiveFaults, ClockSkewNemesis, KillNemesis, PartitionNemesis, PauseNemesis, ScheduleOptions,
     WorkerAdmin,
 };
+use crate::postgres::{DbRestartNemesis, PgServer};
 use crate::proxy::FaultProxy;
 use crate::roles::{Backend, Checker, Nemesis, Node, RunDirChecker};
 use crate::workload::{HttpClient, WorkloadOptions};
@@ -44,6 +45,9 @@ pub struct RunOptions {
     pub quiet: bool,
     pub request_timeout: Duration,
     pub items: usize,
+    /// The data directory of the PostgreSQL server behind `db`, when the
+    /// harness may crash and restart it (`db-restart`).
+    pub pg_data: Option<PathBuf>,
     /// The executable that runs the services (the current `haunt`).
     pub exe: PathBuf,
     pub git_revision: String,
@@ -158,9 +162,66 @@ struct Cluster {
     backend: Arc<LocalBackend>,
     api_url: String,
     worker_admin: Vec<(String, String)>,
+    /// Each service's link to the database, through a fault proxy (PostgreSQL).
+    db_links: Vec<(String, Arc<FaultProxy>)>,
 }
 
-fn start_cluster(options: &RunOptions, db: &str, run_dir: &Path, token: &str) -> anyhow::Result<Cluster> {
+/// Splits a `postgres://` URL around its `host:port`.
+fn split_postgres_url(url: &str) -> Option<(&str, &str, &str)> {
+    let scheme_end = url.find("://")? + 3;
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let host_start = authority.rfind('@').map_or(0, |i| i + 1);
+    let host_port = &authority[host_start..];
+    if host_port.is_empty() {
+        return None;
+    }
+    let before = &url[..scheme_end + host_start];
+    let after = &rest[authority_end..];
+    Some((before, host_port, after))
+}
+
+/// One fault proxy per service in front of PostgreSQL; each service gets a URL
+/// that points at its own proxy, so one link can be cut at a time.
+async fn db_proxies(db: &str, names: &[String]) -> anyhow::Result<Vec<(String, Arc<FaultProxy>, String)>> {
+    if db.starts_with("sqlite:") {
+        return Ok(Vec::new());
+    }
+    let Some((before, host_port, after)) = split_postgres_url(db) else {
+        tracing::warn!("{db}: no host:port to put a fault proxy in front of; database links cannot be partitioned");
+        return Ok(Vec::new());
+    };
+    let host_port = if host_port.contains(':') {
+        host_port.to_owned()
+    } else {
+        format!("{host_port}:5432")
+    };
+    let target = tokio::net::lookup_host(&host_port)
+        .await
+        .with_context(|| format!("resolving {host_port}"))?
+        .next()
+        .with_context(|| format!("{host_port} resolves to nothing"))?;
+    let mut out = Vec::new();
+    for name in names {
+        let proxy = Arc::new(FaultProxy::start(target).await?);
+        let url = format!("{before}{}{after}", proxy.addr());
+        out.push((format!("{name}<->db"), proxy, url));
+    }
+    Ok(out)
+}
+
+async fn start_cluster(options: &RunOptions, db: &str, run_dir: &Path, token: &str) -> anyhow::Result<Cluster> {
+    let mut names = vec![api_node().name];
+    names.extend((1..=options.workers).map(|i| worker_node(i).name));
+    let proxies = db_proxies(db, &names).await?;
+    let db_for = |name: &str| -> String {
+        let link = format!("{name}<->db");
+        proxies
+            .iter()
+            .find(|(l, _, _)| *l == link)
+            .map_or_else(|| db.to_owned(), |(_, _, url)| url.clone())
+    };
     let api_addr = free_port()?;
     let bug: Vec<String> = options
         .bug
@@ -172,7 +233,7 @@ fn start_cluster(options: &RunOptions, db: &str, run_dir: &Path, token: &str) ->
             vec![
                 "api".into(),
                 "--db".into(),
-                db.into(),
+                db_for("api"),
                 "--listen".into(),
                 api_addr.to_string(),
             ],
@@ -188,7 +249,7 @@ fn start_cluster(options: &RunOptions, db: &str, run_dir: &Path, token: &str) ->
         let args = vec![
             "worker".into(),
             "--db".into(),
-            db.into(),
+            db_for(&node.name),
             "--worker-id".into(),
             node.name.clone(),
             "--visibility-timeout-ms".into(),
@@ -206,10 +267,12 @@ fn start_cluster(options: &RunOptions, db: &str, run_dir: &Path, token: &str) ->
         ("NO_COLOR".to_owned(), "1".to_owned()),
     ];
     let backend = Arc::new(LocalBackend::new(options.exe.clone(), run_dir.join("logs"), env, specs));
+    let db_links = proxies.into_iter().map(|(link, proxy, _)| (link, proxy)).collect();
     Ok(Cluster {
         backend,
         api_url: format!("http://{api_addr}"),
         worker_admin,
+        db_links,
     })
 }
 
@@ -233,10 +296,11 @@ fn nemeses(
                 workers.clone(),
                 options.visibility_timeout,
             ))),
-            "partition" => list.push(Box::new(PartitionNemesis::new(vec![(
-                "client<->api".into(),
-                client_proxy.clone(),
-            )]))),
+            "partition" => {
+                let mut links = vec![("client<->api".to_owned(), client_proxy.clone())];
+                links.extend(cluster.db_links.iter().cloned());
+                list.push(Box::new(PartitionNemesis::new(links)))
+            }
             // Half the acks lost: most messages come back at least once.
             "ack-loss" => list.push(Box::new(AckLossNemesis::new(admin.clone(), 0.5))),
             // Ten leases ahead: a worker trusting its clock would lease for ages.
@@ -244,10 +308,13 @@ fn nemeses(
                 let offset = (options.visibility_timeout.as_millis() as i64) * 10;
                 list.push(Box::new(ClockSkewNemesis::new(admin.clone(), offset)))
             }
-            "db-restart" => anyhow::bail!(
-                "--nemesis db-restart needs a database server the harness controls; \
-                 the local backend does not restart one yet (use the other faults)"
-            ),
+            "db-restart" => {
+                let data = options.pg_data.as_ref().context(
+                    "--nemesis db-restart needs --pg-data DIR: the data directory of the PostgreSQL server \
+                     behind --db, which the harness will kill and restart",
+                )?;
+                list.push(Box::new(DbRestartNemesis::new(PgServer::new(data)?)));
+            }
             other => anyhow::bail!("unknown nemesis {other:?}"),
         }
     }
@@ -301,7 +368,7 @@ pub async fn run(options: RunOptions, abort: Arc<AtomicBool>) -> anyhow::Result<
     let store = Store::connect(&db, StoreOptions::default())
         .await
         .with_context(|| format!("opening {db}"))?;
-    let cluster = start_cluster(&options, &db, &run_dir, &token)?;
+    let cluster = start_cluster(&options, &db, &run_dir, &token).await?;
     let outcome = drive(&options, &cluster, &store, &run_dir, &token, &abort).await;
 
     // Whatever happened above, nothing is left running.
@@ -525,7 +592,20 @@ async fn progress(
 
 #[cfg(test)]
 mod tests {
-    use super::timestamp;
+    use super::{split_postgres_url, timestamp};
+
+    #[test]
+    fn postgres_urls_split_around_host_and_port() {
+        assert_eq!(
+            split_postgres_url("postgres://u:p@db.local:5433/app?sslmode=disable"),
+            Some(("postgres://u:p@", "db.local:5433", "/app?sslmode=disable"))
+        );
+        assert_eq!(
+            split_postgres_url("postgres://localhost/app"),
+            Some(("postgres://", "localhost", "/app"))
+        );
+        assert_eq!(split_postgres_url("postgres:///app?host=/tmp"), None);
+    }
 
     #[test]
     fn timestamps_are_utc_civil_time() {

@@ -135,21 +135,78 @@ fn bug_no_inbox_under_ack_loss_is_caught_as_double_applied() {
     );
 }
 
+/// A PostgreSQL server of this test's own (the run kills it), stopped and
+/// removed on drop.
+struct PrivatePostgres {
+    dir: PathBuf,
+    url: String,
+}
+
+impl PrivatePostgres {
+    fn start() -> Option<PrivatePostgres> {
+        // Only when PostgreSQL tests are on at all; the opt-out is reported there.
+        haunt_testkit::postgres_admin_url()?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        // Directly under /tmp: the server's own user must be able to reach it.
+        let dir = PathBuf::from(format!("/tmp/haunt-pg-test-{}-{port}", std::process::id()));
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/postgres");
+        let out = Command::new(&script)
+            .arg("start")
+            .env("HAUNT_PG_PORT", port.to_string())
+            .env("HAUNT_PG_DIR", &dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "scripts/postgres: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let url = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+        Some(PrivatePostgres { dir, url })
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/postgres");
+        let port = self
+            .url
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .split('/')
+            .next()
+            .unwrap()
+            .to_owned();
+        let _ = Command::new(script)
+            .arg("stop")
+            .env("HAUNT_PG_PORT", port)
+            .env("HAUNT_PG_DIR", &self.dir)
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 #[test]
-fn a_run_on_postgres_with_partitions_and_kills_is_valid() {
-    let Some(db) = haunt_testkit::TestDb::postgres_blocking() else {
-        return;
-    };
+fn a_run_on_postgres_with_db_restarts_partitions_and_kills_is_valid() {
+    let Some(pg) = PrivatePostgres::start() else { return };
     let tmp = tempfile::tempdir().unwrap();
+    let pg_data = pg.dir.to_string_lossy().into_owned();
     let out = haunt_run(
         tmp.path(),
         &[
             "--db",
-            &db.url,
+            &pg.url,
+            "--pg-data",
+            &pg_data,
             "--time-limit-s",
-            "10",
+            "15",
             "--nemesis",
-            "partition,kill,pause",
+            "db-restart,partition,kill",
             "--nemesis-interval-s",
             "1",
             "--visibility-timeout-ms",
@@ -171,6 +228,25 @@ fn a_run_on_postgres_with_partitions_and_kills_is_valid() {
     assert!(run.to_string_lossy().contains("local-postgres"), "{}", run.display());
     let results = read_json(&run.join("results.json"));
     assert!(results["counts"]["applied_events"].as_u64().unwrap() > 100, "{results}");
+    let faults: Vec<String> = results["faults"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| format!("{} {}", w["fault"].as_str().unwrap(), w["target"].as_str().unwrap()))
+        .collect();
+    assert!(
+        faults.iter().any(|f| f == "kill postgres"),
+        "the database was crashed: {faults:?}"
+    );
+    assert!(
+        faults.iter().any(|f| f.starts_with("partition ")),
+        "a link was cut: {faults:?}"
+    );
+    let history = std::fs::read_to_string(run.join("history.jsonl")).unwrap();
+    assert!(
+        history.contains(r#""f":"restart","value":{"result":"ok","target":"postgres"}"#),
+        "restarted"
+    );
 }
 
 #[test]

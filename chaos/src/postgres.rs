@@ -1,0 +1,174 @@
+//! A PostgreSQL server the harness may crash and restart: the `db-restart`
+//! fault. It is found by its data directory: `postmaster.pid` names the process,
+//! `postmaster.opts` the command line it was started with, so a restart brings
+//! it back exactly as it was, through crash recovery.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::Context;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::roles::{BoxFuture, Nemesis};
+
+#[derive(Debug, Clone)]
+pub struct PgServer {
+    data_dir: PathBuf,
+}
+
+/// Splits `postmaster.opts`: the binary, then each argument in double quotes.
+fn parse_opts(text: &str) -> anyhow::Result<(PathBuf, Vec<String>)> {
+    let text = text.trim();
+    let (binary, rest) = text.split_once(' ').unwrap_or((text, ""));
+    let mut args = Vec::new();
+    let mut rest = rest.trim();
+    while !rest.is_empty() {
+        let inner = rest
+            .strip_prefix('"')
+            .context("postmaster.opts: expected a quoted argument")?;
+        let end = inner.find('"').context("postmaster.opts: unterminated argument")?;
+        args.push(inner[..end].to_owned());
+        rest = inner[end + 1..].trim_start();
+    }
+    Ok((PathBuf::from(binary), args))
+}
+
+impl PgServer {
+    pub fn new(data_dir: impl Into<PathBuf>) -> anyhow::Result<PgServer> {
+        let data_dir = data_dir.into();
+        anyhow::ensure!(
+            data_dir.join("PG_VERSION").exists(),
+            "{} is not a PostgreSQL data directory (no PG_VERSION)",
+            data_dir.display()
+        );
+        Ok(PgServer { data_dir })
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// The postmaster's pid, when it runs.
+    pub fn pid(&self) -> Option<Pid> {
+        let text = std::fs::read_to_string(self.data_dir.join("postmaster.pid")).ok()?;
+        let pid: i32 = text.lines().next()?.trim().parse().ok()?;
+        let pid = Pid::from_raw(pid);
+        kill(pid, None).ok().map(|_| pid)
+    }
+
+    /// SIGKILL to the postmaster: no shutdown checkpoint, the next start
+    /// recovers from the WAL, which is exactly what durability must survive.
+    pub fn crash(&self) -> anyhow::Result<()> {
+        let pid = self.pid().context("PostgreSQL is not running")?;
+        kill(pid, Signal::SIGKILL).context("killing the postmaster")?;
+        Ok(())
+    }
+
+    /// Starts the server with the options of its last start, as the owner of
+    /// the data directory. Retries while the crashed server's backends are
+    /// still exiting (the old shared memory is busy until they do).
+    pub async fn start(&self) -> anyhow::Result<()> {
+        if self.pid().is_some() {
+            return Ok(());
+        }
+        let opts = std::fs::read_to_string(self.data_dir.join("postmaster.opts")).context("reading postmaster.opts")?;
+        let (postgres, args) = parse_opts(&opts)?;
+        let pg_ctl = postgres.with_file_name("pg_ctl");
+        // Everything but the data directory, which pg_ctl passes itself.
+        let mut options = Vec::new();
+        let mut skip = false;
+        for a in &args {
+            if skip {
+                skip = false;
+            } else if a == "-D" {
+                skip = true;
+            } else {
+                options.push(format!("'{}'", a.replace('\'', "")));
+            }
+        }
+        let log = self.data_dir.join("server.log");
+        let owner = std::fs::metadata(&self.data_dir)?.uid();
+        // Ten tries over about ten seconds: backends notice the dead postmaster
+        // within a second or two.
+        const START_TRIES_MAX: u32 = 10;
+        let mut last_error = String::new();
+        for _ in 0..START_TRIES_MAX {
+            let mut command = if nix::unistd::geteuid().is_root() && owner != 0 {
+                let user = nix::unistd::User::from_uid(owner.into())?.context("the data directory's owner")?;
+                let mut c = Command::new("runuser");
+                c.args(["-u", &user.name, "--"]).arg(&pg_ctl);
+                c
+            } else {
+                Command::new(&pg_ctl)
+            };
+            command
+                .arg("-D")
+                .arg(&self.data_dir)
+                .arg("-l")
+                .arg(&log)
+                .args(["-w", "-t", "60", "start", "-o"])
+                .arg(options.join(" "));
+            let out = tokio::task::spawn_blocking(move || command.output())
+                .await?
+                .context("running pg_ctl")?;
+            if out.status.success() {
+                return Ok(());
+            }
+            last_error = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        anyhow::bail!("pg_ctl start failed: {last_error}")
+    }
+}
+
+/// Kills PostgreSQL with SIGKILL, later starts it again (crash recovery).
+#[derive(Debug)]
+pub struct DbRestartNemesis {
+    server: PgServer,
+}
+
+impl DbRestartNemesis {
+    pub fn new(server: PgServer) -> Self {
+        DbRestartNemesis { server }
+    }
+}
+
+impl Nemesis for DbRestartNemesis {
+    fn name(&self) -> &'static str {
+        "db-restart"
+    }
+    fn ops(&self) -> (&'static str, &'static str) {
+        ("kill", "restart")
+    }
+    fn targets(&self) -> Vec<String> {
+        vec!["postgres".into()]
+    }
+    fn start<'a>(&'a self, _target: &'a str) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move { self.server.crash() })
+    }
+    fn stop(&self) -> BoxFuture<'_, anyhow::Result<()>> {
+        Box::pin(async move { self.server.start().await })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_opts;
+
+    #[test]
+    fn postmaster_opts_are_split_into_arguments() {
+        let (bin, args) = parse_opts(
+            "/usr/lib/postgresql/15/bin/postgres \"-D\" \"/tmp/pg\" \"-c\" \"listen_addresses=127.0.0.1\" \"-p\" \"54329\"\n",
+        )
+        .unwrap();
+        assert_eq!(bin.to_str(), Some("/usr/lib/postgresql/15/bin/postgres"));
+        assert_eq!(
+            args,
+            vec!["-D", "/tmp/pg", "-c", "listen_addresses=127.0.0.1", "-p", "54329"]
+        );
+        assert!(parse_opts("/bin/postgres -D x").is_err());
+    }
+}
