@@ -15,10 +15,7 @@ fn main() {
         .output()
         .ok()
         .is_some_and(|o| !o.stdout.is_empty());
-    println!(
-        "cargo:rustc-env=HAUNT_GIT_REVISION={revision}{}",
-        if dirty { "-dirty" } else { "" }
-    );
+    println!("cargo:rustc-env=HAUNT_GIT_REVISION={revision}{}", if dirty { "-dirty" } else { "" });
     println!("cargo:rerun-if-changed=.git/HEAD");
     println!("cargo:rerun-if-changed=.git/index");
 }

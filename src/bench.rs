@@ -40,9 +40,7 @@ fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+            c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
         })
         .unwrap_or_else(|| "unknown cpu".into());
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
@@ -76,11 +74,7 @@ pub fn check(args: CheckBench) -> anyhow::Result<()> {
             tmp.path().to_owned()
         }
     };
-    eprintln!(
-        "writing a synthetic run of {} client ops to {}",
-        args.ops,
-        dir.display()
-    );
+    eprintln!("writing a synthetic run of {} client ops to {}", args.ops, dir.display());
     let t = Instant::now();
     let written = haunt_chaos::synthetic::write_run(&dir, args.ops, args.clients, 1)?;
     let generate_s = t.elapsed().as_secs_f64();
@@ -114,9 +108,6 @@ pub fn check(args: CheckBench) -> anyhow::Result<()> {
         "verdict": results.valid.as_str(),
     });
     println!("{}", serde_json::to_string_pretty(&report)?);
-    anyhow::ensure!(
-        results.valid == haunt_checker::Verdict::Valid,
-        "the synthetic run must check valid"
-    );
+    anyhow::ensure!(results.valid == haunt_checker::Verdict::Valid, "the synthetic run must check valid");
     Ok(())
 }

@@ -34,6 +34,10 @@ enum Command {
     /// Run a test: start the pipeline, drive orders while faults hit it, heal,
     /// check, report. Exit status as for `haunt check` (130 when interrupted).
     Run(crate::run_cmd::RunArgs),
+    /// Run every bug mode under the faults that expose it, and the correct build
+    /// under all faults; show what the checker caught. Exit 1 if a bug mode is
+    /// caught in fewer than 9 runs in 10, or the correct build is ever not valid.
+    Matrix(crate::matrix_cmd::MatrixArgs),
     /// Benchmarks, each against a baseline measured in the same run.
     #[command(subcommand)]
     Bench(crate::bench::BenchCommand),
@@ -76,27 +80,19 @@ pub fn main() -> i32 {
         Command::Worker(args) => run_async(services::worker(args)),
         Command::Reconcile(args) => run_async(services::reconcile(args)),
         Command::Redrive(args) => run_async(services::redrive(args)),
-        Command::Run(args) => {
-            let runtime = match tokio::runtime::Runtime::new() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("haunt: starting the runtime: {e}");
-                    return 70;
-                }
-            };
-            match runtime.block_on(crate::run_cmd::run(args)) {
-                Ok(code) => code,
-                Err(e) => {
-                    eprintln!("haunt run: {e:#}");
-                    3
-                }
-            }
-        }
+        Command::Matrix(args) => run_async_code("haunt matrix", crate::matrix_cmd::matrix(args)),
+        Command::Run(args) => run_async_code("haunt run", crate::run_cmd::run(args)),
     }
 }
 
 /// Runs a service or tool on a multi-threaded runtime; errors print their chain.
 fn run_async(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> i32 {
+    run_async_code("haunt", async { fut.await.map(|()| 0) })
+}
+
+/// Like [`run_async`] for commands whose exit status is a verdict; an error
+/// exits 3, apart from every verdict.
+fn run_async_code(name: &str, fut: impl std::future::Future<Output = anyhow::Result<i32>>) -> i32 {
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -105,10 +101,10 @@ fn run_async(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> i32 
         }
     };
     match runtime.block_on(fut) {
-        Ok(()) => 0,
+        Ok(code) => code,
         Err(e) => {
-            eprintln!("haunt: {e:#}");
-            1
+            eprintln!("{name}: {e:#}");
+            3
         }
     }
 }

@@ -3,6 +3,7 @@
 
 mod bench;
 mod cli;
+mod matrix_cmd;
 mod run_cmd;
 mod services;
 

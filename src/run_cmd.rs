@@ -28,9 +28,9 @@ pub struct RunArgs {
     /// postgres://USER@HOST:PORT/DB runs against a real server.
     #[arg(long)]
     pub db: Option<String>,
-    /// Faults, comma-separated: kill, pause, partition, ack-loss, clock-skew,
-    /// db-restart; or all, or none.
-    #[arg(long, default_value = "kill,pause,partition,ack-loss,clock-skew")]
+    /// Faults, comma-separated: kill, pause, partition, delay, ack-loss,
+    /// clock-skew, db-error, db-restart (needs --pg-data); or all, or none.
+    #[arg(long, default_value = "kill,pause,partition,delay,ack-loss,clock-skew,db-error")]
     pub nemesis: String,
     /// Mean seconds between faults (each also lasts about this long).
     #[arg(long, default_value_t = 5.0)]
@@ -44,6 +44,13 @@ pub struct RunArgs {
     /// Workers' visibility timeout; pauses last at least twice this.
     #[arg(long, default_value_t = 2_000)]
     pub visibility_timeout_ms: u64,
+    /// Fault schedules running side by side, each over its share of the
+    /// --nemesis kinds, so that faults of different kinds overlap.
+    #[arg(long, default_value_t = 1)]
+    pub faults_at_once: usize,
+    /// Deliveries a message gets before the workers dead-letter it.
+    #[arg(long, default_value_t = 10)]
+    pub delivery_attempts_max: u32,
     /// How long to wait for the queue to drain after healing.
     #[arg(long, default_value_t = 60)]
     pub quiesce_timeout_s: u64,
@@ -73,16 +80,10 @@ fn parse_nemesis(list: &str, db_restart_possible: bool) -> anyhow::Result<Vec<St
         match name {
             "none" => {}
             "all" => out.extend(
-                NEMESIS_NAMES
-                    .iter()
-                    .filter(|n| **n != "db-restart" || db_restart_possible)
-                    .map(|n| n.to_string()),
+                NEMESIS_NAMES.iter().filter(|n| **n != "db-restart" || db_restart_possible).map(|n| n.to_string()),
             ),
             n if NEMESIS_NAMES.contains(&n) => out.push(n.to_owned()),
-            other => anyhow::bail!(
-                "unknown nemesis {other:?}; known: {}, all, none",
-                NEMESIS_NAMES.join(", ")
-            ),
+            other => anyhow::bail!("unknown nemesis {other:?}; known: {}, all, none", NEMESIS_NAMES.join(", ")),
         }
     }
     out.dedup();
@@ -96,10 +97,7 @@ pub fn revision() -> &'static str {
 pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
     anyhow::ensure!(args.time_limit_s > 0, "--time-limit-s must be positive");
     anyhow::ensure!(args.rate > 0.0, "--rate must be positive");
-    anyhow::ensure!(
-        args.concurrency > 0 && args.workers > 0,
-        "--concurrency and --workers must be positive"
-    );
+    anyhow::ensure!(args.concurrency > 0 && args.workers > 0, "--concurrency and --workers must be positive");
     anyhow::ensure!(args.nemesis_interval_s > 0.0, "--nemesis-interval-s must be positive");
     let db_is_postgres = args.db.as_deref().is_some_and(|d| d.starts_with("postgres"));
     if let Some(db) = &args.db {
@@ -110,9 +108,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         args.pg_data.is_none() || db_is_postgres,
         "--pg-data names the PostgreSQL server behind --db; give --db postgres://… too"
     );
-    let seed = args
-        .seed
-        .unwrap_or_else(|| haunt_store::Rng::from_entropy().next_u64() >> 16);
+    let seed = args.seed.unwrap_or_else(|| haunt_store::Rng::from_entropy().next_u64() >> 16);
     let options = RunOptions {
         time_limit: Duration::from_secs(args.time_limit_s),
         rate: args.rate,
@@ -125,6 +121,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         store: args.store,
         visibility_timeout: Duration::from_millis(args.visibility_timeout_ms),
         quiesce_timeout: Duration::from_secs(args.quiesce_timeout_s),
+        delivery_attempts_max: args.delivery_attempts_max.max(1),
+        faults_at_once: args.faults_at_once.max(1),
         bug: args.bug,
         quiet: args.quiet,
         request_timeout: Duration::from_millis(args.request_timeout_ms),

@@ -112,11 +112,7 @@ fn admin_token() -> Option<String> {
 /// should wait for it, not die. 30 s covers a crash recovery here.
 async fn connect(db: &DbArgs, bug: Option<Bug>) -> anyhow::Result<Store> {
     const CONNECT_WAIT_MAX: Duration = Duration::from_secs(30);
-    let options = StoreOptions {
-        max_connections: db.db_connections_max,
-        bug,
-        ..StoreOptions::default()
-    };
+    let options = StoreOptions { max_connections: db.db_connections_max, bug, ..StoreOptions::default() };
     let deadline = tokio::time::Instant::now() + CONNECT_WAIT_MAX;
     loop {
         match Store::connect(&db.db, options.clone()).await {
@@ -146,16 +142,11 @@ pub async fn shutdown_signal() {
 pub async fn api(args: ApiArgs) -> anyhow::Result<()> {
     let telemetry = logging::init("haunt-api", args.service.log_format)?;
     let store = connect(&args.service.db, args.service.bug).await?;
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("binding {}", args.listen))?;
+    let listener =
+        tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(listen = %listener.local_addr()?, db = %args.service.db.db, bug = ?args.service.bug, "api ready");
-    let config = haunt_api::ApiConfig {
-        admin_token: admin_token(),
-    };
-    haunt_api::run(listener, store.clone(), config, shutdown_signal())
-        .await
-        .context("serving the api")?;
+    let config = haunt_api::ApiConfig { admin_token: admin_token() };
+    haunt_api::run(listener, store.clone(), config, shutdown_signal()).await.context("serving the api")?;
     store.close().await;
     telemetry.shutdown().await;
     Ok(())
@@ -163,17 +154,13 @@ pub async fn api(args: ApiArgs) -> anyhow::Result<()> {
 
 pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     let telemetry = logging::init("haunt-worker", args.service.log_format)?;
-    let faults =
-        Arc::new(haunt_worker::Faults::new(args.ack_fail_rate, args.clock_offset_ms).map_err(anyhow::Error::msg)?);
-    let next = haunt_worker::faults::FaultSettings {
-        ack_fail_next: Some(args.ack_fail_next),
-        ..Default::default()
-    };
-    faults.set(&next).map_err(anyhow::Error::msg)?;
+    // Checked before connecting, so a bad flag fails at once.
+    let faults = haunt_worker::Faults::new(args.ack_fail_rate, args.clock_offset_ms).map_err(anyhow::Error::msg)?;
     let store = connect(&args.service.db, args.service.bug).await?;
-    let worker_id = args
-        .worker_id
-        .unwrap_or_else(|| format!("worker-{}", std::process::id()));
+    let faults = Arc::new(faults.with_db_errors(store.injected_errors().clone()));
+    let next = haunt_worker::faults::FaultSettings { ack_fail_next: Some(args.ack_fail_next), ..Default::default() };
+    faults.set(&next).map_err(anyhow::Error::msg)?;
+    let worker_id = args.worker_id.unwrap_or_else(|| format!("worker-{}", std::process::id()));
     let config = haunt_worker::WorkerConfig {
         worker_id: worker_id.clone(),
         visibility_timeout: Duration::from_millis(args.visibility_timeout_ms),
@@ -188,9 +175,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     let worker = haunt_worker::Worker::new(store.clone(), config, faults.clone(), metrics.clone());
     let (stop, stopped) = watch::channel(false);
     if let Some(addr) = args.metrics_listen {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding {addr}"))?;
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
         let app = haunt_worker::http::router(store.clone(), metrics, faults, admin_token());
         let mut until = stopped.clone();
         tokio::spawn(async move {
@@ -235,11 +220,7 @@ pub async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
             );
         }
         for order_id in &report.requeued {
-            let verb = if args.dry_run {
-                "would re-enqueue"
-            } else {
-                "re-enqueued"
-            };
+            let verb = if args.dry_run { "would re-enqueue" } else { "re-enqueued" };
             println!("lost event: order {order_id} was never applied, queued or dead-lettered; {verb} it");
         }
     }
@@ -249,10 +230,7 @@ pub async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {
 
 pub async fn redrive(args: RedriveArgs) -> anyhow::Result<()> {
     let store = connect(&args.db, None).await?;
-    let moved = store
-        .redrive(args.message_id.as_deref())
-        .await
-        .context("redriving dead letters")?;
+    let moved = store.redrive(args.message_id.as_deref()).await.context("redriving dead letters")?;
     println!("redrove {moved} dead letters back to the queue");
     store.close().await;
     Ok(())

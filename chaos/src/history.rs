@@ -43,15 +43,8 @@ impl Recorder {
         let file = File::create(path)?;
         Ok(Recorder {
             started: Instant::now(),
-            started_at_ms: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_millis() as i64)
-                .unwrap_or(0),
-            inner: Mutex::new(Inner {
-                next_index: 0,
-                writer: JsonlWriter::new(BufWriter::new(file)),
-                error: None,
-            }),
+            started_at_ms: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0),
+            inner: Mutex::new(Inner { next_index: 0, writer: JsonlWriter::new(BufWriter::new(file)), error: None }),
             ok: AtomicU64::new(0),
             fail: AtomicU64::new(0),
             info: AtomicU64::new(0),
@@ -162,15 +155,9 @@ mod tests {
             t.join().unwrap();
         }
         r.finish().unwrap();
-        let ops: Vec<Op> = std::fs::read_to_string(&path)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
+        let ops: Vec<Op> =
+            std::fs::read_to_string(&path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
         assert_eq!(ops.len(), 400);
-        assert!(
-            ops.windows(2)
-                .all(|w| w[1].index == w[0].index + 1 && w[1].time_ns >= w[0].time_ns)
-        );
+        assert!(ops.windows(2).all(|w| w[1].index == w[0].index + 1 && w[1].time_ns >= w[0].time_ns));
     }
 }

@@ -9,6 +9,7 @@
 //! - [`history`]: the recorder of `history.jsonl`.
 //! - [`workload`]: the HTTP client and the concurrent client loops.
 //! - [`local`]: the local backend (child processes, signals).
+//! - [`matrix`]: the bug modes, the faults that expose them, and the table.
 //! - [`proxy`]: the TCP fault proxy (partitions, delay).
 //! - [`nemesis`]: the faults and their seeded schedule.
 //! - [`postgres`]: a PostgreSQL server the harness crashes and restarts.
@@ -18,6 +19,7 @@
 
 pub mod history;
 pub mod local;
+pub mod matrix;
 pub mod nemesis;
 pub mod postgres;
 pub mod proxy;

@@ -41,20 +41,11 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 impl LocalBackend {
     /// `logs` is the folder for `<node>.log`; `env` is set on every child.
     pub fn new(exe: PathBuf, logs: PathBuf, env: Vec<(String, String)>, specs: Vec<NodeSpec>) -> LocalBackend {
-        LocalBackend {
-            exe,
-            logs,
-            env,
-            specs,
-            children: Mutex::new(HashMap::new()),
-        }
+        LocalBackend { exe, logs, env, specs, children: Mutex::new(HashMap::new()) }
     }
 
     fn spec(&self, node: &Node) -> anyhow::Result<&NodeSpec> {
-        self.specs
-            .iter()
-            .find(|s| s.node == *node)
-            .with_context(|| format!("no node {}", node.name))
+        self.specs.iter().find(|s| s.node == *node).with_context(|| format!("no node {}", node.name))
     }
 
     fn pid(&self, node: &Node) -> Option<Pid> {
@@ -63,9 +54,7 @@ impl LocalBackend {
     }
 
     fn signal(&self, node: &Node, signal: Signal) -> anyhow::Result<()> {
-        let pid = self
-            .pid(node)
-            .with_context(|| format!("{} is not running", node.name))?;
+        let pid = self.pid(node).with_context(|| format!("{} is not running", node.name))?;
         kill(pid, signal).with_context(|| format!("sending {signal} to {}", node.name))
     }
 
@@ -107,23 +96,13 @@ impl LocalBackend {
 }
 
 fn spawn(exe: &Path, args: &[String], env: &[(String, String)], log: &Path) -> anyhow::Result<Child> {
-    let out = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .with_context(|| format!("opening {}", log.display()))?;
+    let out =
+        OpenOptions::new().create(true).append(true).open(log).with_context(|| format!("opening {}", log.display()))?;
     let err = out.try_clone()?;
     let mut command = Command::new(exe);
-    command
-        .args(args)
-        .envs(env.iter().cloned())
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err);
+    command.args(args).envs(env.iter().cloned()).stdin(Stdio::null()).stdout(out).stderr(err);
     set_parent_death_signal(&mut command);
-    command
-        .spawn()
-        .with_context(|| format!("starting {} {}", exe.display(), args.join(" ")))
+    command.spawn().with_context(|| format!("starting {} {}", exe.display(), args.join(" ")))
 }
 
 /// Asks the kernel to SIGKILL the child when the harness dies, even by SIGKILL,
@@ -152,10 +131,7 @@ impl Backend for LocalBackend {
         }
         let spec = self.spec(node)?;
         let child = spawn(&self.exe, &spec.args, &self.env, &self.log_path(node))?;
-        self.children
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(node.name.clone(), child);
+        self.children.lock().unwrap_or_else(|p| p.into_inner()).insert(node.name.clone(), child);
         Ok(())
     }
 
@@ -215,15 +191,9 @@ impl Drop for LocalBackend {
 
 /// The first worker, second worker, … as nodes.
 pub fn worker_node(i: usize) -> Node {
-    Node {
-        name: format!("worker-{i}"),
-        role: Role::Worker,
-    }
+    Node { name: format!("worker-{i}"), role: Role::Worker }
 }
 
 pub fn api_node() -> Node {
-    Node {
-        name: "api".into(),
-        role: Role::Api,
-    }
+    Node { name: "api".into(), role: Role::Api }
 }

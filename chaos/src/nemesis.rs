@@ -18,7 +18,8 @@ use crate::proxy::{ProxyMode, SharedProxy};
 use crate::roles::{Backend, BoxFuture, Nemesis, Node};
 
 /// The names `--nemesis` accepts.
-pub const NEMESIS_NAMES: [&str; 6] = ["kill", "pause", "partition", "ack-loss", "clock-skew", "db-restart"];
+pub const NEMESIS_NAMES: [&str; 8] =
+    ["kill", "pause", "partition", "delay", "ack-loss", "clock-skew", "db-error", "db-restart"];
 
 fn take<T>(slot: &Mutex<Option<T>>) -> Option<T> {
     slot.lock().unwrap_or_else(|p| p.into_inner()).take()
@@ -38,11 +39,7 @@ pub struct KillNemesis<B> {
 
 impl<B: Backend> KillNemesis<B> {
     pub fn new(backend: Arc<B>, targets: Vec<Node>) -> Self {
-        KillNemesis {
-            backend,
-            targets,
-            killed: Mutex::new(None),
-        }
+        KillNemesis { backend, targets, killed: Mutex::new(None) }
     }
 }
 
@@ -58,12 +55,7 @@ impl<B: Backend + 'static> Nemesis for KillNemesis<B> {
     }
     fn start<'a>(&'a self, target: &'a str) -> BoxFuture<'a, anyhow::Result<()>> {
         Box::pin(async move {
-            let node = self
-                .targets
-                .iter()
-                .find(|n| n.name == target)
-                .context("unknown target")?
-                .clone();
+            let node = self.targets.iter().find(|n| n.name == target).context("unknown target")?.clone();
             put(&self.killed, node.clone());
             self.backend.kill(&node).await
         })
@@ -91,12 +83,7 @@ pub struct PauseNemesis<B> {
 impl<B: Backend> PauseNemesis<B> {
     pub fn new(backend: Arc<B>, targets: Vec<Node>, visibility_timeout: Duration) -> Self {
         // Twice the lease, so another worker has time to take the message over.
-        PauseNemesis {
-            backend,
-            targets,
-            hold_min: visibility_timeout * 2,
-            paused: Mutex::new(None),
-        }
+        PauseNemesis { backend, targets, hold_min: visibility_timeout * 2, paused: Mutex::new(None) }
     }
 }
 
@@ -115,12 +102,7 @@ impl<B: Backend + 'static> Nemesis for PauseNemesis<B> {
     }
     fn start<'a>(&'a self, target: &'a str) -> BoxFuture<'a, anyhow::Result<()>> {
         Box::pin(async move {
-            let node = self
-                .targets
-                .iter()
-                .find(|n| n.name == target)
-                .context("unknown target")?
-                .clone();
+            let node = self.targets.iter().find(|n| n.name == target).context("unknown target")?.clone();
             put(&self.paused, node.clone());
             self.backend.pause(&node).await
         })
@@ -168,36 +150,35 @@ impl Nemesis for PartitionNemesis {
     fn stop(&self) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(async move {
             for (_, proxy) in &self.links {
-                proxy.set(ProxyMode::Pass);
+                if proxy.mode() == ProxyMode::Partition {
+                    proxy.set(ProxyMode::Pass);
+                }
             }
             Ok(())
         })
     }
 }
 
-/// Flips the workers' fault switches through their admin endpoints.
+/// Flips services' fault switches through their admin endpoints
+/// (`POST /admin/faults`).
 #[derive(Debug, Clone)]
-pub struct WorkerAdmin {
+pub struct Admin {
     http: reqwest::Client,
     token: String,
-    /// Worker name and the base URL of its admin endpoint.
+    /// Node name and the base URL of its admin endpoint.
     pub workers: Vec<(String, String)>,
 }
 
-impl WorkerAdmin {
+impl Admin {
     pub fn new(token: String, workers: Vec<(String, String)>) -> anyhow::Result<Self> {
         // Short: a worker that does not answer at once is paused or dead, and the
         // nemesis must not stall the schedule waiting for it.
         let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
-        Ok(WorkerAdmin { http, token, workers })
+        Ok(Admin { http, token, workers })
     }
 
     pub async fn set(&self, worker: &str, settings: serde_json::Value) -> anyhow::Result<()> {
-        let (_, base) = self
-            .workers
-            .iter()
-            .find(|(n, _)| n == worker)
-            .context("unknown worker")?;
+        let (_, base) = self.workers.iter().find(|(n, _)| n == worker).context("unknown worker")?;
         let r = self
             .http
             .post(format!("{base}/admin/faults"))
@@ -206,11 +187,7 @@ impl WorkerAdmin {
             .send()
             .await
             .with_context(|| format!("setting faults on {worker}"))?;
-        anyhow::ensure!(
-            r.status().is_success(),
-            "{worker} refused the fault switch: {}",
-            r.status()
-        );
+        anyhow::ensure!(r.status().is_success(), "{worker} refused the fault switch: {}", r.status());
         Ok(())
     }
 
@@ -229,12 +206,12 @@ impl WorkerAdmin {
 /// Drops acks after the effect committed, on every worker.
 #[derive(Debug)]
 pub struct AckLossNemesis {
-    admin: WorkerAdmin,
+    admin: Admin,
     rate: f64,
 }
 
 impl AckLossNemesis {
-    pub fn new(admin: WorkerAdmin, rate: f64) -> Self {
+    pub fn new(admin: Admin, rate: f64) -> Self {
         AckLossNemesis { admin, rate }
     }
 }
@@ -257,22 +234,52 @@ impl Nemesis for AckLossNemesis {
     }
 }
 
+/// Makes database statements fail before commit, in the API and the workers:
+/// what a flaky connection or a serialization failure does. A correct pipeline
+/// answers "not committed" or retries; a pipeline that splits what belongs in
+/// one transaction is left half-done.
+#[derive(Debug)]
+pub struct DbErrorNemesis {
+    admin: Admin,
+    rate: f64,
+}
+
+impl DbErrorNemesis {
+    pub fn new(admin: Admin, rate: f64) -> Self {
+        DbErrorNemesis { admin, rate }
+    }
+}
+
+impl Nemesis for DbErrorNemesis {
+    fn name(&self) -> &'static str {
+        "db-error"
+    }
+    fn ops(&self) -> (&'static str, &'static str) {
+        ("start-db-error", "stop-db-error")
+    }
+    fn targets(&self) -> Vec<String> {
+        vec!["services".into()]
+    }
+    fn start<'a>(&'a self, _target: &'a str) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move { self.admin.set_all(json!({"db_error_rate": self.rate})).await })
+    }
+    fn stop(&self) -> BoxFuture<'_, anyhow::Result<()>> {
+        Box::pin(async move { self.admin.set_all(json!({"db_error_rate": 0.0})).await })
+    }
+}
+
 /// Moves one worker's clock. A correct worker takes leases from the database
 /// clock and does not notice.
 #[derive(Debug)]
 pub struct ClockSkewNemesis {
-    admin: WorkerAdmin,
+    admin: Admin,
     offset_ms: i64,
     skewed: Mutex<Option<String>>,
 }
 
 impl ClockSkewNemesis {
-    pub fn new(admin: WorkerAdmin, offset_ms: i64) -> Self {
-        ClockSkewNemesis {
-            admin,
-            offset_ms,
-            skewed: Mutex::new(None),
-        }
+    pub fn new(admin: Admin, offset_ms: i64) -> Self {
+        ClockSkewNemesis { admin, offset_ms, skewed: Mutex::new(None) }
     }
 }
 
@@ -361,14 +368,36 @@ async fn sleep_until(at: Instant, stop: &AtomicBool) -> bool {
 
 /// Runs faults one at a time from a seeded schedule until the deadline or
 /// `stop`, and leaves every fault stopped.
+///
+/// With `at_once` above one, that many schedules run side by side, each over
+/// its own share of the fault kinds (dealt round-robin), so faults of different
+/// kinds overlap: a pause during database errors, say. A kind is never active
+/// twice at once.
 pub async fn run_schedule(
     nemeses: &[Box<dyn Nemesis>],
     recorder: &Recorder,
     active: &ActiveFaults,
     options: ScheduleOptions,
+    at_once: usize,
     stop: &AtomicBool,
 ) {
-    let usable: Vec<&Box<dyn Nemesis>> = nemeses.iter().filter(|n| !n.targets().is_empty()).collect();
+    let usable: Vec<&dyn Nemesis> = nemeses.iter().filter(|n| !n.targets().is_empty()).map(|n| n.as_ref()).collect();
+    let lanes = at_once.clamp(1, usable.len().max(1));
+    let schedules = (0..lanes).map(|lane| {
+        let share: Vec<&dyn Nemesis> = usable.iter().skip(lane).step_by(lanes).copied().collect();
+        let options = ScheduleOptions { seed: options.seed.wrapping_add(lane as u64), ..options.clone() };
+        one_schedule(share, recorder, active, options, stop)
+    });
+    futures_util::future::join_all(schedules).await;
+}
+
+async fn one_schedule(
+    usable: Vec<&dyn Nemesis>,
+    recorder: &Recorder,
+    active: &ActiveFaults,
+    options: ScheduleOptions,
+    stop: &AtomicBool,
+) {
     if usable.is_empty() {
         return;
     }
@@ -392,9 +421,7 @@ pub async fn run_schedule(
         let nemesis = usable[round.pop().expect("refilled above")];
         let targets = nemesis.targets();
         let target = targets[rng.below(targets.len() as u64) as usize].clone();
-        let hold = nemesis
-            .hold_min()
-            .max(Duration::from_millis(interval_ms / 2 + rng.below(interval_ms)));
+        let hold = nemesis.hold_min().max(Duration::from_millis(interval_ms / 2 + rng.below(interval_ms)));
         if Instant::now() + hold > options.deadline {
             break;
         }
@@ -426,4 +453,48 @@ pub async fn heal_all(nemeses: &[Box<dyn Nemesis>], recorder: &Recorder, active:
     }
     anyhow::ensure!(failed.is_empty(), "could not heal: {}", failed.join("; "));
     Ok(())
+}
+
+/// Slows a link: every chunk through its fault proxy waits `delay`. Longer than
+/// the client's timeout, requests commit but their answers come too late, and
+/// the client must retry an order whose fate it does not know.
+#[derive(Debug)]
+pub struct DelayNemesis {
+    links: Vec<(String, SharedProxy)>,
+    delay: Duration,
+}
+
+impl DelayNemesis {
+    pub fn new(links: Vec<(String, SharedProxy)>, delay: Duration) -> Self {
+        DelayNemesis { links, delay }
+    }
+}
+
+impl Nemesis for DelayNemesis {
+    fn name(&self) -> &'static str {
+        "delay"
+    }
+    fn ops(&self) -> (&'static str, &'static str) {
+        ("start-delay", "stop-delay")
+    }
+    fn targets(&self) -> Vec<String> {
+        self.links.iter().map(|(n, _)| n.clone()).collect()
+    }
+    fn start<'a>(&'a self, target: &'a str) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move {
+            let (_, proxy) = self.links.iter().find(|(n, _)| n == target).context("unknown link")?;
+            proxy.set(ProxyMode::Delay(self.delay));
+            Ok(())
+        })
+    }
+    fn stop(&self) -> BoxFuture<'_, anyhow::Result<()>> {
+        Box::pin(async move {
+            for (_, proxy) in &self.links {
+                if proxy.mode() != ProxyMode::Partition {
+                    proxy.set(ProxyMode::Pass);
+                }
+            }
+            Ok(())
+        })
+    }
 }

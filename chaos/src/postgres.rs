@@ -26,9 +26,7 @@ fn parse_opts(text: &str) -> anyhow::Result<(PathBuf, Vec<String>)> {
     let mut args = Vec::new();
     let mut rest = rest.trim();
     while !rest.is_empty() {
-        let inner = rest
-            .strip_prefix('"')
-            .context("postmaster.opts: expected a quoted argument")?;
+        let inner = rest.strip_prefix('"').context("postmaster.opts: expected a quoted argument")?;
         let end = inner.find('"').context("postmaster.opts: unterminated argument")?;
         args.push(inner[..end].to_owned());
         rest = inner[end + 1..].trim_start();
@@ -51,18 +49,28 @@ impl PgServer {
         &self.data_dir
     }
 
-    /// The postmaster's pid, when it runs.
-    pub fn pid(&self) -> Option<Pid> {
+    fn lock_pid(&self) -> Option<Pid> {
         let text = std::fs::read_to_string(self.data_dir.join("postmaster.pid")).ok()?;
         let pid: i32 = text.lines().next()?.trim().parse().ok()?;
-        let pid = Pid::from_raw(pid);
-        kill(pid, None).ok().map(|_| pid)
+        Some(Pid::from_raw(pid))
     }
 
-    /// SIGKILL to the postmaster: no shutdown checkpoint, the next start
-    /// recovers from the WAL, which is exactly what durability must survive.
+    /// The postmaster's pid, when it runs. A killed postmaster can linger as a
+    /// zombie until its parent reaps it; a zombie is not running.
+    pub fn pid(&self) -> Option<Pid> {
+        self.lock_pid().filter(|&pid| alive(pid))
+    }
+
+    /// SIGKILL to every server process at once, as a machine crash would end
+    /// them: no shutdown checkpoint, no last WAL write by a surviving backend.
+    /// The next start recovers from the WAL, which is what durability must survive.
     pub fn crash(&self) -> anyhow::Result<()> {
         let pid = self.pid().context("PostgreSQL is not running")?;
+        // Stop the postmaster first so it cannot fork replacements, then its children.
+        kill(pid, Signal::SIGSTOP).context("stopping the postmaster")?;
+        for child in children_of(pid) {
+            let _ = kill(child, Signal::SIGKILL);
+        }
         kill(pid, Signal::SIGKILL).context("killing the postmaster")?;
         Ok(())
     }
@@ -73,6 +81,11 @@ impl PgServer {
     pub async fn start(&self) -> anyhow::Result<()> {
         if self.pid().is_some() {
             return Ok(());
+        }
+        if self.lock_pid().is_some() {
+            // The lock file of a dead server: the postmaster would take a zombie
+            // for a live owner and refuse to start.
+            let _ = std::fs::remove_file(self.data_dir.join("postmaster.pid"));
         }
         let opts = std::fs::read_to_string(self.data_dir.join("postmaster.opts")).context("reading postmaster.opts")?;
         let (postgres, args) = parse_opts(&opts)?;
@@ -111,9 +124,7 @@ impl PgServer {
                 .arg(&log)
                 .args(["-w", "-t", "60", "start", "-o"])
                 .arg(options.join(" "));
-            let out = tokio::task::spawn_blocking(move || command.output())
-                .await?
-                .context("running pg_ctl")?;
+            let out = tokio::task::spawn_blocking(move || command.output()).await?.context("running pg_ctl")?;
             if out.status.success() {
                 return Ok(());
             }
@@ -122,6 +133,28 @@ impl PgServer {
         }
         anyhow::bail!("pg_ctl start failed: {last_error}")
     }
+}
+
+/// Whether `pid` is a live process: present, and neither a zombie nor dead.
+fn alive(pid: Pid) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
+    !matches!(state, None | Some("Z") | Some("X"))
+}
+
+/// The processes whose parent is `parent` (from `/proc/*/stat`).
+fn children_of(parent: Pid) -> Vec<Pid> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // The command name is in parentheses and may hold spaces: read after it.
+            let ppid: i32 = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+            (ppid == parent.as_raw()).then(|| Pid::from_raw(pid))
+        })
+        .collect()
 }
 
 /// Kills PostgreSQL with SIGKILL, later starts it again (crash recovery).
@@ -165,10 +198,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(bin.to_str(), Some("/usr/lib/postgresql/15/bin/postgres"));
-        assert_eq!(
-            args,
-            vec!["-D", "/tmp/pg", "-c", "listen_addresses=127.0.0.1", "-p", "54329"]
-        );
+        assert_eq!(args, vec!["-D", "/tmp/pg", "-c", "listen_addresses=127.0.0.1", "-p", "54329"]);
         assert!(parse_opts("/bin/postgres -D x").is_err());
     }
 }

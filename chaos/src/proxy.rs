@@ -1,5 +1,5 @@
 //! A TCP fault proxy on 127.0.0.1: forwards to a target, and on command
-//! blackholes traffic (a partition) or delays it.
+//! blackholes traffic (a partition) or delays the answers.
 //!
 //! A partition here behaves like a network that drops packets, not one that
 //! refuses: connections, old and new, stay open and carry nothing until the
@@ -93,8 +93,10 @@ async fn serve(client: TcpStream, target: SocketAddr, mut mode: watch::Receiver<
     let _ = upstream.set_nodelay(true);
     let (cr, cw) = client.into_split();
     let (ur, uw) = upstream.into_split();
-    let up = pump(cr, uw, mode.clone());
-    let down = pump(ur, cw, mode.clone());
+    // Delay holds back answers only: the request arrives and takes effect, the
+    // answer comes late. That is the case a client cannot tell from a loss.
+    let up = pump(cr, uw, mode.clone(), false);
+    let down = pump(ur, cw, mode.clone(), true);
     let cut = async {
         // A partition that starts mid-connection blackholes it; the connection
         // is closed only once the partition heals.
@@ -111,6 +113,7 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut mode: watch::Receiver<ProxyMode>,
+    delayed: bool,
 ) {
     let mut buf = vec![0u8; CHUNK_BYTES];
     loop {
@@ -121,7 +124,8 @@ async fn pump(
         let current = *mode.borrow_and_update();
         match current {
             ProxyMode::Pass => {}
-            ProxyMode::Delay(d) => tokio::time::sleep(d).await,
+            ProxyMode::Delay(d) if delayed => tokio::time::sleep(d).await,
+            ProxyMode::Delay(_) => {}
             // The cut in `serve` takes over; drop what was read, like the network.
             ProxyMode::Partition => std::future::pending::<()>().await,
         }
@@ -166,10 +170,7 @@ mod tests {
             s.read_exact(&mut buf).await.ok()?;
             Some(buf.to_vec())
         };
-        tokio::time::timeout(Duration::from_millis(300), attempt)
-            .await
-            .ok()
-            .flatten()
+        tokio::time::timeout(Duration::from_millis(300), attempt).await.ok().flatten()
     }
 
     #[tokio::test]
@@ -197,20 +198,14 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn delay_slows_each_chunk() {
+    async fn delay_holds_back_the_answer() {
         let proxy = FaultProxy::start(echo_server().await).await.unwrap();
         proxy.set(ProxyMode::Delay(Duration::from_millis(150)));
         let started = std::time::Instant::now();
         let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
         s.write_all(b"ping").await.unwrap();
         let mut buf = [0u8; 4];
-        tokio::time::timeout(Duration::from_secs(2), s.read_exact(&mut buf))
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(
-            started.elapsed() >= Duration::from_millis(300),
-            "both directions delayed"
-        );
+        tokio::time::timeout(Duration::from_secs(2), s.read_exact(&mut buf)).await.unwrap().unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(150), "the answer is delayed");
     }
 }

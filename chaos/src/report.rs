@@ -14,10 +14,7 @@ use haunt_format::{Op, OpType, Process};
 const POINTS_MAX: usize = 20_000;
 
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
 fn outcome_color(kind: OpType) -> &'static str {
@@ -36,6 +33,8 @@ fn fault_color(fault: &str) -> &'static str {
         "partition" => "#ffb74d",
         "ack-loss" => "#ba68c8",
         "clock-skew" => "#4db6ac",
+        "db-error" => "#a1887f",
+        "delay" => "#fff176",
         _ => "#bdbdbd",
     }
 }
@@ -116,28 +115,13 @@ impl Frame {
     }
 
     fn axes(&self, out: &mut String, x_label: &str, y_label: &str) {
-        let (x0, x1, y0, y1) = (
-            self.left,
-            self.width - Self::RIGHT,
-            self.height - self.bottom,
-            Self::TOP,
-        );
-        let _ = write!(
-            out,
-            r##"<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}" stroke="#333"/>"##
-        );
-        let _ = write!(
-            out,
-            r##"<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="#333"/>"##
-        );
+        let (x0, x1, y0, y1) = (self.left, self.width - Self::RIGHT, self.height - self.bottom, Self::TOP);
+        let _ = write!(out, r##"<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}" stroke="#333"/>"##);
+        let _ = write!(out, r##"<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="#333"/>"##);
         for i in 0..=5 {
             let v = self.x_max * f64::from(i) / 5.0;
             let x = self.x(v);
-            let _ = write!(
-                out,
-                r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{v:.0}</text>"#,
-                y0 + 14.0
-            );
+            let _ = write!(out, r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{v:.0}</text>"#, y0 + 14.0);
         }
         let ticks: Vec<f64> = if self.log_y {
             let mut t = Vec::new();
@@ -150,27 +134,13 @@ impl Frame {
             }
             t
         } else {
-            (0..=4)
-                .map(|i| self.y_min + (self.y_max - self.y_min) * f64::from(i) / 4.0)
-                .collect()
+            (0..=4).map(|i| self.y_min + (self.y_max - self.y_min) * f64::from(i) / 4.0).collect()
         };
         for v in ticks {
             let y = self.y(v);
-            let label = if v >= 10.0 || v == 0.0 {
-                format!("{v:.0}")
-            } else {
-                format!("{v}")
-            };
-            let _ = write!(
-                out,
-                r##"<line x1="{x0}" y1="{y:.1}" x2="{x1}" y2="{y:.1}" stroke="#eee"/>"##
-            );
-            let _ = write!(
-                out,
-                r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{label}</text>"#,
-                x0 - 4.0,
-                y + 4.0
-            );
+            let label = if v >= 10.0 || v == 0.0 { format!("{v:.0}") } else { format!("{v}") };
+            let _ = write!(out, r##"<line x1="{x0}" y1="{y:.1}" x2="{x1}" y2="{y:.1}" stroke="#eee"/>"##);
+            let _ = write!(out, r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{label}</text>"#, x0 - 4.0, y + 4.0);
         }
         let _ = write!(
             out,
@@ -207,16 +177,8 @@ impl Frame {
 
 fn latency_plot(points: &[Point], results: &Results, end_s: f64) -> String {
     let y_max = points.iter().map(|p| p.latency_ms).fold(1.0f64, f64::max) * 1.2;
-    let frame = Frame {
-        width: 900.0,
-        height: 320.0,
-        left: 60.0,
-        bottom: 34.0,
-        x_max: end_s,
-        y_min: 0.1,
-        y_max,
-        log_y: true,
-    };
+    let frame =
+        Frame { width: 900.0, height: 320.0, left: 60.0, bottom: 34.0, x_max: end_s, y_min: 0.1, y_max, log_y: true };
     let mut out = String::new();
     frame.open(&mut out, "client op latency over time");
     frame.shade_faults(&mut out, results, end_s);
@@ -248,16 +210,8 @@ fn throughput_plot(points: &[Point], results: &Results, end_s: f64) -> String {
         }
     }
     let y_max = per_second.values().flatten().copied().fold(1.0f64, f64::max) * 1.1;
-    let frame = Frame {
-        width: 900.0,
-        height: 240.0,
-        left: 60.0,
-        bottom: 34.0,
-        x_max: end_s,
-        y_min: 0.0,
-        y_max,
-        log_y: false,
-    };
+    let frame =
+        Frame { width: 900.0, height: 240.0, left: 60.0, bottom: 34.0, x_max: end_s, y_min: 0.0, y_max, log_y: false };
     let mut out = String::new();
     frame.open(&mut out, "completed ops per second by outcome");
     frame.shade_faults(&mut out, results, end_s);
@@ -284,16 +238,8 @@ fn delivery_plot(results: &Results) -> String {
     let hist = &results.delivery.histogram;
     let bars = hist.len().max(1) as f64;
     let y_max = hist.values().copied().max().unwrap_or(1).max(1) as f64 * 1.1;
-    let frame = Frame {
-        width: 420.0,
-        height: 220.0,
-        left: 60.0,
-        bottom: 34.0,
-        x_max: bars,
-        y_min: 0.0,
-        y_max,
-        log_y: false,
-    };
+    let frame =
+        Frame { width: 420.0, height: 220.0, left: 60.0, bottom: 34.0, x_max: bars, y_min: 0.0, y_max, log_y: false };
     let mut out = String::new();
     frame.open(&mut out, "applications by delivery attempt");
     for (i, (attempt, n)) in hist.iter().enumerate() {
@@ -320,19 +266,10 @@ fn delivery_plot(results: &Results) -> String {
 fn legend() -> String {
     let mut out = String::from(r#"<p class="legend">"#);
     for kind in [OpType::Ok, OpType::Fail, OpType::Info] {
-        let _ = write!(
-            out,
-            r#"<span style="color:{}">● {}</span> "#,
-            outcome_color(kind),
-            kind.as_str()
-        );
+        let _ = write!(out, r#"<span style="color:{}">● {}</span> "#, outcome_color(kind), kind.as_str());
     }
-    for fault in ["kill", "pause", "partition", "ack-loss", "clock-skew"] {
-        let _ = write!(
-            out,
-            r#"<span class="swatch" style="background:{}"></span>{fault} "#,
-            fault_color(fault)
-        );
+    for fault in ["kill", "pause", "partition", "delay", "ack-loss", "clock-skew", "db-error"] {
+        let _ = write!(out, r#"<span class="swatch" style="background:{}"></span>{fault} "#, fault_color(fault));
     }
     out.push_str("</p>");
     out
@@ -419,12 +356,8 @@ table{{border-collapse:collapse}} td,th{{border:1px solid #ddd;padding:3px 8px;t
     h.push_str("<h2>Throughput</h2>");
     h.push_str(&throughput_plot(&points, results, end_s));
     h.push_str("<h2>Latency and effect lag (ms)</h2><table><tr><th></th><th>count</th><th>p50</th><th>p95</th><th>p99</th><th>max</th></tr>");
-    let mut rows: Vec<(String, &haunt_checker::results::Quantiles)> = results
-        .latency_ms
-        .ops
-        .iter()
-        .map(|(k, q)| (format!("op {k}"), q))
-        .collect();
+    let mut rows: Vec<(String, &haunt_checker::results::Quantiles)> =
+        results.latency_ms.ops.iter().map(|(k, q)| (format!("op {k}"), q)).collect();
     rows.push(("effect lag (ok → applied)".into(), &results.latency_ms.effect_lag));
     for (name, q) in rows {
         let _ = write!(
@@ -440,11 +373,7 @@ table{{border-collapse:collapse}} td,th{{border:1px solid #ddd;padding:3px 8px;t
     }
     h.push_str("</table><h2>Delivery attempt of each application</h2>");
     h.push_str(&delivery_plot(results));
-    let _ = write!(
-        h,
-        "<p>{} events first applied on a redelivery.</p>",
-        results.delivery.redelivered_events
-    );
+    let _ = write!(h, "<p>{} events first applied on a redelivery.</p>", results.delivery.redelivered_events);
     h.push_str("<h2>Faults</h2><table><tr><th>fault</th><th>target</th><th>start (s)</th><th>end (s)</th></tr>");
     for w in &results.faults {
         let _ = write!(
@@ -453,8 +382,7 @@ table{{border-collapse:collapse}} td,th{{border:1px solid #ddd;padding:3px 8px;t
             esc(&w.fault),
             esc(&w.target),
             w.start_ns as f64 / 1e9,
-            w.end_ns
-                .map_or("still open".to_owned(), |e| format!("{:.2}", e as f64 / 1e9))
+            w.end_ns.map_or("still open".to_owned(), |e| format!("{:.2}", e as f64 / 1e9))
         );
     }
     h.push_str("</table></body></html>\n");

@@ -31,9 +31,7 @@ pub struct NoopClient;
 
 impl Client for NoopClient {
     async fn place(&self, _order: &OrderValue, _correlation_id: &str) -> Completion {
-        Completion::Fail {
-            error: "no-op client".into(),
-        }
+        Completion::Fail { error: "no-op client".into() }
     }
 }
 

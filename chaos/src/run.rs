@@ -18,8 +18,8 @@ use tokio::time::Instant;
 use crate::history::Recorder;
 use crate::local::{LocalBackend, NodeSpec, api_node, worker_node};
 use crate::nemesis::{
-    AckLossNemesis, ActiveFaults, ClockSkewNemesis, KillNemesis, PartitionNemesis, PauseNemesis, ScheduleOptions,
-    WorkerAdmin,
+    AckLossNemesis, ActiveFaults, Admin, ClockSkewNemesis, DbErrorNemesis, DelayNemesis, KillNemesis, PartitionNemesis,
+    PauseNemesis, ScheduleOptions,
 };
 use crate::postgres::{DbRestartNemesis, PgServer};
 use crate::proxy::FaultProxy;
@@ -40,6 +40,10 @@ pub struct RunOptions {
     pub store: PathBuf,
     pub visibility_timeout: Duration,
     pub quiesce_timeout: Duration,
+    /// Deliveries a message gets before the workers dead-letter it.
+    pub delivery_attempts_max: u32,
+    /// Fault schedules running side by side (kinds dealt among them).
+    pub faults_at_once: usize,
     #[serde(serialize_with = "bug_name")]
     pub bug: Option<Bug>,
     pub quiet: bool,
@@ -87,10 +91,7 @@ struct RunFile<'a> {
 }
 
 fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
 /// `20261129T150405Z` from Unix milliseconds (UTC).
@@ -107,12 +108,7 @@ fn timestamp(ms: i64) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    format!("{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
 fn free_port() -> anyhow::Result<SocketAddr> {
@@ -192,11 +188,7 @@ async fn db_proxies(db: &str, names: &[String]) -> anyhow::Result<Vec<(String, A
         tracing::warn!("{db}: no host:port to put a fault proxy in front of; database links cannot be partitioned");
         return Ok(Vec::new());
     };
-    let host_port = if host_port.contains(':') {
-        host_port.to_owned()
-    } else {
-        format!("{host_port}:5432")
-    };
+    let host_port = if host_port.contains(':') { host_port.to_owned() } else { format!("{host_port}:5432") };
     let target = tokio::net::lookup_host(&host_port)
         .await
         .with_context(|| format!("resolving {host_port}"))?
@@ -217,29 +209,14 @@ async fn start_cluster(options: &RunOptions, db: &str, run_dir: &Path, token: &s
     let proxies = db_proxies(db, &names).await?;
     let db_for = |name: &str| -> String {
         let link = format!("{name}<->db");
-        proxies
-            .iter()
-            .find(|(l, _, _)| *l == link)
-            .map_or_else(|| db.to_owned(), |(_, _, url)| url.clone())
+        proxies.iter().find(|(l, _, _)| *l == link).map_or_else(|| db.to_owned(), |(_, _, url)| url.clone())
     };
     let api_addr = free_port()?;
-    let bug: Vec<String> = options
-        .bug
-        .map(|b| vec!["--bug".into(), b.name().into()])
-        .unwrap_or_default();
+    let bug: Vec<String> = options.bug.map(|b| vec!["--bug".into(), b.name().into()]).unwrap_or_default();
     let mut specs = vec![NodeSpec {
         node: api_node(),
-        args: [
-            vec![
-                "api".into(),
-                "--db".into(),
-                db_for("api"),
-                "--listen".into(),
-                api_addr.to_string(),
-            ],
-            bug.clone(),
-        ]
-        .concat(),
+        args: [vec!["api".into(), "--db".into(), db_for("api"), "--listen".into(), api_addr.to_string()], bug.clone()]
+            .concat(),
     }];
     let mut worker_admin = Vec::new();
     for i in 1..=options.workers {
@@ -254,26 +231,17 @@ async fn start_cluster(options: &RunOptions, db: &str, run_dir: &Path, token: &s
             node.name.clone(),
             "--visibility-timeout-ms".into(),
             options.visibility_timeout.as_millis().to_string(),
+            "--delivery-attempts-max".into(),
+            options.delivery_attempts_max.to_string(),
             "--metrics-listen".into(),
             metrics.to_string(),
         ];
-        specs.push(NodeSpec {
-            node,
-            args: [args, bug.clone()].concat(),
-        });
+        specs.push(NodeSpec { node, args: [args, bug.clone()].concat() });
     }
-    let env = vec![
-        ("HAUNT_ADMIN_TOKEN".to_owned(), token.to_owned()),
-        ("NO_COLOR".to_owned(), "1".to_owned()),
-    ];
+    let env = vec![("HAUNT_ADMIN_TOKEN".to_owned(), token.to_owned()), ("NO_COLOR".to_owned(), "1".to_owned())];
     let backend = Arc::new(LocalBackend::new(options.exe.clone(), run_dir.join("logs"), env, specs));
     let db_links = proxies.into_iter().map(|(link, proxy, _)| (link, proxy)).collect();
-    Ok(Cluster {
-        backend,
-        api_url: format!("http://{api_addr}"),
-        worker_admin,
-        db_links,
-    })
+    Ok(Cluster { backend, api_url: format!("http://{api_addr}"), worker_admin, db_links })
 }
 
 fn nemeses(
@@ -283,7 +251,12 @@ fn nemeses(
     token: &str,
 ) -> anyhow::Result<Vec<Box<dyn Nemesis>>> {
     let workers: Vec<Node> = (1..=options.workers).map(worker_node).collect();
-    let admin = WorkerAdmin::new(token.to_owned(), cluster.worker_admin.clone())?;
+    let admin = Admin::new(token.to_owned(), cluster.worker_admin.clone())?;
+    let mut links = vec![("client<->api".to_owned(), client_proxy.clone())];
+    links.extend(cluster.db_links.iter().cloned());
+    let mut every_service = vec![(api_node().name, cluster.api_url.clone())];
+    every_service.extend(cluster.worker_admin.iter().cloned());
+    let every_service = Admin::new(token.to_owned(), every_service)?;
     let mut list: Vec<Box<dyn Nemesis>> = Vec::new();
     for name in &options.nemesis {
         match name.as_str() {
@@ -296,16 +269,21 @@ fn nemeses(
                 workers.clone(),
                 options.visibility_timeout,
             ))),
-            "partition" => {
-                let mut links = vec![("client<->api".to_owned(), client_proxy.clone())];
-                links.extend(cluster.db_links.iter().cloned());
-                list.push(Box::new(PartitionNemesis::new(links)))
-            }
+            "partition" => list.push(Box::new(PartitionNemesis::new(links.clone()))),
+            // Past the client's timeout: answers arrive after the client gave up.
+            "delay" => list.push(Box::new(DelayNemesis::new(
+                links.clone(),
+                options.request_timeout + options.request_timeout / 4,
+            ))),
+            // One statement in three fails: enough to hit most multi-step paths,
+            // few enough that retries get through.
+            "db-error" => list.push(Box::new(DbErrorNemesis::new(every_service.clone(), 0.3))),
             // Half the acks lost: most messages come back at least once.
             "ack-loss" => list.push(Box::new(AckLossNemesis::new(admin.clone(), 0.5))),
-            // Ten leases ahead: a worker trusting its clock would lease for ages.
+            // Ten minutes ahead, as after a bad NTP step: a worker that trusts its
+            // clock leases for ten minutes, past any quiesce timeout.
             "clock-skew" => {
-                let offset = (options.visibility_timeout.as_millis() as i64) * 10;
+                let offset = 10 * 60 * 1000;
                 list.push(Box::new(ClockSkewNemesis::new(admin.clone(), offset)))
             }
             "db-restart" => {
@@ -321,6 +299,18 @@ fn nemeses(
     Ok(list)
 }
 
+/// Opens (and migrates) the run's database, which must be empty: the checker
+/// judges every row against this run's history, and rows from an earlier run
+/// would all look like anomalies.
+async fn open_empty(db: &str) -> anyhow::Result<Store> {
+    let store = Store::connect(db, StoreOptions::default()).await.with_context(|| format!("opening {db}"))?;
+    anyhow::ensure!(
+        store.is_empty().await?,
+        "{db} already holds orders or messages; give each run a fresh, empty database"
+    );
+    Ok(store)
+}
+
 /// Runs one test. `abort` (Ctrl-C) stops it early: faults are healed, processes
 /// stopped, and the run directory marked aborted.
 pub async fn run(options: RunOptions, abort: Arc<AtomicBool>) -> anyhow::Result<RunOutcome> {
@@ -334,11 +324,21 @@ pub async fn run(options: RunOptions, abort: Arc<AtomicBool>) -> anyhow::Result<
         Some(bug) => format!("{backend_name}-{db_kind}-{}", bug.name()),
         None => format!("{backend_name}-{db_kind}"),
     };
+    // A database given by URL is checked before anything is created, so a
+    // refused run leaves nothing behind.
+    let given = match &options.db {
+        Some(url) => Some((url.clone(), open_empty(url).await?)),
+        None => None,
+    };
     let run_dir = create_run_dir(&options.store, &name, started_at_ms)?;
-    let db = options
-        .db
-        .clone()
-        .unwrap_or_else(|| format!("sqlite://{}", run_dir.join("haunt.db").display()));
+    let (db, store) = match given {
+        Some(given) => given,
+        None => {
+            let url = format!("sqlite://{}", run_dir.join("haunt.db").display());
+            let store = open_empty(&url).await?;
+            (url, store)
+        }
+    };
     let mut run_file = RunFile {
         haunt_version: env!("CARGO_PKG_VERSION"),
         git_revision: &options.git_revision,
@@ -353,21 +353,11 @@ pub async fn run(options: RunOptions, abort: Arc<AtomicBool>) -> anyhow::Result<
         verdict: None,
     };
     write_json(&run_dir.join(RUN_FILE), &run_file)?;
-    say(
-        &options,
-        &format!(
-            "run {} (seed {}, revision {})",
-            run_dir.display(),
-            options.seed,
-            options.git_revision
-        ),
-    );
+    say(&options, &format!("run {} (seed {}, revision {})", run_dir.display(), options.seed, options.git_revision));
 
     let mut token_rng = Rng::from_entropy();
     let token = format!("{:016x}{:016x}", token_rng.next_u64(), token_rng.next_u64());
-    let store = Store::connect(&db, StoreOptions::default())
-        .await
-        .with_context(|| format!("opening {db}"))?;
+
     let cluster = start_cluster(&options, &db, &run_dir, &token).await?;
     let outcome = drive(&options, &cluster, &store, &run_dir, &token, &abort).await;
 
@@ -386,9 +376,7 @@ pub async fn run(options: RunOptions, abort: Arc<AtomicBool>) -> anyhow::Result<
             let recorder_done = finish_final_state(&store, &run_dir, quiesced.0, &quiesced.1).await;
             store.close().await;
             recorder_done?;
-            let results = RunDirChecker
-                .check(&run_dir)
-                .map_err(|e| anyhow::anyhow!("checking the run: {e}"))?;
+            let results = RunDirChecker.check(&run_dir).map_err(|e| anyhow::anyhow!("checking the run: {e}"))?;
             write_json(&run_dir.join(RESULTS_FILE), &results)?;
             let history = std::fs::read_to_string(run_dir.join(HISTORY_FILE)).unwrap_or_default();
             let report = crate::report::render(&results, &history, &run_file_summary(&options, &db, &run_dir));
@@ -406,11 +394,7 @@ pub async fn run(options: RunOptions, abort: Arc<AtomicBool>) -> anyhow::Result<
     };
     run_file.ended_at_ms = Some(now_ms());
     write_json(&run_dir.join(RUN_FILE), &run_file)?;
-    Ok(RunOutcome {
-        run_dir,
-        results,
-        aborted,
-    })
+    Ok(RunOutcome { run_dir, results, aborted })
 }
 
 fn run_file_summary(options: &RunOptions, db: &str, run_dir: &Path) -> String {
@@ -420,11 +404,7 @@ fn run_file_summary(options: &RunOptions, db: &str, run_dir: &Path) -> String {
         options.seed,
         options.git_revision,
         options.workers,
-        if options.nemesis.is_empty() {
-            "none".to_owned()
-        } else {
-            options.nemesis.join(",")
-        },
+        if options.nemesis.is_empty() { "none".to_owned() } else { options.nemesis.join(",") },
         db
     )
 }
@@ -455,10 +435,7 @@ async fn drive(
     let active = Arc::new(ActiveFaults::default());
     let deadline = Instant::now() + options.time_limit;
 
-    let client = Arc::new(HttpClient::new(
-        &format!("http://{}", client_proxy.addr()),
-        options.request_timeout,
-    )?);
+    let client = Arc::new(HttpClient::new(&format!("http://{}", client_proxy.addr()), options.request_timeout)?);
     let workload = tokio::spawn(crate::workload::run(
         client,
         recorder.clone(),
@@ -472,19 +449,9 @@ async fn drive(
         },
         abort.clone(),
     ));
-    let progress = tokio::spawn(progress(
-        options.clone(),
-        recorder.clone(),
-        active.clone(),
-        deadline,
-        abort.clone(),
-    ));
-    let schedule = ScheduleOptions {
-        interval: options.nemesis_interval,
-        seed: options.seed.rotate_left(17),
-        deadline,
-    };
-    crate::nemesis::run_schedule(&nemeses, &recorder, &active, schedule, abort).await;
+    let progress = tokio::spawn(progress(options.clone(), recorder.clone(), active.clone(), deadline, abort.clone()));
+    let schedule = ScheduleOptions { interval: options.nemesis_interval, seed: options.seed.rotate_left(17), deadline };
+    crate::nemesis::run_schedule(&nemeses, &recorder, &active, schedule, options.faults_at_once, abort).await;
     let workload_result = workload.await;
     let heal = crate::nemesis::heal_all(&nemeses, &recorder, &active).await;
     progress.abort();
@@ -494,10 +461,7 @@ async fn drive(
     // drains if every node runs.
     for node in cluster.backend.nodes() {
         if !cluster.backend.is_running(&node) {
-            say(
-                options,
-                &format!("{} was not running after heal; starting it", node.name),
-            );
+            say(options, &format!("{} was not running after heal; starting it", node.name));
             cluster.backend.start(&node).await?;
         }
     }
@@ -514,10 +478,7 @@ async fn drive(
         }
     };
     if !drained {
-        say(
-            options,
-            &format!("the queue did not drain within {:?}", options.quiesce_timeout),
-        );
+        say(options, &format!("the queue did not drain within {:?}", options.quiesce_timeout));
     }
     Ok((drained, recorder))
 }
@@ -527,15 +488,8 @@ async fn finish_final_state(store: &Store, run_dir: &Path, quiesced: bool, recor
     let path = run_dir.join(FINAL_STATE_FILE);
     let file = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
     let mut writer = JsonlWriter::new(std::io::BufWriter::new(file));
-    store
-        .final_state(|line| writer.write(&line))
-        .await
-        .context("reading the final state")?;
-    let meta = Meta {
-        quiesced,
-        read_at_ns: recorder.elapsed_ns(),
-        run_started_at_ms: recorder.started_at_ms(),
-    };
+    store.final_state(|line| writer.write(&line)).await.context("reading the final state")?;
+    let meta = Meta { quiesced, read_at_ns: recorder.elapsed_ns(), run_started_at_ms: recorder.started_at_ms() };
     writer.write(&FinalLine::Meta(meta))?;
     writer.flush()?;
     Ok(())
@@ -581,11 +535,7 @@ async fn progress(
             t.ok,
             t.fail,
             t.info,
-            if faults.is_empty() {
-                "none".to_owned()
-            } else {
-                faults.join(", ")
-            }
+            if faults.is_empty() { "none".to_owned() } else { faults.join(", ") }
         );
     }
 }
@@ -600,10 +550,7 @@ mod tests {
             split_postgres_url("postgres://u:p@db.local:5433/app?sslmode=disable"),
             Some(("postgres://u:p@", "db.local:5433", "/app?sslmode=disable"))
         );
-        assert_eq!(
-            split_postgres_url("postgres://localhost/app"),
-            Some(("postgres://", "localhost", "/app"))
-        );
+        assert_eq!(split_postgres_url("postgres://localhost/app"), Some(("postgres://", "localhost", "/app")));
         assert_eq!(split_postgres_url("postgres:///app?host=/tmp"), None);
     }
 

@@ -43,10 +43,7 @@ pub fn write_run(dir: &Path, ops: u64, clients: u64, seed: u64) -> std::io::Resu
     std::fs::create_dir_all(dir)?;
     // 8 MiB buffers: the files run to gigabytes and are written front to back.
     let mut history = JsonlWriter::new(BufWriter::with_capacity(8 << 20, File::create(dir.join(HISTORY_FILE))?));
-    let mut fin = JsonlWriter::new(BufWriter::with_capacity(
-        8 << 20,
-        File::create(dir.join(FINAL_STATE_FILE))?,
-    ));
+    let mut fin = JsonlWriter::new(BufWriter::with_capacity(8 << 20, File::create(dir.join(FINAL_STATE_FILE))?));
     let mut rng = Rng::new(seed);
     let clients = clients.max(1);
     let mut process: Vec<u64> = (0..clients).collect();
@@ -95,15 +92,7 @@ pub fn write_run(dir: &Path, ops: u64, clients: u64, seed: u64) -> std::io::Resu
                 op(&mut history, process[c], OpType::Invoke, order.clone())?;
                 out.ops += 2;
             }
-            op(
-                &mut history,
-                process[c],
-                OpType::Ok,
-                OrderValue {
-                    event_id: Some(event_id.clone()),
-                    ..order.clone()
-                },
-            )?;
+            op(&mut history, process[c], OpType::Ok, OrderValue { event_id: Some(event_id.clone()), ..order.clone() })?;
             out.ops += 2;
             out.orders += 1;
             fin.write(&FinalLine::Order(OrderRow {
@@ -128,11 +117,7 @@ pub fn write_run(dir: &Path, ops: u64, clients: u64, seed: u64) -> std::io::Resu
     for (item_id, reserved_qty) in projection {
         fin.write(&FinalLine::Projection(ProjectionRow { item_id, reserved_qty }))?;
     }
-    fin.write(&FinalLine::Meta(Meta {
-        quiesced: true,
-        read_at_ns: u64::MAX / 2,
-        run_started_at_ms: 0,
-    }))?;
+    fin.write(&FinalLine::Meta(Meta { quiesced: true, read_at_ns: u64::MAX / 2, run_started_at_ms: 0 }))?;
     history.flush()?;
     fin.flush()?;
     Ok(out)
@@ -146,12 +131,7 @@ mod tests {
         let written = super::write_run(dir.path(), 5_000, 8, 1).unwrap();
         assert!(written.ops >= 5_000);
         let results = haunt_checker::check_dir(dir.path()).unwrap();
-        assert_eq!(
-            results.valid,
-            haunt_checker::Verdict::Valid,
-            "{:?}",
-            results.unknown_reasons
-        );
+        assert_eq!(results.valid, haunt_checker::Verdict::Valid, "{:?}", results.unknown_reasons);
         assert_eq!(results.counts.acknowledged, written.orders);
         assert!(results.counts.ops >= 5_000);
     }

@@ -29,68 +29,45 @@ impl HttpClient {
             .connect_timeout(request_timeout.min(Duration::from_millis(500)))
             .pool_max_idle_per_host(64)
             .build()?;
-        Ok(HttpClient {
-            http,
-            orders_url: format!("{api_base}/orders"),
-        })
+        Ok(HttpClient { http, orders_url: format!("{api_base}/orders") })
     }
 }
 
 impl Client for HttpClient {
     async fn place(&self, order: &OrderValue, correlation_id: &str) -> Completion {
         let body = serde_json::json!({"order_id": order.order_id, "item_id": order.item_id, "qty": order.qty});
-        let response = self
-            .http
-            .post(&self.orders_url)
-            .header("x-correlation-id", correlation_id)
-            .json(&body)
-            .send()
-            .await;
+        let response =
+            self.http.post(&self.orders_url).header("x-correlation-id", correlation_id).json(&body).send().await;
         let response = match response {
             Ok(r) => r,
             Err(e) if e.is_connect() => {
-                return Completion::Fail {
-                    error: format!("connect: {e}"),
-                };
+                return Completion::Fail { error: format!("connect: {e}") };
             }
             Err(e) if e.is_timeout() => {
-                return Completion::Info {
-                    error: "timeout".into(),
-                };
+                return Completion::Info { error: "timeout".into() };
             }
             Err(e) => return Completion::Info { error: format!("{e}") },
         };
         let status = response.status();
-        let definite_failure = response
-            .headers()
-            .get("haunt-outcome")
-            .is_some_and(|v| v == "not-committed");
+        let definite_failure = response.headers().get("haunt-outcome").is_some_and(|v| v == "not-committed");
         let body: serde_json::Value = match response.json().await {
             Ok(b) => b,
             // The status was read, the body was not: for a success the commit
             // happened, but without the event id the op cannot count as ok.
             Err(e) if status.is_success() => {
-                return Completion::Info {
-                    error: format!("reading the answer: {e}"),
-                };
+                return Completion::Info { error: format!("reading the answer: {e}") };
             }
             Err(_) => serde_json::Value::Null,
         };
         if status.is_success() {
             match body["event_id"].as_str() {
                 Some(e) => Completion::Ok { event_id: e.to_owned() },
-                None => Completion::Info {
-                    error: format!("{status} without an event_id"),
-                },
+                None => Completion::Info { error: format!("{status} without an event_id") },
             }
         } else if status.is_client_error() || (status.as_u16() == 503 && definite_failure) {
-            Completion::Fail {
-                error: format!("{status}: {}", body["error"].as_str().unwrap_or_default()),
-            }
+            Completion::Fail { error: format!("{status}: {}", body["error"].as_str().unwrap_or_default()) }
         } else {
-            Completion::Info {
-                error: format!("{status}: {}", body["error"].as_str().unwrap_or_default()),
-            }
+            Completion::Info { error: format!("{status}: {}", body["error"].as_str().unwrap_or_default()) }
         }
     }
 }
@@ -137,19 +114,11 @@ pub async fn run<C: Client + 'static>(
     stop: Arc<AtomicBool>,
 ) {
     let rate = options.rate.max(0.1);
-    let pacer = Arc::new(Pacer {
-        interval: Duration::from_secs_f64(1.0 / rate),
-        next: Mutex::new(Instant::now()),
-    });
+    let pacer = Arc::new(Pacer { interval: Duration::from_secs_f64(1.0 / rate), next: Mutex::new(Instant::now()) });
     let mut tasks = tokio::task::JoinSet::new();
     for t in 0..options.concurrency.max(1) {
-        let (client, recorder, pacer, stop, options) = (
-            client.clone(),
-            recorder.clone(),
-            pacer.clone(),
-            stop.clone(),
-            options.clone(),
-        );
+        let (client, recorder, pacer, stop, options) =
+            (client.clone(), recorder.clone(), pacer.clone(), stop.clone(), options.clone());
         tasks.spawn(async move { client_loop(t, client, recorder, pacer, options, stop).await });
     }
     while tasks.join_next().await.is_some() {}
@@ -194,14 +163,9 @@ async fn client_loop<C: Client>(
             );
             let completion = client.place(&order, &correlation_id).await;
             let (kind, value, error) = match completion {
-                Completion::Ok { event_id } => (
-                    OpType::Ok,
-                    OrderValue {
-                        event_id: Some(event_id),
-                        ..order.clone()
-                    },
-                    None,
-                ),
+                Completion::Ok { event_id } => {
+                    (OpType::Ok, OrderValue { event_id: Some(event_id), ..order.clone() }, None)
+                }
                 Completion::Fail { error } => (OpType::Fail, order.clone(), Some(error)),
                 Completion::Info { error } => (OpType::Info, order.clone(), Some(error)),
             };

@@ -10,9 +10,7 @@ fn haunt() -> Command {
 /// A copy of a checker test case in a temp dir, since `haunt check` writes
 /// `results.json` into the directory it checks.
 fn case(name: &str) -> (tempfile::TempDir, PathBuf) {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("checker/check/tests/runs")
-        .join(name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("checker/check/tests/runs").join(name);
     let tmp = tempfile::tempdir().unwrap();
     let dst = tmp.path().join(name);
     std::fs::create_dir(&dst).unwrap();
@@ -25,20 +23,12 @@ fn case(name: &str) -> (tempfile::TempDir, PathBuf) {
 
 #[test]
 fn exit_status_follows_the_verdict() {
-    for (name, code) in [
-        ("valid-basic", 0),
-        ("double-applied", 1),
-        ("missing-final-state", 2),
-        ("error-invoke-after-info", 65),
-    ] {
+    for (name, code) in
+        [("valid-basic", 0), ("double-applied", 1), ("missing-final-state", 2), ("error-invoke-after-info", 65)]
+    {
         let (_tmp, dir) = case(name);
         let out = haunt().arg("check").arg(&dir).output().unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(code),
-            "{name}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_eq!(out.status.code(), Some(code), "{name}: {}", String::from_utf8_lossy(&out.stderr));
     }
 }
 

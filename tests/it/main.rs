@@ -1,5 +1,6 @@
 //! Tests of the `haunt` binary, run as a process.
 
 mod check;
+mod matrix;
 mod run;
 mod tutorial;

@@ -66,31 +66,18 @@ fn a_short_run_with_every_local_fault_on_sqlite_is_valid() {
     let results = read_json(&run.join("results.json"));
     assert_eq!(results["valid"], true);
     assert!(results["counts"]["acknowledged"].as_u64().unwrap() > 100, "{results}");
-    let faults: Vec<&str> = results["faults"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|w| w["fault"].as_str().unwrap())
-        .collect();
+    let faults: Vec<&str> =
+        results["faults"].as_array().unwrap().iter().map(|w| w["fault"].as_str().unwrap()).collect();
     assert!(faults.len() >= 3, "the nemesis must have acted: {faults:?}");
     let run_json = read_json(&run.join("run.json"));
-    assert_eq!(
-        (run_json["seed"].as_u64(), run_json["aborted"].as_bool()),
-        (Some(7), Some(false))
-    );
+    assert_eq!((run_json["seed"].as_u64(), run_json["aborted"].as_bool()), (Some(7), Some(false)));
     assert!(run_json["git_revision"].as_str().is_some_and(|r| !r.is_empty()));
     for log in ["api", "worker-1", "worker-2", "worker-3"] {
         assert!(run.join("logs").join(format!("{log}.log")).exists(), "logs/{log}.log");
     }
     let report = std::fs::read_to_string(run.join("report.html")).unwrap();
-    assert!(
-        report.contains("VALID: no acknowledged order lost"),
-        "the report leads with the verdict"
-    );
-    assert!(
-        report.matches("<svg").count() >= 3,
-        "latency, throughput and delivery plots"
-    );
+    assert!(report.contains("VALID: no acknowledged order lost"), "the report leads with the verdict");
+    assert!(report.matches("<svg").count() >= 3, "latency, throughput and delivery plots");
     assert!(
         !report.contains("<script") && !report.contains("src=\"http") && !report.contains("href=\"http"),
         "self-contained"
@@ -124,33 +111,23 @@ fn bug_no_inbox_under_ack_loss_is_caught_as_double_applied() {
     .unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
     let results = read_json(&latest(tmp.path()).join("results.json"));
-    assert!(
-        results["anomalies"]["double-applied"]["count"].as_u64().unwrap() > 0,
-        "{results}"
-    );
+    assert!(results["anomalies"]["double-applied"]["count"].as_u64().unwrap() > 0, "{results}");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        stdout.starts_with("false "),
-        "--quiet prints the verdict and the run: {stdout}"
-    );
+    assert!(stdout.starts_with("false "), "--quiet prints the verdict and the run: {stdout}");
 }
 
 /// A PostgreSQL server of this test's own (the run kills it), stopped and
 /// removed on drop.
-struct PrivatePostgres {
-    dir: PathBuf,
-    url: String,
+pub struct PrivatePostgres {
+    pub dir: PathBuf,
+    pub url: String,
 }
 
 impl PrivatePostgres {
-    fn start() -> Option<PrivatePostgres> {
+    pub fn start() -> Option<PrivatePostgres> {
         // Only when PostgreSQL tests are on at all; the opt-out is reported there.
         haunt_testkit::postgres_admin_url()?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         // Directly under /tmp: the server's own user must be able to reach it.
         let dir = PathBuf::from(format!("/tmp/haunt-pg-test-{}-{port}", std::process::id()));
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/postgres");
@@ -160,11 +137,7 @@ impl PrivatePostgres {
             .env("HAUNT_PG_DIR", &dir)
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "scripts/postgres: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "scripts/postgres: {}", String::from_utf8_lossy(&out.stderr));
         let url = String::from_utf8(out.stdout).unwrap().trim().to_owned();
         Some(PrivatePostgres { dir, url })
     }
@@ -173,20 +146,8 @@ impl PrivatePostgres {
 impl Drop for PrivatePostgres {
     fn drop(&mut self) {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/postgres");
-        let port = self
-            .url
-            .rsplit(':')
-            .next()
-            .unwrap()
-            .split('/')
-            .next()
-            .unwrap()
-            .to_owned();
-        let _ = Command::new(script)
-            .arg("stop")
-            .env("HAUNT_PG_PORT", port)
-            .env("HAUNT_PG_DIR", &self.dir)
-            .output();
+        let port = self.url.rsplit(':').next().unwrap().split('/').next().unwrap().to_owned();
+        let _ = Command::new(script).arg("stop").env("HAUNT_PG_PORT", port).env("HAUNT_PG_DIR", &self.dir).output();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -218,12 +179,7 @@ fn a_run_on_postgres_with_db_restarts_partitions_and_kills_is_valid() {
     .output()
     .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     let run = latest(tmp.path());
     assert!(run.to_string_lossy().contains("local-postgres"), "{}", run.display());
     let results = read_json(&run.join("results.json"));
@@ -234,19 +190,10 @@ fn a_run_on_postgres_with_db_restarts_partitions_and_kills_is_valid() {
         .iter()
         .map(|w| format!("{} {}", w["fault"].as_str().unwrap(), w["target"].as_str().unwrap()))
         .collect();
-    assert!(
-        faults.iter().any(|f| f == "kill postgres"),
-        "the database was crashed: {faults:?}"
-    );
-    assert!(
-        faults.iter().any(|f| f.starts_with("partition ")),
-        "a link was cut: {faults:?}"
-    );
+    assert!(faults.iter().any(|f| f == "kill postgres"), "the database was crashed: {faults:?}");
+    assert!(faults.iter().any(|f| f.starts_with("partition ")), "a link was cut: {faults:?}");
     let history = std::fs::read_to_string(run.join("history.jsonl")).unwrap();
-    assert!(
-        history.contains(r#""f":"restart","value":{"result":"ok","target":"postgres"}"#),
-        "restarted"
-    );
+    assert!(history.contains(r#""f":"restart","value":{"result":"ok","target":"postgres"}"#), "restarted");
 }
 
 #[test]
@@ -274,9 +221,7 @@ fn ctrl_c_mid_run_heals_stops_everything_and_marks_the_run_aborted() {
     let run = loop {
         assert!(Instant::now() < deadline, "the run never started");
         if let Ok(run) = std::fs::canonicalize(tmp.path().join("latest")) {
-            let ops = std::fs::read_to_string(run.join("history.jsonl"))
-                .map(|h| h.lines().count())
-                .unwrap_or(0);
+            let ops = std::fs::read_to_string(run.join("history.jsonl")).map(|h| h.lines().count()).unwrap_or(0);
             if ops > 50 {
                 break run;
             }
@@ -313,8 +258,5 @@ fn bad_options_are_refused_before_anything_starts() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
-    assert!(
-        !tmp.path().join("latest").exists(),
-        "no run directory for refused options"
-    );
+    assert!(!tmp.path().join("latest").exists(), "no run directory for refused options");
 }

@@ -21,11 +21,7 @@ fn haunt(args: &[&str]) -> Command {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// A blocking HTTP exchange over a raw socket: enough for local JSON and text.
@@ -40,10 +36,7 @@ fn http(port: u16, request: &str) -> Option<String> {
 }
 
 fn get(port: u16, path: &str) -> Option<String> {
-    http(
-        port,
-        &format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"),
-    )
+    http(port, &format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"))
 }
 
 fn wait_for(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
@@ -64,14 +57,8 @@ fn the_tutorial_by_hand() {
     let (api_port, metrics_port) = (free_port(), free_port());
     let api_listen = format!("127.0.0.1:{api_port}");
     let metrics_listen = format!("127.0.0.1:{metrics_port}");
-    let _api = Service(
-        haunt(&["api", "--db", &db, "--listen", &api_listen])
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    assert!(wait_for(Duration::from_secs(30), || get(api_port, "/readyz")
-        .is_some_and(|r| r.contains(" 200 "))));
+    let _api = Service(haunt(&["api", "--db", &db, "--listen", &api_listen]).stderr(Stdio::null()).spawn().unwrap());
+    assert!(wait_for(Duration::from_secs(30), || get(api_port, "/readyz").is_some_and(|r| r.contains(" 200 "))));
     let _worker = Service(
         haunt(&[
             "worker",
@@ -107,17 +94,10 @@ fn the_tutorial_by_hand() {
             .unwrap_or(-1.0)
     };
     let duplicates = "haunt_deliveries_total{outcome=\"duplicate\"}";
-    assert!(
-        wait_for(Duration::from_secs(30), || metric(duplicates) == 2.0),
-        "two duplicates"
-    );
+    assert!(wait_for(Duration::from_secs(30), || metric(duplicates) == 2.0), "two duplicates");
     assert_eq!(metric("haunt_deliveries_total{outcome=\"applied\"}"), 1.0);
     assert_eq!(metric("haunt_ack_failures_total"), 2.0);
-    assert!(
-        get(api_port, "/projection")
-            .unwrap()
-            .contains(r#"{"item_id":"coffee-beans","reserved_qty":1}"#)
-    );
+    assert!(get(api_port, "/projection").unwrap().contains(r#"{"item_id":"coffee-beans","reserved_qty":1}"#));
 
     // The drift, injected behind the pipeline's back, then reconciled.
     let store = tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -128,10 +108,7 @@ fn the_tutorial_by_hand() {
     drop(store);
     let dry = haunt(&["reconcile", "--db", &db, "--dry-run"]).output().unwrap();
     let dry = String::from_utf8_lossy(&dry.stdout);
-    assert!(
-        dry.contains("coffee-beans reserved_qty 6 (expected 1, off by +5); would set to 1"),
-        "{dry}"
-    );
+    assert!(dry.contains("coffee-beans reserved_qty 6 (expected 1, off by +5); would set to 1"), "{dry}");
     let fixed = haunt(&["reconcile", "--db", &db]).output().unwrap();
     assert!(fixed.status.success());
     assert!(get(api_port, "/projection").unwrap().contains(r#""reserved_qty":1}"#));

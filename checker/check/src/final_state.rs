@@ -67,10 +67,7 @@ impl FinalFold {
     }
 
     pub fn applied_for(&self, event_id: &str) -> &[Applied] {
-        self.applied_index
-            .get(event_id)
-            .map(|&i| self.applied[i].1.as_slice())
-            .unwrap_or(&[])
+        self.applied_index.get(event_id).map(|&i| self.applied[i].1.as_slice()).unwrap_or(&[])
     }
 }
 

@@ -127,16 +127,10 @@ impl HistoryFold {
         let err = |message: String| FormatError::line(file, line, message);
         if let Some((last_index, last_time)) = self.last {
             if op.index <= last_index {
-                return Err(err(format!(
-                    "index {} does not increase (previous op has index {last_index})",
-                    op.index
-                )));
+                return Err(err(format!("index {} does not increase (previous op has index {last_index})", op.index)));
             }
             if op.time_ns < last_time {
-                return Err(err(format!(
-                    "time_ns {} goes backwards (previous op at {last_time})",
-                    op.time_ns
-                )));
+                return Err(err(format!("time_ns {} goes backwards (previous op at {last_time})", op.time_ns)));
             }
         }
         self.last = Some((op.index, op.time_ns));
@@ -189,12 +183,7 @@ impl HistoryFold {
                     }
                     OpValue::Other(_) => None,
                 };
-                state.outstanding = Some(Outstanding {
-                    line,
-                    time_ns: op.time_ns,
-                    f: op.f,
-                    order,
-                });
+                state.outstanding = Some(Outstanding { line, time_ns: op.time_ns, f: op.f, order });
             }
             OpType::Ok | OpType::Fail | OpType::Info => {
                 let Some(invoke) = state.outstanding.take() else {
@@ -295,16 +284,10 @@ impl HistoryFold {
                     WindowState::Open { start_ns } => (start_ns, None),
                     WindowState::Closing { start_ns, end_ns } => (start_ns, Some(end_ns)),
                 };
-                self.faults.push(FaultWindow {
-                    fault: key.0,
-                    target: key.1,
-                    start_ns,
-                    end_ns,
-                });
+                self.faults.push(FaultWindow { fault: key.0, target: key.1, start_ns, end_ns });
             }
         }
-        self.faults
-            .sort_by_key(|w| (w.start_ns, w.fault.clone(), w.target.clone()));
+        self.faults.sort_by_key(|w| (w.start_ns, w.fault.clone(), w.target.clone()));
     }
 
     pub fn order(&self, order_id: &str) -> Option<&LogicalOrder> {

@@ -57,11 +57,8 @@ pub fn check_dir(dir: &Path) -> Result<Results, InputError> {
     let history_path = dir.join(HISTORY_FILE);
     let history = history::fold(&history_path, JsonlReader::open(&history_path)?)?;
     let final_path = dir.join(FINAL_STATE_FILE);
-    let final_state = if final_path.exists() {
-        Some(final_state::fold(&final_path, JsonlReader::open(&final_path)?)?)
-    } else {
-        None
-    };
+    let final_state =
+        if final_path.exists() { Some(final_state::fold(&final_path, JsonlReader::open(&final_path)?)?) } else { None };
     Ok(rules::check(&history, final_state.as_ref()))
 }
 

@@ -6,14 +6,8 @@ use serde::{Deserialize, Serialize};
 
 /// The anomalies of the contract, in the order they are reported. Every one of
 /// them fails the run.
-pub const ANOMALIES: [&str; 6] = [
-    "lost-order",
-    "lost-effect",
-    "double-applied",
-    "unexpected-effect",
-    "failed-but-present",
-    "projection-mismatch",
-];
+pub const ANOMALIES: [&str; 6] =
+    ["lost-order", "lost-effect", "double-applied", "unexpected-effect", "failed-but-present", "projection-mismatch"];
 
 /// How many examples each anomaly keeps: enough to debug from, small enough to
 /// read in a terminal.
@@ -88,10 +82,7 @@ pub struct Results {
 
 impl Results {
     pub fn failing_anomalies(&self) -> impl Iterator<Item = (&str, &AnomalyReport)> {
-        self.anomalies
-            .iter()
-            .filter(|(_, report)| report.count > 0)
-            .map(|(name, report)| (name.as_str(), report))
+        self.anomalies.iter().filter(|(_, report)| report.count > 0).map(|(name, report)| (name.as_str(), report))
     }
 }
 

@@ -21,10 +21,7 @@ struct Anomalies {
 
 impl Anomalies {
     fn new() -> Self {
-        let reports = ANOMALIES
-            .iter()
-            .map(|name| (name.to_string(), AnomalyReport::default()))
-            .collect();
+        let reports = ANOMALIES.iter().map(|name| (name.to_string(), AnomalyReport::default())).collect();
         Anomalies { reports }
     }
 
@@ -80,20 +77,13 @@ pub fn check(history: &HistoryFold, final_state: Option<&FinalFold>) -> Results 
                 );
             }
             if order.failed() && (row.is_some() || applied_order_ids.contains(order.order_id.as_str())) {
-                let what = if row.is_some() {
-                    "its order row"
-                } else {
-                    "an applied effect"
-                };
+                let what = if row.is_some() { "its order row" } else { "an applied effect" };
                 anomalies.add(
                     "failed-but-present",
                     example(
                         &order.order_id,
                         row.map(|r| r.event_id.as_str()),
-                        format!(
-                            "all {} attempts failed, yet the final state holds {what}",
-                            order.attempts
-                        ),
+                        format!("all {} attempts failed, yet the final state holds {what}", order.attempts),
                     ),
                 );
             }
@@ -107,11 +97,7 @@ pub fn check(history: &HistoryFold, final_state: Option<&FinalFold>) -> Results 
             if unexpected.insert(row.order_id.as_str()) {
                 anomalies.add(
                     "unexpected-effect",
-                    example(
-                        &row.order_id,
-                        Some(&row.event_id),
-                        "order present but never invoked".into(),
-                    ),
+                    example(&row.order_id, Some(&row.event_id), "order present but never invoked".into()),
                 );
             }
         }
@@ -120,11 +106,7 @@ pub fn check(history: &HistoryFold, final_state: Option<&FinalFold>) -> Results 
         if unexpected.insert(row.order_id.as_str()) {
             anomalies.add(
                 "unexpected-effect",
-                example(
-                    &row.order_id,
-                    Some(&row.event_id),
-                    "order present more than once".into(),
-                ),
+                example(&row.order_id, Some(&row.event_id), "order present more than once".into()),
             );
         }
     }
@@ -283,14 +265,11 @@ pub fn check(history: &HistoryFold, final_state: Option<&FinalFold>) -> Results 
     if final_state.is_some() && fs.pending_lines > 0 {
         match &fs.meta {
             Some(meta) if meta.quiesced => {}
-            Some(_) => unknown_reasons.push(format!(
-                "the queue did not drain: {} messages still pending",
-                fs.pending_lines
-            )),
-            None => unknown_reasons.push(format!(
-                "{} messages pending and no meta line says the queue had drained",
-                fs.pending_lines
-            )),
+            Some(_) => {
+                unknown_reasons.push(format!("the queue did not drain: {} messages still pending", fs.pending_lines))
+            }
+            None => unknown_reasons
+                .push(format!("{} messages pending and no meta line says the queue had drained", fs.pending_lines)),
         }
     }
     let valid = if failing {
@@ -322,11 +301,9 @@ fn latency(history: &HistoryFold, fs: &FinalFold) -> Latency {
     const NS_PER_MS: f64 = 1e6;
     let to_ms = |v: &[f64]| v.iter().map(|ns| ns / NS_PER_MS).collect::<Vec<_>>();
     let mut ops = BTreeMap::new();
-    for (name, values) in [
-        ("ok", &history.latency_ok_ns),
-        ("fail", &history.latency_fail_ns),
-        ("info", &history.latency_info_ns),
-    ] {
+    for (name, values) in
+        [("ok", &history.latency_ok_ns), ("fail", &history.latency_fail_ns), ("info", &history.latency_info_ns)]
+    {
         ops.insert(name.to_owned(), quantiles(&mut to_ms(values)));
     }
 
@@ -347,8 +324,5 @@ fn latency(history: &HistoryFold, fs: &FinalFold) -> Latency {
             }
         }
     }
-    Latency {
-        ops,
-        effect_lag: quantiles(&mut lags),
-    }
+    Latency { ops, effect_lag: quantiles(&mut lags) }
 }

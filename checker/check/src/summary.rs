@@ -69,11 +69,8 @@ pub fn render(results: &Results) -> String {
 
     let _ = writeln!(out, "\nlatency (ms)        count      p50      p95      p99      max");
     let row = |out: &mut String, name: &str, q: &Quantiles| {
-        let _ = writeln!(
-            out,
-            "  {name:<14} {:>8} {:>8.1} {:>8.1} {:>8.1} {:>8.1}",
-            q.count, q.p50, q.p95, q.p99, q.max
-        );
+        let _ =
+            writeln!(out, "  {name:<14} {:>8} {:>8.1} {:>8.1} {:>8.1} {:>8.1}", q.count, q.p50, q.p95, q.p99, q.max);
     };
     for (outcome, q) in &results.latency_ms.ops {
         row(&mut out, &format!("op {outcome}"), q);

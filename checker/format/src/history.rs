@@ -52,9 +52,7 @@ impl<'de> Deserialize<'de> for Process {
                 Ok(Process::Client(v))
             }
             fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Process, E> {
-                u64::try_from(v)
-                    .map(Process::Client)
-                    .map_err(|_| E::custom(format!("process {v} is negative")))
+                u64::try_from(v).map(Process::Client).map_err(|_| E::custom(format!("process {v} is negative")))
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Process, E> {
                 Ok(match v {

@@ -22,11 +22,7 @@ pub enum FormatError {
 
 impl FormatError {
     pub fn line(file: &Path, line: u64, message: impl Into<String>) -> Self {
-        FormatError::Line {
-            file: file.to_owned(),
-            line,
-            message: message.into(),
-        }
+        FormatError::Line { file: file.to_owned(), line, message: message.into() }
     }
 }
 
@@ -72,10 +68,7 @@ impl<R: BufRead, T: DeserializeOwned> JsonlReader<R, T> {
 
 impl<T: DeserializeOwned> JsonlReader<std::io::BufReader<std::fs::File>, T> {
     pub fn open(path: &Path) -> Result<Self, FormatError> {
-        let file = std::fs::File::open(path).map_err(|source| FormatError::Io {
-            file: path.to_owned(),
-            source,
-        })?;
+        let file = std::fs::File::open(path).map_err(|source| FormatError::Io { file: path.to_owned(), source })?;
         // A large buffer: histories are read front to back once.
         let reader = std::io::BufReader::with_capacity(1 << 20, file);
         Ok(JsonlReader::new(reader, path))
@@ -92,10 +85,7 @@ impl<R: BufRead, T: DeserializeOwned> Iterator for JsonlReader<R, T> {
                 Ok(n) => n,
                 Err(source) => {
                     self.done = true;
-                    return Some(Err(FormatError::Io {
-                        file: self.file.clone(),
-                        source,
-                    }));
+                    return Some(Err(FormatError::Io { file: self.file.clone(), source }));
                 }
             };
             if n == 0 {
@@ -153,9 +143,7 @@ mod tests {
     use super::*;
 
     fn read(text: &str) -> Vec<Result<Line<serde_json::Value>, String>> {
-        JsonlReader::new(text.as_bytes(), "t.jsonl")
-            .map(|r| r.map_err(|e| e.to_string()))
-            .collect()
+        JsonlReader::new(text.as_bytes(), "t.jsonl").map(|r| r.map_err(|e| e.to_string())).collect()
     }
 
     #[test]

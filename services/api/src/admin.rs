@@ -17,6 +17,7 @@ pub(crate) fn routes(state: Shared) -> Router<Shared> {
     Router::new()
         .route("/admin/final-state", get(final_state))
         .route("/admin/reconcile", post(reconcile))
+        .route("/admin/faults", get(get_faults).post(set_faults))
         .layer(axum::middleware::from_fn_with_state(state, require_token))
 }
 
@@ -44,11 +45,7 @@ async fn final_state(State(state): State<Shared>) -> Response {
     let mut writer = haunt_format::JsonlWriter::new(&mut out);
     match state.store.final_state(|line| writer.write(&line)).await {
         Ok(()) => ([(header::CONTENT_TYPE, "application/jsonl")], out).into_response(),
-        Err(e) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(json!({"error": e.to_string()})),
-        )
-            .into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"error": e.to_string()}))).into_response(),
     }
 }
 
@@ -61,10 +58,37 @@ struct ReconcileQuery {
 async fn reconcile(State(state): State<Shared>, Query(q): Query<ReconcileQuery>) -> Response {
     match state.store.reconcile(q.dry_run).await {
         Ok(report) => axum::Json(report).into_response(),
-        Err(e) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(json!({"error": e.to_string()})),
-        )
-            .into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"error": e.to_string()}))).into_response(),
     }
+}
+
+/// The API's fault switches (`db_error_rate`: injected database errors before
+/// commit). Unknown fields and bad values are refused and change nothing.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApiFaults {
+    #[serde(default)]
+    db_error_rate: Option<f64>,
+}
+
+async fn get_faults(State(state): State<Shared>) -> Response {
+    axum::Json(json!({"db_error_rate": state.store.injected_errors().rate()})).into_response()
+}
+
+async fn set_faults(State(state): State<Shared>, body: axum::body::Bytes) -> Response {
+    let faults: ApiFaults = match serde_json::from_slice(&body) {
+        Ok(f) => f,
+        Err(e) => {
+            return (StatusCode::UNPROCESSABLE_ENTITY, axum::Json(json!({"error": e.to_string(), "field": null})))
+                .into_response();
+        }
+    };
+    if let Some(rate) = faults.db_error_rate {
+        if let Err(e) = state.store.injected_errors().set_rate(rate) {
+            return (StatusCode::UNPROCESSABLE_ENTITY, axum::Json(json!({"error": e, "field": "db_error_rate"})))
+                .into_response();
+        }
+        tracing::info!(rate, "db-error fault switched");
+    }
+    get_faults(State(state)).await
 }

@@ -53,11 +53,7 @@ pub(crate) type Shared = Arc<AppState>;
 /// The API's routes over `store`.
 pub fn router(store: Store, config: ApiConfig) -> Router {
     let admin = config.admin_token.is_some();
-    let state: Shared = Arc::new(AppState {
-        store,
-        metrics: ApiMetrics::default(),
-        config,
-    });
+    let state: Shared = Arc::new(AppState { store, metrics: ApiMetrics::default(), config });
     let mut app = Router::new()
         .route("/orders", post(orders::place))
         .route("/orders/{order_id}", get(orders::get))
@@ -68,8 +64,7 @@ pub fn router(store: Store, config: ApiConfig) -> Router {
     if admin {
         app = app.merge(admin::routes(state.clone()));
     }
-    app.layer(axum::middleware::from_fn_with_state(state.clone(), record_http))
-        .with_state(state)
+    app.layer(axum::middleware::from_fn_with_state(state.clone(), record_http)).with_state(state)
 }
 
 /// Serves the API on `listener` until `shutdown` completes, then finishes the
@@ -80,9 +75,7 @@ pub async fn run(
     config: ApiConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(store, config))
-        .with_graceful_shutdown(shutdown)
-        .await
+    axum::serve(listener, router(store, config)).with_graceful_shutdown(shutdown).await
 }
 
 async fn record_http(State(state): State<Shared>, request: Request, next: Next) -> Response {
@@ -100,15 +93,7 @@ async fn record_http(State(state): State<Shared>, request: Request, next: Next) 
         None => "unmatched",
     };
     let response = next.run(request).await;
-    let labels = HttpLabels {
-        method,
-        route,
-        status: response.status().as_u16(),
-    };
-    state
-        .metrics
-        .http_request_duration
-        .get_or_create(&labels)
-        .observe(started.elapsed().as_secs_f64());
+    let labels = HttpLabels { method, route, status: response.status().as_u16() };
+    state.metrics.http_request_duration.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
     response
 }

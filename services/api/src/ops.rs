@@ -29,19 +29,11 @@ pub(crate) async fn projection(State(state): State<Shared>) -> Response {
                 .collect();
             axum::Json(json!({ "items": items })).into_response()
         }
-        Err(e) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(json!({"error": e.to_string()})),
-        )
-            .into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"error": e.to_string()}))).into_response(),
     }
 }
 
 pub(crate) async fn metrics(State(state): State<Shared>) -> Response {
     let body = haunt_telemetry::metrics::encode(&state.metrics.registry);
-    (
-        [(header::CONTENT_TYPE, haunt_telemetry::OPENMETRICS_CONTENT_TYPE)],
-        body,
-    )
-        .into_response()
+    ([(header::CONTENT_TYPE, haunt_telemetry::OPENMETRICS_CONTENT_TYPE)], body).into_response()
 }

@@ -25,11 +25,7 @@ pub(crate) struct Rejection {
 
 impl Rejection {
     fn new(status: StatusCode, field: Option<&'static str>, error: impl Into<String>) -> Self {
-        Rejection {
-            status,
-            error: error.into(),
-            field,
-        }
+        Rejection { status, error: error.into(), field }
     }
 
     fn field(field: &'static str, error: impl Into<String>) -> Self {
@@ -39,29 +35,23 @@ impl Rejection {
 
 impl IntoResponse for Rejection {
     fn into_response(self) -> Response {
-        (
-            self.status,
-            axum::Json(json!({"error": self.error, "field": self.field})),
-        )
-            .into_response()
+        (self.status, axum::Json(json!({"error": self.error, "field": self.field}))).into_response()
     }
 }
 
 fn valid_id(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= ID_CHARS_MAX
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 fn id_field(body: &serde_json::Map<String, Value>, field: &'static str) -> Result<Option<String>, Rejection> {
     match body.get(field) {
         None => Ok(None),
         Some(Value::String(s)) if valid_id(s) => Ok(Some(s.clone())),
-        Some(Value::String(_)) => Err(Rejection::field(
-            field,
-            format!("{field} must be 1 to {ID_CHARS_MAX} characters of A-Z a-z 0-9 . _ -"),
-        )),
+        Some(Value::String(_)) => {
+            Err(Rejection::field(field, format!("{field} must be 1 to {ID_CHARS_MAX} characters of A-Z a-z 0-9 . _ -")))
+        }
         Some(_) => Err(Rejection::field(field, format!("{field} must be a string"))),
     }
 }
@@ -72,13 +62,7 @@ fn parse(headers: &HeaderMap, body: &[u8]) -> Result<(NewOrder, bool), Rejection
     let json_content = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .map(|v| {
-            v.split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .eq_ignore_ascii_case("application/json")
-        })
+        .map(|v| v.split(';').next().unwrap_or("").trim().eq_ignore_ascii_case("application/json"))
         .unwrap_or(false);
     if !json_content {
         return Err(Rejection::new(
@@ -103,16 +87,9 @@ fn parse(headers: &HeaderMap, body: &[u8]) -> Result<(NewOrder, bool), Rejection
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| Rejection::new(StatusCode::BAD_REQUEST, None, format!("malformed JSON: {e}")))?;
     let Value::Object(body) = value else {
-        return Err(Rejection::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            None,
-            "the body must be a JSON object",
-        ));
+        return Err(Rejection::new(StatusCode::UNPROCESSABLE_ENTITY, None, "the body must be a JSON object"));
     };
-    if let Some(unknown) = body
-        .keys()
-        .find(|k| !matches!(k.as_str(), "order_id" | "item_id" | "qty"))
-    {
+    if let Some(unknown) = body.keys().find(|k| !matches!(k.as_str(), "order_id" | "item_id" | "qty")) {
         let error = format!("unknown field {unknown:?}; expected order_id, item_id, qty");
         return Err(Rejection::new(StatusCode::UNPROCESSABLE_ENTITY, None, error));
     }
@@ -123,24 +100,12 @@ fn parse(headers: &HeaderMap, body: &[u8]) -> Result<(NewOrder, bool), Rejection
         Some(Value::Number(n)) => match n.as_i64() {
             Some(q) if (1..=QTY_MAX).contains(&q) => q,
             _ => {
-                return Err(Rejection::field(
-                    "qty",
-                    format!("qty must be an integer from 1 to {QTY_MAX}"),
-                ));
+                return Err(Rejection::field("qty", format!("qty must be an integer from 1 to {QTY_MAX}")));
             }
         },
         Some(_) => return Err(Rejection::field("qty", "qty must be an integer")),
     };
-    Ok((
-        NewOrder {
-            order_id,
-            item_id,
-            qty,
-            correlation_id,
-            traceparent: None,
-        },
-        generated,
-    ))
+    Ok((NewOrder { order_id, item_id, qty, correlation_id, traceparent: None }, generated))
 }
 
 pub(crate) async fn place(State(state): State<Shared>, request: Request) -> Response {
@@ -208,8 +173,7 @@ async fn place_in_span(state: &Shared, order: &NewOrder, count: impl Fn(&'static
             tracing::warn!(error = ?e, "order not committed");
             let body = json!({"error": format!("{e}: {}", source_of(&e)), "field": null});
             let mut r = (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
-            r.headers_mut()
-                .insert(OUTCOME_HEADER, HeaderValue::from_static(NOT_COMMITTED));
+            r.headers_mut().insert(OUTCOME_HEADER, HeaderValue::from_static(NOT_COMMITTED));
             r
         }
         Err(e) => {
@@ -236,23 +200,15 @@ pub(crate) async fn get(State(state): State<Shared>, Path(order_id): Path<String
     }
     match state.store.get_order(&order_id).await {
         Ok(Some(order)) => axum::Json(order).into_response(),
-        Ok(None) => (
-            StatusCode::NOT_FOUND,
-            axum::Json(json!({"error": "no such order", "field": "order_id"})),
-        )
-            .into_response(),
-        Err(e) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(json!({"error": e.to_string(), "field": null})),
-        )
+        Ok(None) => {
+            (StatusCode::NOT_FOUND, axum::Json(json!({"error": "no such order", "field": "order_id"}))).into_response()
+        }
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"error": e.to_string(), "field": null})))
             .into_response(),
     }
 }
 
 /// Used by the admin endpoints too.
 pub(crate) fn empty(status: StatusCode) -> Response {
-    Response::builder()
-        .status(status)
-        .body(Body::empty())
-        .expect("a static response")
+    Response::builder().status(status).body(Body::empty()).expect("a static response")
 }

@@ -15,10 +15,7 @@ impl Default for Backoff {
         // 100 ms lets a transient error (a lock timeout, a restarting database)
         // clear before the first retry; 30 s caps the wait of a message that
         // keeps failing well under any sane dead-letter horizon.
-        Backoff {
-            base: Duration::from_millis(100),
-            cap: Duration::from_secs(30),
-        }
+        Backoff { base: Duration::from_millis(100), cap: Duration::from_secs(30) }
     }
 }
 
@@ -40,10 +37,7 @@ mod tests {
 
     #[test]
     fn grows_exponentially_then_caps() {
-        let b = Backoff {
-            base: Duration::from_millis(100),
-            cap: Duration::from_secs(1),
-        };
+        let b = Backoff { base: Duration::from_millis(100), cap: Duration::from_secs(1) };
         assert_eq!(b.delay(1, 1.0), Duration::from_millis(100));
         assert_eq!(b.delay(2, 1.0), Duration::from_millis(200));
         assert_eq!(b.delay(3, 1.0), Duration::from_millis(400));
@@ -121,5 +115,60 @@ mod rng_tests {
         assert!(xs.iter().all(|x| (0.0..1.0).contains(x)));
         let mean = xs.iter().sum::<f64>() / xs.len() as f64;
         assert!((0.45..0.55).contains(&mean), "{mean}");
+    }
+}
+
+/// Database errors injected on purpose (the `db-error` fault): a statement that
+/// fails inside a transaction, before its commit, as a lost connection or a
+/// serialization failure would. Shared by every clone of a [`crate::Store`] and
+/// switched at run time.
+#[derive(Debug, Default)]
+pub struct InjectedErrors {
+    /// `f64` bits: the chance that an injection point fails.
+    rate: std::sync::atomic::AtomicU64,
+    /// Advanced on every roll; hashed into a uniform number. Lock-free, since
+    /// every order and every delivery rolls.
+    rolls: std::sync::atomic::AtomicU64,
+}
+
+impl InjectedErrors {
+    pub fn set_rate(&self, rate: f64) -> Result<(), String> {
+        if !(0.0..=1.0).contains(&rate) {
+            return Err(format!("db_error_rate must be within 0..=1, got {rate}"));
+        }
+        self.rate.store(rate.to_bits(), std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub fn rate(&self) -> f64 {
+        f64::from_bits(self.rate.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Whether this injection point fails now.
+    pub fn roll(&self) -> bool {
+        let rate = self.rate();
+        if rate <= 0.0 {
+            return false;
+        }
+        let n = self.rolls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Rng::new(n ^ 0x5DEE_CE66_D1CE_4E5B).unit() < rate
+    }
+}
+
+#[cfg(test)]
+mod injected_tests {
+    use super::InjectedErrors;
+
+    #[test]
+    fn the_rate_is_honoured() {
+        let e = InjectedErrors::default();
+        assert!((0..1000).all(|_| !e.roll()));
+        e.set_rate(1.0).unwrap();
+        assert!((0..1000).all(|_| e.roll()));
+        e.set_rate(0.3).unwrap();
+        let hits = (0..10_000).filter(|_| e.roll()).count();
+        assert!((2_500..3_500).contains(&hits), "{hits}");
+        assert!(e.set_rate(-0.1).is_err());
+        assert_eq!(e.rate(), 0.3, "a bad rate changes nothing");
     }
 }

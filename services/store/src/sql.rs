@@ -132,3 +132,6 @@ pub const FINAL_PENDING: &str =
     "SELECT message_id, event_id, delivery_count FROM queue_messages ORDER BY enqueued_at_ms, message_id";
 pub const FINAL_DEAD: &str =
     "SELECT message_id, event_id, delivery_count, last_error FROM dead_letters ORDER BY dead_at_ms, message_id";
+pub const ROWS_IN_PIPELINE: &str = "SELECT CAST((SELECT COUNT(*) FROM orders) + (SELECT COUNT(*) FROM queue_messages) \
+     + (SELECT COUNT(*) FROM projection_ledger) + (SELECT COUNT(*) FROM dead_letters) \
+     + (SELECT COUNT(*) FROM inventory_projection) AS BIGINT)";

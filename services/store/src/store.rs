@@ -1,6 +1,7 @@
 //! [`Store`]: the operations of the pipeline, each one transaction.
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
@@ -11,8 +12,8 @@ use uuid::Uuid;
 
 use crate::sql::{self, Dialect};
 use crate::{
-    Applied, Bug, Drift, Failed, Headers, LeaseClock, Leased, NewOrder, OrderEvent, Placement, QueueStats,
-    ReconcileReport, StoreError, StoredOrder,
+    Applied, Bug, Drift, Failed, Headers, InjectedErrors, LeaseClock, Leased, NewOrder, OrderEvent, Placement,
+    QueueStats, ReconcileReport, StoreError, StoredOrder,
 };
 
 use StoreError::{CommitUnknown, NotCommitted};
@@ -68,6 +69,12 @@ pub struct Store {
     backend: Backend,
     dialect: &'static Dialect,
     bug: Option<Bug>,
+    injected: Arc<InjectedErrors>,
+}
+
+/// The error an injection point raises: on the near side of the commit.
+fn injected() -> StoreError {
+    NotCommitted(sqlx::Error::Protocol("injected fault: db-error".into()))
 }
 
 /// How long SQLite waits on a locked database before reporting busy. Writers
@@ -76,10 +83,7 @@ pub struct Store {
 const SQLITE_BUSY_TIMEOUT_MS: u32 = 5_000;
 
 fn corrupt(table: &'static str) -> impl Fn(sqlx::Error) -> StoreError {
-    move |e| StoreError::Corrupt {
-        table,
-        why: e.to_string(),
-    }
+    move |e| StoreError::Corrupt { table, why: e.to_string() }
 }
 
 impl Store {
@@ -104,11 +108,9 @@ impl Store {
                         sqlx::raw_sql("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL")
                             .execute(&mut *conn)
                             .await?;
-                        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                            "PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}"
-                        )))
-                        .execute(&mut *conn)
-                        .await?;
+                        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")))
+                            .execute(&mut *conn)
+                            .await?;
                     }
                     Ok(())
                 })
@@ -125,12 +127,7 @@ impl Store {
             Backend::Sqlite => &sql::SQLITE,
             Backend::Postgres => &sql::POSTGRES,
         };
-        Ok(Store {
-            pool,
-            backend,
-            dialect,
-            bug: options.bug,
-        })
+        Ok(Store { pool, backend, dialect, bug: options.bug, injected: Arc::default() })
     }
 
     pub fn backend(&self) -> Backend {
@@ -141,16 +138,18 @@ impl Store {
         self.bug
     }
 
+    /// The `db-error` fault switch, shared by every clone of this store.
+    pub fn injected_errors(&self) -> &Arc<InjectedErrors> {
+        &self.injected
+    }
+
     pub async fn close(&self) {
         self.pool.close().await;
     }
 
     /// The database clock, in ms since the epoch.
     pub async fn now_ms(&self) -> Result<i64, StoreError> {
-        sqlx::query_scalar(self.dialect.now)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(NotCommitted)
+        sqlx::query_scalar(self.dialect.now).fetch_one(&self.pool).await.map_err(NotCommitted)
     }
 
     /// Writes the order and its message in one transaction. The order id is the
@@ -161,10 +160,7 @@ impl Store {
         if self.bug == Some(Bug::AsyncCommit) && self.backend == Backend::Postgres {
             // BUG MODE async-commit: the commit returns before the WAL is flushed,
             // so an acknowledged order can vanish in a database crash.
-            sqlx::query("SET LOCAL synchronous_commit = off")
-                .execute(&mut *tx)
-                .await
-                .map_err(NotCommitted)?;
+            sqlx::query("SET LOCAL synchronous_commit = off").execute(&mut *tx).await.map_err(NotCommitted)?;
         }
         let inserted = sqlx::query(self.dialect.place_order)
             .bind(&new.order_id)
@@ -177,12 +173,10 @@ impl Store {
             .map_err(NotCommitted)?
             .rows_affected();
         if inserted == 0 {
-            let existing = read_order(&mut *tx, &new.order_id)
-                .await?
-                .ok_or_else(|| StoreError::Corrupt {
-                    table: "orders",
-                    why: format!("order {} conflicted but cannot be read", new.order_id),
-                })?;
+            let existing = read_order(&mut *tx, &new.order_id).await?.ok_or_else(|| StoreError::Corrupt {
+                table: "orders",
+                why: format!("order {} conflicted but cannot be read", new.order_id),
+            })?;
             // Nothing was written; a failed rollback only ends the transaction sooner.
             let _ = tx.rollback().await;
             if existing.item_id != new.item_id || existing.qty != new.qty {
@@ -191,20 +185,13 @@ impl Store {
             if self.bug == Some(Bug::NewEventIdOnRetry) {
                 // BUG MODE new-event-id-on-retry: a retried request enqueues a fresh
                 // event instead of answering with the original one.
-                let fresh = OrderEvent {
-                    event_id: Uuid::new_v4().to_string(),
-                    ..event_for(new, &existing.event_id)
-                };
+                let fresh = OrderEvent { event_id: Uuid::new_v4().to_string(), ..event_for(new, &existing.event_id) };
                 let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
                 self.enqueue(&mut tx, new, &fresh).await?;
                 tx.commit().await.map_err(CommitUnknown)?;
-                return Ok(Placement::Replayed {
-                    event_id: fresh.event_id,
-                });
+                return Ok(Placement::Replayed { event_id: fresh.event_id });
             }
-            return Ok(Placement::Replayed {
-                event_id: existing.event_id,
-            });
+            return Ok(Placement::Replayed { event_id: existing.event_id });
         }
         let event = event_for(new, &event_id);
         if self.bug == Some(Bug::NonAtomicEnqueue) {
@@ -228,11 +215,11 @@ impl Store {
         new: &NewOrder,
         event: &OrderEvent,
     ) -> Result<(), StoreError> {
+        if self.injected.roll() {
+            return Err(injected());
+        }
         let payload = serde_json::to_string(event).expect("an event serializes");
-        let headers = Headers {
-            correlation_id: new.correlation_id.clone(),
-            traceparent: new.traceparent.clone(),
-        };
+        let headers = Headers { correlation_id: new.correlation_id.clone(), traceparent: new.traceparent.clone() };
         let headers = serde_json::to_string(&headers).expect("headers serialize");
         sqlx::query(self.dialect.enqueue)
             .bind(Uuid::new_v4().to_string())
@@ -357,6 +344,10 @@ impl Store {
             .fetch_one(&mut *tx)
             .await
             .map_err(NotCommitted)?;
+        if self.injected.roll() {
+            let _ = tx.rollback().await;
+            return Err(injected());
+        }
         tx.commit().await.map_err(CommitUnknown)?;
         Ok(Applied::Applied { applied_at_ms })
     }
@@ -385,9 +376,7 @@ impl Store {
         delivery_attempts_max: u32,
     ) -> Result<Failed, StoreError> {
         if leased.delivery_count >= i64::from(delivery_attempts_max) {
-            return self
-                .dead_letter(&leased.message_id, Some(&leased.lease_token), error)
-                .await;
+            return self.dead_letter(&leased.message_id, Some(&leased.lease_token), error).await;
         }
         let updated = sqlx::query(self.dialect.retry_later)
             .bind(&leased.message_id)
@@ -398,11 +387,7 @@ impl Store {
             .await
             .map_err(NotCommitted)?
             .rows_affected();
-        Ok(if updated == 1 {
-            Failed::Retrying
-        } else {
-            Failed::LeaseLost
-        })
+        Ok(if updated == 1 { Failed::Retrying } else { Failed::LeaseLost })
     }
 
     /// Moves a message to the dead-letter table, if `lease_token` (when given)
@@ -469,18 +454,11 @@ impl Store {
     /// whose event is nowhere at all are enqueued again.
     pub async fn reconcile(&self, dry_run: bool) -> Result<ReconcileReport, StoreError> {
         let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
-        sqlx::query(self.dialect.reconcile_lock)
-            .execute(&mut *tx)
-            .await
-            .map_err(NotCommitted)?;
-        let expected: Vec<(String, i64)> = sqlx::query_as(sql::EXPECTED_PROJECTION)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(NotCommitted)?;
-        let current: Vec<(String, i64)> = sqlx::query_as(sql::PROJECTION)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(NotCommitted)?;
+        sqlx::query(self.dialect.reconcile_lock).execute(&mut *tx).await.map_err(NotCommitted)?;
+        let expected: Vec<(String, i64)> =
+            sqlx::query_as(sql::EXPECTED_PROJECTION).fetch_all(&mut *tx).await.map_err(NotCommitted)?;
+        let current: Vec<(String, i64)> =
+            sqlx::query_as(sql::PROJECTION).fetch_all(&mut *tx).await.map_err(NotCommitted)?;
         let mut items: std::collections::BTreeMap<String, (i64, i64)> = Default::default();
         for (item, qty) in current {
             items.entry(item).or_default().0 = qty;
@@ -491,21 +469,10 @@ impl Store {
         let drift: Vec<Drift> = items
             .into_iter()
             .filter(|(_, (have, want))| have != want)
-            .map(|(item_id, (reserved_qty, expected_qty))| Drift {
-                item_id,
-                reserved_qty,
-                expected_qty,
-            })
+            .map(|(item_id, (reserved_qty, expected_qty))| Drift { item_id, reserved_qty, expected_qty })
             .collect();
-        let orphans = sqlx::query(sql::ORPHAN_ORDERS)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(NotCommitted)?;
-        let mut report = ReconcileReport {
-            drift,
-            requeued: Vec::new(),
-            dry_run,
-        };
+        let orphans = sqlx::query(sql::ORPHAN_ORDERS).fetch_all(&mut *tx).await.map_err(NotCommitted)?;
+        let mut report = ReconcileReport { drift, requeued: Vec::new(), dry_run };
         for row in &orphans {
             let order = stored_order(row)?;
             report.requeued.push(order.order_id.clone());
@@ -548,29 +515,22 @@ impl Store {
         Ok(())
     }
 
+    /// Whether the pipeline's tables hold no rows at all.
+    pub async fn is_empty(&self) -> Result<bool, StoreError> {
+        let rows: i64 = sqlx::query_scalar(sql::ROWS_IN_PIPELINE).fetch_one(&self.pool).await.map_err(NotCommitted)?;
+        Ok(rows == 0)
+    }
+
     pub async fn projection(&self) -> Result<Vec<(String, i64)>, StoreError> {
-        sqlx::query_as(sql::PROJECTION)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(NotCommitted)
+        sqlx::query_as(sql::PROJECTION).fetch_all(&self.pool).await.map_err(NotCommitted)
     }
 
     pub async fn queue_stats(&self) -> Result<QueueStats, StoreError> {
-        let (visible, leased, delayed, oldest_age_ms): (i64, i64, i64, i64) = sqlx::query_as(self.dialect.queue_stats)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(NotCommitted)?;
-        let dead_letter: i64 = sqlx::query_scalar(self.dialect.dead_letter_count)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(NotCommitted)?;
-        Ok(QueueStats {
-            visible,
-            leased,
-            delayed,
-            dead_letter,
-            oldest_age_ms,
-        })
+        let (visible, leased, delayed, oldest_age_ms): (i64, i64, i64, i64) =
+            sqlx::query_as(self.dialect.queue_stats).fetch_one(&self.pool).await.map_err(NotCommitted)?;
+        let dead_letter: i64 =
+            sqlx::query_scalar(self.dialect.dead_letter_count).fetch_one(&self.pool).await.map_err(NotCommitted)?;
+        Ok(QueueStats { visible, leased, delayed, dead_letter, oldest_age_ms })
     }
 
     /// Streams the final state (every line of `final-state.jsonl` but `meta`,
@@ -674,10 +634,6 @@ fn stored_order(row: &AnyRow) -> Result<StoredOrder, StoreError> {
 }
 
 async fn read_order(conn: &mut sqlx::AnyConnection, order_id: &str) -> Result<Option<StoredOrder>, StoreError> {
-    let row = sqlx::query(sql::ORDER_BY_ID)
-        .bind(order_id)
-        .fetch_optional(conn)
-        .await
-        .map_err(NotCommitted)?;
+    let row = sqlx::query(sql::ORDER_BY_ID).bind(order_id).fetch_optional(conn).await.map_err(NotCommitted)?;
     row.as_ref().map(stored_order).transpose()
 }

@@ -68,11 +68,8 @@ fn exporter() -> anyhow::Result<Option<opentelemetry_otlp::SpanExporter>> {
 /// for command output.
 pub fn init(service: &'static str, format: LogFormat) -> anyhow::Result<TelemetryGuard> {
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
-    let mut builder = SdkTracerProvider::builder().with_resource(
-        opentelemetry_sdk::Resource::builder()
-            .with_service_name(service)
-            .build(),
-    );
+    let mut builder = SdkTracerProvider::builder()
+        .with_resource(opentelemetry_sdk::Resource::builder().with_service_name(service).build());
     let exporting = match exporter()? {
         Some(exporter) => {
             builder = builder.with_batch_exporter(exporter);
@@ -94,18 +91,11 @@ pub fn init(service: &'static str, format: LogFormat) -> anyhow::Result<Telemetr
             )
             .try_init(),
         LogFormat::Json => registry
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .json()
-                    .flatten_event(true)
-                    .with_writer(std::io::stderr),
-            )
+            .with(tracing_subscriber::fmt::layer().json().flatten_event(true).with_writer(std::io::stderr))
             .try_init(),
     };
     if exporting {
         tracing::info!(service, "exporting spans over OTLP");
     }
-    Ok(TelemetryGuard {
-        provider: Some(provider),
-    })
+    Ok(TelemetryGuard { provider: Some(provider) })
 }

@@ -39,10 +39,7 @@ pub struct QueueLabels {
 /// Latency buckets in seconds, from a fast commit to a request that waited out a
 /// lock or a pause.
 fn seconds_buckets() -> impl Iterator<Item = f64> {
-    [
-        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-    ]
-    .into_iter()
+    [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0].into_iter()
 }
 
 /// Delivery counts: every attempt up to the usual dead-letter limits.
@@ -66,11 +63,7 @@ impl Default for ApiMetrics {
         let orders = Family::<OutcomeLabels, Counter>::default();
         registry.register("orders", "Order requests by outcome", orders.clone());
         let messages_enqueued = Counter::default();
-        registry.register(
-            "messages_enqueued",
-            "Messages enqueued with a new order",
-            messages_enqueued.clone(),
-        );
+        registry.register("messages_enqueued", "Messages enqueued with a new order", messages_enqueued.clone());
         let http_request_duration =
             Family::<HttpLabels, Histogram>::new_with_constructor(|| Histogram::new(seconds_buckets()));
         registry.register(
@@ -78,12 +71,7 @@ impl Default for ApiMetrics {
             "HTTP request duration by route and status",
             http_request_duration.clone(),
         );
-        ApiMetrics {
-            registry,
-            orders,
-            messages_enqueued,
-            http_request_duration,
-        }
+        ApiMetrics { registry, orders, messages_enqueued, http_request_duration }
     }
 }
 
@@ -117,23 +105,11 @@ impl Default for WorkerMetrics {
             delivery_attempt.clone(),
         );
         let ack_failures = Counter::default();
-        registry.register(
-            "ack_failures",
-            "Acks that did not delete their message",
-            ack_failures.clone(),
-        );
+        registry.register("ack_failures", "Acks that did not delete their message", ack_failures.clone());
         let redeliveries = Counter::default();
-        registry.register(
-            "redeliveries",
-            "Deliveries after the first of a message",
-            redeliveries.clone(),
-        );
+        registry.register("redeliveries", "Deliveries after the first of a message", redeliveries.clone());
         let queue_messages = Family::<QueueLabels, Gauge>::default();
-        registry.register(
-            "queue_messages",
-            "Messages in the queue by state",
-            queue_messages.clone(),
-        );
+        registry.register("queue_messages", "Messages in the queue by state", queue_messages.clone());
         let oldest_message_age_seconds = Gauge::<f64, AtomicU64>::default();
         registry.register(
             "oldest_message_age_seconds",
@@ -141,11 +117,7 @@ impl Default for WorkerMetrics {
             oldest_message_age_seconds.clone(),
         );
         let processing_duration = HistogramWithExemplars::new(seconds_buckets());
-        registry.register(
-            "processing_duration_seconds",
-            "Time to apply one delivery",
-            processing_duration.clone(),
-        );
+        registry.register("processing_duration_seconds", "Time to apply one delivery", processing_duration.clone());
         let effect_lag = HistogramWithExemplars::new(seconds_buckets());
         registry.register("effect_lag_seconds", "From enqueue to applied", effect_lag.clone());
         WorkerMetrics {
@@ -176,14 +148,9 @@ mod tests {
     #[test]
     fn delivery_attempt_carries_its_exemplar() {
         let m = WorkerMetrics::default();
-        let ex = TraceExemplar {
-            correlation_id: "c-1".into(),
-            trace_id: "abc".into(),
-        };
+        let ex = TraceExemplar { correlation_id: "c-1".into(), trace_id: "abc".into() };
         m.delivery_attempt.observe(2.0, Some(ex.clone()), None);
-        m.deliveries
-            .get_or_create(&OutcomeLabels { outcome: "applied" })
-            .inc_by(1, Some(ex), None);
+        m.deliveries.get_or_create(&OutcomeLabels { outcome: "applied" }).inc_by(1, Some(ex), None);
         let text = encode(&m.registry);
         assert!(
             text.contains(
@@ -191,10 +158,7 @@ mod tests {
             ),
             "{text}"
         );
-        assert!(
-            text.contains("haunt_deliveries_total{outcome=\"applied\"} 1 # {correlation_id=\"c-1\""),
-            "{text}"
-        );
+        assert!(text.contains("haunt_deliveries_total{outcome=\"applied\"} 1 # {correlation_id=\"c-1\""), "{text}");
         assert!(text.ends_with("# EOF\n"));
     }
 }

@@ -39,9 +39,5 @@ pub fn continue_from(span: &tracing::Span, traceparent: Option<&str>) {
 pub fn trace_id(span: &tracing::Span) -> String {
     let cx = span.context();
     let sc = cx.span().span_context().clone();
-    if sc.is_valid() {
-        sc.trace_id().to_string()
-    } else {
-        String::new()
-    }
+    if sc.is_valid() { sc.trace_id().to_string() } else { String::new() }
 }

@@ -35,11 +35,7 @@ impl TestDb {
     pub fn sqlite() -> TestDb {
         let dir = tempfile::tempdir().expect("a temp dir for the SQLite file");
         let url = format!("sqlite://{}", dir.path().join("haunt.db").display());
-        TestDb {
-            url,
-            kind: "sqlite",
-            cleanup: Cleanup::Sqlite(dir),
-        }
+        TestDb { url, kind: "sqlite", cleanup: Cleanup::Sqlite(dir) }
     }
 
     /// A fresh database on the test server, or `None` when the user opted out.
@@ -55,11 +51,7 @@ impl TestDb {
             .expect("creating a test database");
         let _ = conn.close().await;
         let base = admin_url.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin_url);
-        Some(TestDb {
-            url: format!("{base}/{name}"),
-            kind: "postgres",
-            cleanup: Cleanup::Postgres { admin_url, name },
-        })
+        Some(TestDb { url: format!("{base}/{name}"), kind: "postgres", cleanup: Cleanup::Postgres { admin_url, name } })
     }
 }
 
@@ -70,10 +62,7 @@ impl Drop for TestDb {
             // Drop may run inside a runtime; a thread with its own runtime keeps
             // this independent of the caller's.
             let _ = std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .ok()?;
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
                 rt.block_on(async {
                     let mut conn = sqlx::PgConnection::connect(&admin_url).await.ok()?;
                     let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
@@ -111,10 +100,7 @@ pub fn postgres_admin_url() -> Option<String> {
 impl TestDb {
     /// [`TestDb::postgres`] for tests without a runtime of their own.
     pub fn postgres_blocking() -> Option<TestDb> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("a runtime");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
         rt.block_on(TestDb::postgres())
     }
 }

@@ -3,7 +3,9 @@
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
-use haunt_store::Rng;
+use std::sync::Arc;
+
+use haunt_store::{InjectedErrors, Rng};
 use serde::{Deserialize, Serialize};
 
 /// Shared by the lease loops and the admin endpoint; atomics, since the loops
@@ -17,6 +19,8 @@ pub struct Faults {
     /// Acks still to drop whatever the rate: an exact number of redeliveries,
     /// for the tutorial's scenario and its test.
     ack_fail_next: AtomicU64,
+    /// The store's injected database errors (`db_error_rate`).
+    db_errors: Arc<InjectedErrors>,
 }
 
 /// The switches as JSON (`GET`/`POST /admin/faults`); absent fields are left as they are.
@@ -27,6 +31,10 @@ pub struct FaultSettings {
     pub ack_fail_rate: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clock_offset_ms: Option<i64>,
+    /// The chance that a database statement fails before commit (held by the
+    /// store; see `haunt_store::InjectedErrors`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub db_error_rate: Option<f64>,
     /// Drop exactly the next N acks (on top of the rate).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ack_fail_next: Option<u64>,
@@ -38,9 +46,15 @@ impl Faults {
         faults.set(&FaultSettings {
             ack_fail_rate: Some(ack_fail_rate),
             clock_offset_ms: Some(clock_offset_ms),
-            ack_fail_next: None,
+            ..FaultSettings::default()
         })?;
         Ok(faults)
+    }
+
+    /// Switches `db_error_rate` on this store's injection points.
+    pub fn with_db_errors(mut self, db_errors: Arc<InjectedErrors>) -> Faults {
+        self.db_errors = db_errors;
+        self
     }
 
     /// Applies `settings`, or changes nothing if any value is out of range.
@@ -49,6 +63,12 @@ impl Faults {
             if !(0.0..=1.0).contains(&rate) {
                 return Err(format!("ack_fail_rate must be within 0..=1, got {rate}"));
             }
+        }
+        if let Some(rate) = settings.db_error_rate {
+            if !(0.0..=1.0).contains(&rate) {
+                return Err(format!("db_error_rate must be within 0..=1, got {rate}"));
+            }
+            self.db_errors.set_rate(rate)?;
         }
         if let Some(rate) = settings.ack_fail_rate {
             self.ack_fail_rate.store(rate.to_bits(), Ordering::Relaxed);
@@ -67,14 +87,13 @@ impl Faults {
             ack_fail_rate: Some(f64::from_bits(self.ack_fail_rate.load(Ordering::Relaxed))),
             clock_offset_ms: Some(self.clock_offset_ms.load(Ordering::Relaxed)),
             ack_fail_next: Some(self.ack_fail_next.load(Ordering::Relaxed)),
+            db_error_rate: Some(self.db_errors.rate()),
         }
     }
 
     /// Whether to drop this ack.
     pub fn drop_ack(&self, rng: &mut Rng) -> bool {
-        let counted = self
-            .ack_fail_next
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        let counted = self.ack_fail_next.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
         if counted.is_ok() {
             return true;
         }
@@ -103,6 +122,7 @@ mod tests {
             ack_fail_rate: Some(1.5),
             clock_offset_ms: Some(9),
             ack_fail_next: Some(3),
+            db_error_rate: Some(0.5),
         };
         assert!(f.set(&bad).is_err());
         assert_eq!(
@@ -110,7 +130,8 @@ mod tests {
             FaultSettings {
                 ack_fail_rate: Some(0.25),
                 clock_offset_ms: Some(0),
-                ack_fail_next: Some(0)
+                ack_fail_next: Some(0),
+                db_error_rate: Some(0.0)
             }
         );
     }
@@ -127,11 +148,7 @@ mod tests {
     fn ack_fail_next_drops_exactly_that_many() {
         let mut rng = Rng::new(1);
         let f = Faults::new(0.0, 0).unwrap();
-        f.set(&FaultSettings {
-            ack_fail_next: Some(2),
-            ..FaultSettings::default()
-        })
-        .unwrap();
+        f.set(&FaultSettings { ack_fail_next: Some(2), ..FaultSettings::default() }).unwrap();
         let dropped: Vec<bool> = (0..4).map(|_| f.drop_ack(&mut rng)).collect();
         assert_eq!(dropped, vec![true, true, false, false]);
     }

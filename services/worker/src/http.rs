@@ -24,15 +24,8 @@ struct HttpState {
 
 pub fn router(store: Store, metrics: Arc<WorkerMetrics>, faults: Arc<Faults>, admin_token: Option<String>) -> Router {
     let admin = admin_token.is_some();
-    let state = Arc::new(HttpState {
-        store,
-        metrics,
-        faults,
-        admin_token,
-    });
-    let mut app = Router::new()
-        .route("/metrics", get(serve_metrics))
-        .route("/healthz", get(|| async { "ok\n" }));
+    let state = Arc::new(HttpState { store, metrics, faults, admin_token });
+    let mut app = Router::new().route("/metrics", get(serve_metrics)).route("/healthz", get(|| async { "ok\n" }));
     if admin {
         app = app.route("/admin/faults", get(get_faults).post(set_faults));
     }
@@ -55,19 +48,13 @@ async fn serve_metrics(State(state): State<Arc<HttpState>>) -> Response {
         m.oldest_message_age_seconds.set(stats.oldest_age_ms as f64 / 1000.0);
     }
     let body = haunt_telemetry::metrics::encode(&state.metrics.registry);
-    (
-        [(header::CONTENT_TYPE, haunt_telemetry::OPENMETRICS_CONTENT_TYPE)],
-        body,
-    )
-        .into_response()
+    ([(header::CONTENT_TYPE, haunt_telemetry::OPENMETRICS_CONTENT_TYPE)], body).into_response()
 }
 
 fn authorized(state: &HttpState, headers: &HeaderMap) -> bool {
     let expected = state.admin_token.as_deref().unwrap_or_default();
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+    let presented =
+        headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
     !expected.is_empty() && presented == Some(expected)
 }
 
@@ -85,10 +72,7 @@ async fn set_faults(State(state): State<Arc<HttpState>>, headers: HeaderMap, bod
     let settings: FaultSettings = match serde_json::from_slice(&body) {
         Ok(s) => s,
         Err(e) => {
-            return (
-                StatusCode::UNPROCESSABLE_ENTITY,
-                axum::Json(json!({"error": e.to_string(), "field": null})),
-            )
+            return (StatusCode::UNPROCESSABLE_ENTITY, axum::Json(json!({"error": e.to_string(), "field": null})))
                 .into_response();
         }
     };
@@ -97,10 +81,7 @@ async fn set_faults(State(state): State<Arc<HttpState>>, headers: HeaderMap, bod
             tracing::info!(?settings, "fault switches changed");
             axum::Json(state.faults.get()).into_response()
         }
-        Err(e) => (
-            StatusCode::UNPROCESSABLE_ENTITY,
-            axum::Json(json!({"error": e, "field": "ack_fail_rate"})),
-        )
+        Err(e) => (StatusCode::UNPROCESSABLE_ENTITY, axum::Json(json!({"error": e, "field": "ack_fail_rate"})))
             .into_response(),
     }
 }

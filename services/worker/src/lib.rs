@@ -74,12 +74,7 @@ pub struct Worker {
 
 impl Worker {
     pub fn new(store: Store, config: WorkerConfig, faults: Arc<Faults>, metrics: Arc<WorkerMetrics>) -> Worker {
-        Worker {
-            store,
-            config: Arc::new(config),
-            faults,
-            metrics,
-        }
+        Worker { store, config: Arc::new(config), faults, metrics }
     }
 
     pub fn metrics(&self) -> &Arc<WorkerMetrics> {
@@ -109,16 +104,10 @@ impl Worker {
             let clock = match self.config.bug {
                 // BUG MODE worker-clock-lease: the lease is computed from this
                 // worker's clock, which a skew fault can move.
-                Some(Bug::WorkerClockLease) => LeaseClock::Worker {
-                    now_ms: self.faults.worker_now_ms(),
-                },
+                Some(Bug::WorkerClockLease) => LeaseClock::Worker { now_ms: self.faults.worker_now_ms() },
                 _ => LeaseClock::Database,
             };
-            let wait = match self
-                .store
-                .lease(self.config.batch_size_max, self.config.visibility_timeout, clock)
-                .await
-            {
+            let wait = match self.store.lease(self.config.batch_size_max, self.config.visibility_timeout, clock).await {
                 Ok(batch) if batch.is_empty() => {
                     error_wait = self.config.poll_interval;
                     self.config.poll_interval
@@ -179,12 +168,9 @@ impl Worker {
         };
         let m = &self.metrics;
         let count = |outcome: &'static str| {
-            m.deliveries
-                .get_or_create(&OutcomeLabels { outcome })
-                .inc_by(1, Some(exemplar.clone()), None);
+            m.deliveries.get_or_create(&OutcomeLabels { outcome }).inc_by(1, Some(exemplar.clone()), None);
         };
-        m.delivery_attempt
-            .observe(leased.delivery_count as f64, Some(exemplar.clone()), None);
+        m.delivery_attempt.observe(leased.delivery_count as f64, Some(exemplar.clone()), None);
         if leased.delivery_count > 1 {
             m.redeliveries.inc();
         }
@@ -192,10 +178,8 @@ impl Worker {
             // Delivered past the limit without ever failing cleanly: the workers
             // holding it died. Park it rather than loop forever.
             let why = format!("exceeded {} deliveries", self.config.delivery_attempts_max);
-            if let Ok(Failed::DeadLettered) = self
-                .store
-                .dead_letter(&leased.message_id, Some(&leased.lease_token), &why)
-                .await
+            if let Ok(Failed::DeadLettered) =
+                self.store.dead_letter(&leased.message_id, Some(&leased.lease_token), &why).await
             {
                 count("dead_lettered");
                 tracing::warn!("dead-lettered: {why}");
@@ -231,11 +215,7 @@ impl Worker {
             Err(error) => {
                 count("failed");
                 let delay = self.config.backoff.delay(leased.delivery_count as u32, rng.unit());
-                match self
-                    .store
-                    .fail(leased, &error, delay, self.config.delivery_attempts_max)
-                    .await
-                {
+                match self.store.fail(leased, &error, delay, self.config.delivery_attempts_max).await {
                     Ok(Failed::DeadLettered) => {
                         count("dead_lettered");
                         tracing::warn!(%error, "dead-lettered");
@@ -250,16 +230,14 @@ impl Worker {
                         tracing::warn!(%error, fail_error = ?e, "apply failed; the lease will expire")
                     }
                 }
-                m.processing_duration
-                    .observe(started.elapsed().as_secs_f64(), Some(exemplar), None);
+                m.processing_duration.observe(started.elapsed().as_secs_f64(), Some(exemplar), None);
                 return;
             }
         }
         if self.config.bug != Some(Bug::AckBeforeProcess) {
             self.ack(leased, rng).await;
         }
-        m.processing_duration
-            .observe(started.elapsed().as_secs_f64(), Some(exemplar), None);
+        m.processing_duration.observe(started.elapsed().as_secs_f64(), Some(exemplar), None);
     }
 
     async fn ack(&self, leased: &Leased, rng: &mut Rng) {

@@ -46,26 +46,15 @@ fn fate() -> impl Strategy<Value = Fate> {
 }
 
 fn plan() -> impl Strategy<Value = Plan> {
-    (
-        prop::collection::vec(outcome(), 1..4),
-        fate(),
-        0u8..4,
-        1i64..10,
-        1u32..5,
-    )
-        .prop_map(|(mut attempts, fate, item, qty, delivery_attempt)| {
+    (prop::collection::vec(outcome(), 1..4), fate(), 0u8..4, 1i64..10, 1u32..5).prop_map(
+        |(mut attempts, fate, item, qty, delivery_attempt)| {
             // A client stops retrying at its first ok.
             if let Some(i) = attempts.iter().position(|o| *o == Outcome::Ok) {
                 attempts.truncate(i + 1);
             }
-            Plan {
-                attempts,
-                fate,
-                item,
-                qty,
-                delivery_attempt,
-            }
-        })
+            Plan { attempts, fate, item, qty, delivery_attempt }
+        },
+    )
 }
 
 /// A generated run: the history and final state as data, plus what each order is.
@@ -116,14 +105,8 @@ fn build(mut plans: Vec<Plan>, clients: usize, schedule: Vec<usize>) -> Run {
         attempt: usize,
         invoked: bool,
     }
-    let mut threads: Vec<Thread> = (0..clients)
-        .map(|t| Thread {
-            process: t as u64,
-            order: 0,
-            attempt: 0,
-            invoked: false,
-        })
-        .collect();
+    let mut threads: Vec<Thread> =
+        (0..clients).map(|t| Thread { process: t as u64, order: 0, attempt: 0, invoked: false }).collect();
     let mut next_process = clients as u64;
     let mut history = Vec::new();
     let mut time_ns = 0u64;
@@ -139,12 +122,8 @@ fn build(mut plans: Vec<Plan>, clients: usize, schedule: Vec<usize>) -> Run {
         let th = &mut threads[t];
         let i = queues[t][th.order];
         let plan = &plans[i];
-        let value = OrderValue {
-            order_id: order_id(i),
-            item_id: format!("item-{}", plan.item),
-            qty: plan.qty,
-            event_id: None,
-        };
+        let value =
+            OrderValue { order_id: order_id(i), item_id: format!("item-{}", plan.item), qty: plan.qty, event_id: None };
         let (kind, value) = if !th.invoked {
             th.invoked = true;
             (OpType::Invoke, value)
@@ -157,13 +136,7 @@ fn build(mut plans: Vec<Plan>, clients: usize, schedule: Vec<usize>) -> Run {
                 th.attempt = 0;
             }
             match outcome {
-                Outcome::Ok => (
-                    OpType::Ok,
-                    OrderValue {
-                        event_id: Some(event_id(i)),
-                        ..value
-                    },
-                ),
+                Outcome::Ok => (OpType::Ok, OrderValue { event_id: Some(event_id(i)), ..value }),
                 Outcome::Fail => (OpType::Fail, value),
                 Outcome::Info => (OpType::Info, value),
             }
@@ -199,11 +172,7 @@ fn build(mut plans: Vec<Plan>, clients: usize, schedule: Vec<usize>) -> Run {
         if ok {
             acknowledged.push(order_id(i));
         }
-        let fate = if ok && plan.fate == Fate::Absent {
-            Fate::Applied
-        } else {
-            plan.fate
-        };
+        let fate = if ok && plan.fate == Fate::Absent { Fate::Applied } else { plan.fate };
         if fate == Fate::Absent {
             continue;
         }
@@ -245,26 +214,12 @@ fn build(mut plans: Vec<Plan>, clients: usize, schedule: Vec<usize>) -> Run {
     for (item_id, reserved_qty) in projection {
         final_state.push(FinalLine::Projection(ProjectionRow { item_id, reserved_qty }));
     }
-    final_state.push(FinalLine::Meta(Meta {
-        quiesced: true,
-        read_at_ns: time_ns + 1,
-        run_started_at_ms: 0,
-    }));
-    Run {
-        history,
-        final_state,
-        acknowledged,
-        failed,
-        applied,
-    }
+    final_state.push(FinalLine::Meta(Meta { quiesced: true, read_at_ns: time_ns + 1, run_started_at_ms: 0 }));
+    Run { history, final_state, acknowledged, failed, applied }
 }
 
 fn run_strategy() -> impl Strategy<Value = Run> {
-    (
-        prop::collection::vec(plan(), 0..40),
-        1usize..6,
-        prop::collection::vec(0usize..8, 0..200),
-    )
+    (prop::collection::vec(plan(), 0..40), 1usize..6, prop::collection::vec(0usize..8, 0..200))
         .prop_map(|(plans, clients, schedule)| build(plans, clients, schedule))
 }
 
@@ -285,11 +240,7 @@ fn reported(results: &Results) -> BTreeMap<String, Vec<String>> {
     results
         .failing_anomalies()
         .map(|(name, r)| {
-            let subjects = r
-                .examples
-                .iter()
-                .map(|e| e.order_id.clone().or(e.item_id.clone()).unwrap())
-                .collect();
+            let subjects = r.examples.iter().map(|e| e.order_id.clone().or(e.item_id.clone()).unwrap()).collect();
             (name.to_owned(), subjects)
         })
         .collect()
@@ -328,10 +279,7 @@ fn qty_of(run: &Run, order: &str) -> i64 {
 }
 
 fn expect(pairs: &[(&str, &str)]) -> BTreeMap<String, Vec<String>> {
-    pairs
-        .iter()
-        .map(|(a, s)| (a.to_string(), vec![s.to_string()]))
-        .collect()
+    pairs.iter().map(|(a, s)| (a.to_string(), vec![s.to_string()])).collect()
 }
 
 proptest! {

@@ -39,11 +39,8 @@ fn check_expectation(dir: &Path, expect: &Value, results: &Results) -> Result<()
     }
     if let Some(want) = expect.get("examples").and_then(Value::as_object) {
         for (name, ids) in want {
-            let got: Vec<Value> = results.anomalies[name]
-                .examples
-                .iter()
-                .map(|e| serde_json::json!([e.order_id, e.event_id]))
-                .collect();
+            let got: Vec<Value> =
+                results.anomalies[name].examples.iter().map(|e| serde_json::json!([e.order_id, e.event_id])).collect();
             if &Value::Array(got.clone()) != ids {
                 return Err(format!("examples of {name}: expected {ids}, got {got:?}"));
             }
@@ -65,18 +62,12 @@ fn check_expectation(dir: &Path, expect: &Value, results: &Results) -> Result<()
     }
     if let Some(want) = expect.get("delivery") {
         if &json["delivery"]["histogram"] != want {
-            return Err(format!(
-                "delivery histogram: expected {want}, got {}",
-                json["delivery"]["histogram"]
-            ));
+            return Err(format!("delivery histogram: expected {want}, got {}", json["delivery"]["histogram"]));
         }
     }
     if let Some(want) = expect.get("fault_windows") {
-        let got: Vec<Value> = results
-            .faults
-            .iter()
-            .map(|w| serde_json::json!([w.fault, w.target, w.start_ns, w.end_ns]))
-            .collect();
+        let got: Vec<Value> =
+            results.faults.iter().map(|w| serde_json::json!([w.fault, w.target, w.start_ns, w.end_ns])).collect();
         if &Value::Array(got.clone()) != want {
             return Err(format!("fault windows: expected {want}, got {got:?}"));
         }

@@ -10,38 +10,17 @@ use crate::start;
 async fn admin_endpoints_are_absent_without_a_token() {
     let db = TestDb::sqlite();
     let api = start(&db, ApiConfig::default()).await;
-    let r = api
-        .client
-        .get(format!("{}/admin/final-state", api.base))
-        .bearer_auth("x")
-        .send()
-        .await
-        .unwrap();
+    let r = api.client.get(format!("{}/admin/final-state", api.base)).bearer_auth("x").send().await.unwrap();
     assert_eq!(r.status(), 404);
 }
 
 #[tokio::test]
 async fn admin_endpoints_require_the_token() {
     let db = TestDb::sqlite();
-    let api = start(
-        &db,
-        ApiConfig {
-            admin_token: Some("s3cret".into()),
-        },
-    )
-    .await;
+    let api = start(&db, ApiConfig { admin_token: Some("s3cret".into()) }).await;
     let url = format!("{}/admin/final-state", api.base);
     assert_eq!(api.client.get(&url).send().await.unwrap().status(), 401);
-    assert_eq!(
-        api.client
-            .get(&url)
-            .bearer_auth("s3cres")
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        401
-    );
+    assert_eq!(api.client.get(&url).bearer_auth("s3cres").send().await.unwrap().status(), 401);
     api.client
         .post(format!("{}/orders", api.base))
         .json(&json!({"order_id": "o", "item_id": "a", "qty": 1}))
@@ -53,12 +32,7 @@ async fn admin_endpoints_require_the_token() {
     let text = r.text().await.unwrap();
     let kinds: Vec<String> = text
         .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["kind"]
-                .as_str()
-                .unwrap()
-                .to_owned()
-        })
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["kind"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(kinds, vec!["order", "pending"]);
     let r = api

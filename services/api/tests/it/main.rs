@@ -29,12 +29,7 @@ pub async fn start(db: &TestDb, config: ApiConfig) -> Api {
         .await
         .unwrap();
     });
-    Api {
-        base,
-        store,
-        client: reqwest::Client::new(),
-        _shutdown: tx,
-    }
+    Api { base, store, client: reqwest::Client::new(), _shutdown: tx }
 }
 
 /// Every line of the final state, for "nothing changed" assertions.

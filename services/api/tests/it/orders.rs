@@ -12,70 +12,28 @@ async fn create_then_replay_then_conflict() {
         let api = start(&db, ApiConfig::default()).await;
         let url = format!("{}/orders", api.base);
         let body = json!({"order_id": "o-1", "item_id": "apple", "qty": 2});
-        let created = api
-            .client
-            .post(&url)
-            .header("x-correlation-id", "corr-1")
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let created = api.client.post(&url).header("x-correlation-id", "corr-1").json(&body).send().await.unwrap();
         assert_eq!(created.status(), 201, "{}", db.kind);
-        assert_eq!(
-            created.headers()["x-correlation-id"],
-            "corr-1",
-            "the correlation id is echoed"
-        );
+        assert_eq!(created.headers()["x-correlation-id"], "corr-1", "the correlation id is echoed");
         let created: Value = created.json().await.unwrap();
-        assert_eq!(
-            (created["order_id"].as_str(), created["correlation_id"].as_str()),
-            (Some("o-1"), Some("corr-1"))
-        );
+        assert_eq!((created["order_id"].as_str(), created["correlation_id"].as_str()), (Some("o-1"), Some("corr-1")));
 
         let replay = api.client.post(&url).json(&body).send().await.unwrap();
         assert_eq!(replay.status(), 200, "{}", db.kind);
         let replay: Value = replay.json().await.unwrap();
-        assert_eq!(
-            replay["event_id"], created["event_id"],
-            "{}: a replay answers with the original event",
-            db.kind
-        );
+        assert_eq!(replay["event_id"], created["event_id"], "{}: a replay answers with the original event", db.kind);
 
         let before = snapshot(&api.store).await;
-        let conflict = api
-            .client
-            .post(&url)
-            .json(&json!({"order_id": "o-1", "item_id": "apple", "qty": 3}))
-            .send()
-            .await
-            .unwrap();
+        let conflict =
+            api.client.post(&url).json(&json!({"order_id": "o-1", "item_id": "apple", "qty": 3})).send().await.unwrap();
         assert_eq!(conflict.status(), 409, "{}", db.kind);
         let conflict: Value = conflict.json().await.unwrap();
         assert_eq!(conflict["field"], "order_id");
-        assert_eq!(
-            snapshot(&api.store).await,
-            before,
-            "{}: a conflict writes nothing",
-            db.kind
-        );
+        assert_eq!(snapshot(&api.store).await, before, "{}: a conflict writes nothing", db.kind);
 
-        let got: Value = api
-            .client
-            .get(format!("{url}/o-1"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        assert_eq!(
-            (got["qty"].as_i64(), got["event_id"].clone()),
-            (Some(2), created["event_id"].clone())
-        );
-        assert_eq!(
-            api.client.get(format!("{url}/nope")).send().await.unwrap().status(),
-            404
-        );
+        let got: Value = api.client.get(format!("{url}/o-1")).send().await.unwrap().json().await.unwrap();
+        assert_eq!((got["qty"].as_i64(), got["event_id"].clone()), (Some(2), created["event_id"].clone()));
+        assert_eq!(api.client.get(format!("{url}/nope")).send().await.unwrap().status(), 404);
     }
 }
 
@@ -112,24 +70,8 @@ async fn a_database_failure_before_commit_is_a_definite_503() {
         .unwrap();
     assert_eq!(r.status(), 503);
     assert_eq!(r.headers()["haunt-outcome"], "not-committed");
-    assert_eq!(
-        api.client
-            .get(format!("{}/readyz", api.base))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        503
-    );
-    assert_eq!(
-        api.client
-            .get(format!("{}/healthz", api.base))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(api.client.get(format!("{}/readyz", api.base)).send().await.unwrap().status(), 503);
+    assert_eq!(api.client.get(format!("{}/healthz", api.base)).send().await.unwrap().status(), 200);
 }
 
 #[tokio::test]
@@ -137,31 +79,11 @@ async fn metrics_are_openmetrics_and_count_orders() {
     let db = haunt_testkit::TestDb::sqlite();
     let api = start(&db, ApiConfig::default()).await;
     let url = format!("{}/orders", api.base);
-    api.client
-        .post(&url)
-        .json(&json!({"order_id": "a", "item_id": "apple", "qty": 1}))
-        .send()
-        .await
-        .unwrap();
-    api.client
-        .post(&url)
-        .json(&json!({"order_id": "a", "item_id": "apple", "qty": 1}))
-        .send()
-        .await
-        .unwrap();
-    api.client
-        .post(&url)
-        .json(&json!({"item_id": "apple", "qty": 0}))
-        .send()
-        .await
-        .unwrap();
+    api.client.post(&url).json(&json!({"order_id": "a", "item_id": "apple", "qty": 1})).send().await.unwrap();
+    api.client.post(&url).json(&json!({"order_id": "a", "item_id": "apple", "qty": 1})).send().await.unwrap();
+    api.client.post(&url).json(&json!({"item_id": "apple", "qty": 0})).send().await.unwrap();
     let r = api.client.get(format!("{}/metrics", api.base)).send().await.unwrap();
-    assert!(
-        r.headers()["content-type"]
-            .to_str()
-            .unwrap()
-            .starts_with("application/openmetrics-text")
-    );
+    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("application/openmetrics-text"));
     let text = r.text().await.unwrap();
     for line in [
         "haunt_orders_total{outcome=\"created\"} 1",
@@ -172,18 +94,7 @@ async fn metrics_are_openmetrics_and_count_orders() {
     ] {
         assert!(text.contains(line), "missing {line:?} in\n{text}");
     }
-    let projection: Value = api
-        .client
-        .get(format!("{}/projection", api.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(
-        projection["items"],
-        json!([]),
-        "nothing applied yet: the API never touches the projection"
-    );
+    let projection: Value =
+        api.client.get(format!("{}/projection", api.base)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(projection["items"], json!([]), "nothing applied yet: the API never touches the projection");
 }

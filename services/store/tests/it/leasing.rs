@@ -22,20 +22,8 @@ async fn a_lease_hides_the_message_until_it_expires_and_counts_deliveries() {
         assert_eq!(first.len(), 1);
         assert_eq!(first[0].delivery_count, 1);
         let lease_ms = first[0].lease_until_ms - before;
-        assert!(
-            (300..1300).contains(&lease_ms),
-            "{}: lease from the db clock, got {lease_ms} ms",
-            db.kind
-        );
-        assert!(
-            store
-                .lease(10, SHORT_LEASE, LeaseClock::Database)
-                .await
-                .unwrap()
-                .is_empty(),
-            "{}",
-            db.kind
-        );
+        assert!((300..1300).contains(&lease_ms), "{}: lease from the db clock, got {lease_ms} ms", db.kind);
+        assert!(store.lease(10, SHORT_LEASE, LeaseClock::Database).await.unwrap().is_empty(), "{}", db.kind);
         tokio::time::sleep(SHORT_LEASE + Duration::from_millis(100)).await;
         let second = store.lease(10, SHORT_LEASE, LeaseClock::Database).await.unwrap();
         assert_eq!(second.len(), 1, "{}: visible again after the lease expired", db.kind);
@@ -51,14 +39,8 @@ async fn a_batch_is_at_most_batch_size_max() {
         for i in 0..7 {
             store.place_order(&order(&format!("o{i}"), "apple", 1)).await.unwrap();
         }
-        let a = store
-            .lease(5, Duration::from_secs(30), LeaseClock::Database)
-            .await
-            .unwrap();
-        let b = store
-            .lease(5, Duration::from_secs(30), LeaseClock::Database)
-            .await
-            .unwrap();
+        let a = store.lease(5, Duration::from_secs(30), LeaseClock::Database).await.unwrap();
+        let b = store.lease(5, Duration::from_secs(30), LeaseClock::Database).await.unwrap();
         assert_eq!((a.len(), b.len()), (5, 2), "{}", db.kind);
         let mut ids: Vec<_> = a.iter().chain(&b).map(|m| m.message_id.clone()).collect();
         ids.sort();
@@ -93,10 +75,7 @@ async fn apply_is_once_per_event_whatever_the_deliveries() {
             _ => None,
         });
         let applied = applied.unwrap();
-        assert_eq!(
-            (applied.event_id, applied.delivery_attempt, applied.worker_id.as_str()),
-            (event_id, 1, "w1")
-        );
+        assert_eq!((applied.event_id, applied.delivery_attempt, applied.worker_id.as_str()), (event_id, 1, "w1"));
     }
 }
 
@@ -105,28 +84,11 @@ async fn a_zombie_cannot_ack_a_lease_it_lost() {
     for db in databases().await {
         let store = open(&db).await;
         store.place_order(&order("o1", "apple", 1)).await.unwrap();
-        let zombie = store
-            .lease(1, SHORT_LEASE, LeaseClock::Database)
-            .await
-            .unwrap()
-            .remove(0);
+        let zombie = store.lease(1, SHORT_LEASE, LeaseClock::Database).await.unwrap().remove(0);
         tokio::time::sleep(SHORT_LEASE + Duration::from_millis(100)).await;
-        let current = store
-            .lease(1, Duration::from_secs(30), LeaseClock::Database)
-            .await
-            .unwrap()
-            .remove(0);
-        assert!(
-            !store.ack(&zombie.message_id, &zombie.lease_token).await.unwrap(),
-            "{}",
-            db.kind
-        );
-        assert_eq!(
-            count_kind(&final_lines(&store).await, "pending"),
-            1,
-            "{}: the zombie deleted nothing",
-            db.kind
-        );
+        let current = store.lease(1, Duration::from_secs(30), LeaseClock::Database).await.unwrap().remove(0);
+        assert!(!store.ack(&zombie.message_id, &zombie.lease_token).await.unwrap(), "{}", db.kind);
+        assert_eq!(count_kind(&final_lines(&store).await, "pending"), 1, "{}: the zombie deleted nothing", db.kind);
         assert!(store.ack(&current.message_id, &current.lease_token).await.unwrap());
         assert_eq!(count_kind(&final_lines(&store).await, "pending"), 0);
     }
@@ -137,22 +99,10 @@ async fn bug_no_lease_token_lets_the_zombie_ack() {
     for db in databases().await {
         let store = crate::open_with_bug(&db, haunt_store::Bug::NoLeaseToken).await;
         store.place_order(&order("o1", "apple", 1)).await.unwrap();
-        let zombie = store
-            .lease(1, SHORT_LEASE, LeaseClock::Database)
-            .await
-            .unwrap()
-            .remove(0);
+        let zombie = store.lease(1, SHORT_LEASE, LeaseClock::Database).await.unwrap().remove(0);
         tokio::time::sleep(SHORT_LEASE + Duration::from_millis(100)).await;
-        let _current = store
-            .lease(1, Duration::from_secs(30), LeaseClock::Database)
-            .await
-            .unwrap()
-            .remove(0);
-        assert!(
-            store.ack(&zombie.message_id, &zombie.lease_token).await.unwrap(),
-            "{}",
-            db.kind
-        );
+        let _current = store.lease(1, Duration::from_secs(30), LeaseClock::Database).await.unwrap().remove(0);
+        assert!(store.ack(&zombie.message_id, &zombie.lease_token).await.unwrap(), "{}", db.kind);
     }
 }
 
@@ -162,23 +112,11 @@ async fn bug_no_inbox_applies_every_delivery() {
         let store = crate::open_with_bug(&db, haunt_store::Bug::NoInbox).await;
         store.place_order(&order("o1", "apple", 2)).await.unwrap();
         for _ in 0..2 {
-            let m = store
-                .lease(1, SHORT_LEASE, LeaseClock::Database)
-                .await
-                .unwrap()
-                .remove(0);
-            assert!(matches!(
-                store.apply(&m, &m.event().unwrap(), "w1").await.unwrap(),
-                Applied::Applied { .. }
-            ));
+            let m = store.lease(1, SHORT_LEASE, LeaseClock::Database).await.unwrap().remove(0);
+            assert!(matches!(store.apply(&m, &m.event().unwrap(), "w1").await.unwrap(), Applied::Applied { .. }));
             tokio::time::sleep(SHORT_LEASE + Duration::from_millis(100)).await;
         }
-        assert_eq!(
-            store.projection().await.unwrap(),
-            vec![("apple".to_string(), 4)],
-            "{}",
-            db.kind
-        );
+        assert_eq!(store.projection().await.unwrap(), vec![("apple".to_string(), 4)], "{}", db.kind);
     }
 }
 
@@ -190,26 +128,14 @@ async fn worker_clock_leases_follow_the_given_clock() {
         // A worker whose clock runs an hour ahead leases with an expiry that is
         // already past for everyone else: the message is visible again at once.
         let now = store.now_ms().await.unwrap();
-        let skewed = LeaseClock::Worker {
-            now_ms: now - 3_600_000,
-        };
+        let skewed = LeaseClock::Worker { now_ms: now - 3_600_000 };
         let first = store.lease(1, Duration::from_secs(30), skewed).await.unwrap();
-        assert_eq!(
-            first.len(),
-            0,
-            "{}: a clock behind the enqueue time sees nothing visible",
-            db.kind
-        );
-        let ahead = LeaseClock::Worker {
-            now_ms: now + 3_600_000,
-        };
+        assert_eq!(first.len(), 0, "{}: a clock behind the enqueue time sees nothing visible", db.kind);
+        let ahead = LeaseClock::Worker { now_ms: now + 3_600_000 };
         assert_eq!(store.lease(1, Duration::from_secs(30), ahead).await.unwrap().len(), 1);
         let again = store.lease(1, Duration::from_secs(30), ahead).await.unwrap();
         assert_eq!(again.len(), 0, "{}: within the skewed clock's own lease", db.kind);
-        let honest = store
-            .lease(1, Duration::from_secs(30), LeaseClock::Database)
-            .await
-            .unwrap();
+        let honest = store.lease(1, Duration::from_secs(30), LeaseClock::Database).await.unwrap();
         assert_eq!(honest.len(), 0, "{}: the skewed lease ends an hour from now", db.kind);
     }
 }

@@ -14,25 +14,23 @@ async fn an_order_and_its_message_are_written_together() {
             panic!("{}: expected a new order", db.kind);
         };
         let stored = store.get_order("o1").await.unwrap().unwrap();
-        assert_eq!(
-            (stored.item_id.as_str(), stored.qty, stored.event_id.as_str()),
-            ("apple", 3, event_id.as_str())
-        );
-        let leased = store
-            .lease(10, Duration::from_secs(30), LeaseClock::Database)
-            .await
-            .unwrap();
+        assert_eq!((stored.item_id.as_str(), stored.qty, stored.event_id.as_str()), ("apple", 3, event_id.as_str()));
+        let leased = store.lease(10, Duration::from_secs(30), LeaseClock::Database).await.unwrap();
         assert_eq!(leased.len(), 1, "{}", db.kind);
         let event = leased[0].event().unwrap();
-        assert_eq!(
-            (event.event_id, event.order_id, event.qty),
-            (event_id, "o1".to_string(), 3)
-        );
+        assert_eq!((event.event_id, event.order_id, event.qty), (event_id, "o1".to_string(), 3));
         assert_eq!(leased[0].headers.correlation_id, "corr-o1");
-        assert!(
-            leased[0].headers.traceparent.is_some(),
-            "the API span's traceparent rides with the message"
-        );
+        assert!(leased[0].headers.traceparent.is_some(), "the API span's traceparent rides with the message");
+    }
+}
+
+#[tokio::test]
+async fn a_new_store_is_empty_until_an_order() {
+    for db in databases().await {
+        let store = open(&db).await;
+        assert!(store.is_empty().await.unwrap(), "{}", db.kind);
+        store.place_order(&order("o1", "apple", 3)).await.unwrap();
+        assert!(!store.is_empty().await.unwrap(), "{}", db.kind);
     }
 }
 
@@ -47,12 +45,7 @@ async fn the_same_order_again_replays_the_original_event() {
         assert_eq!(again, Placement::Replayed { event_id }, "{}", db.kind);
         let lines = final_lines(&store).await;
         assert_eq!(count_kind(&lines, "order"), 1);
-        assert_eq!(
-            count_kind(&lines, "pending"),
-            1,
-            "{}: a replay enqueues nothing",
-            db.kind
-        );
+        assert_eq!(count_kind(&lines, "pending"), 1, "{}: a replay enqueues nothing", db.kind);
     }
 }
 

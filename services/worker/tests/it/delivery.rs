@@ -25,12 +25,7 @@ async fn one_event_delivered_three_times_is_applied_once() {
             ..WorkerConfig::default()
         };
         let w = spawn(store.clone(), config, 0.0);
-        w.faults
-            .set(&FaultSettings {
-                ack_fail_next: Some(2),
-                ..FaultSettings::default()
-            })
-            .unwrap();
+        w.faults.set(&FaultSettings { ack_fail_next: Some(2), ..FaultSettings::default() }).unwrap();
         let drained = wait_until(Duration::from_secs(20), async || {
             let s = store.queue_stats().await.unwrap();
             s.visible + s.leased + s.delayed == 0
@@ -38,18 +33,8 @@ async fn one_event_delivered_three_times_is_applied_once() {
         .await;
         assert!(drained, "{}: the third delivery is acked", db.kind);
         let t = haunt_telemetry::metrics::encode(&w.metrics().registry);
-        assert_eq!(
-            counter(&t, "haunt_deliveries_total{outcome=\"applied\"}"),
-            1.0,
-            "{}:\n{t}",
-            db.kind
-        );
-        assert_eq!(
-            counter(&t, "haunt_deliveries_total{outcome=\"duplicate\"}"),
-            2.0,
-            "{}:\n{t}",
-            db.kind
-        );
+        assert_eq!(counter(&t, "haunt_deliveries_total{outcome=\"applied\"}"), 1.0, "{}:\n{t}", db.kind);
+        assert_eq!(counter(&t, "haunt_deliveries_total{outcome=\"duplicate\"}"), 2.0, "{}:\n{t}", db.kind);
         assert_eq!(counter(&t, "haunt_ack_failures_total"), 2.0, "{}", db.kind);
         assert_eq!(counter(&t, "haunt_redeliveries_total"), 2.0, "{}", db.kind);
         assert_eq!(counter(&t, "haunt_delivery_attempt_count"), 3.0, "{}", db.kind);
@@ -75,9 +60,7 @@ async fn eight_workers_on_postgres_apply_every_event_exactly_once() {
         let s = writer.clone();
         tasks.spawn(async move {
             for i in (client..ORDERS).step_by(16) {
-                s.place_order(&order(i, &format!("item-{}", i % ITEMS), (i % 5 + 1) as i64))
-                    .await
-                    .unwrap();
+                s.place_order(&order(i, &format!("item-{}", i % ITEMS), (i % 5 + 1) as i64)).await.unwrap();
             }
         });
     }
@@ -112,11 +95,7 @@ async fn eight_workers_on_postgres_apply_every_event_exactly_once() {
         duplicates += counter(&t, "haunt_deliveries_total{outcome=\"duplicate\"}");
         w.stop().await;
     }
-    assert!(
-        drained,
-        "the queue did not drain: {:?}",
-        writer.queue_stats().await.unwrap()
-    );
+    assert!(drained, "the queue did not drain: {:?}", writer.queue_stats().await.unwrap());
 
     let mut applied: HashMap<String, usize> = HashMap::new();
     let mut orders: HashMap<String, i64> = HashMap::new();
@@ -146,14 +125,8 @@ async fn eight_workers_on_postgres_apply_every_event_exactly_once() {
     assert_eq!((pending, dead), (0, 0));
     let projection: HashMap<String, i64> = writer.projection().await.unwrap().into_iter().collect();
     assert_eq!(projection, order_sum, "the projection equals the orders");
-    assert!(
-        redeliveries >= (ORDERS / 4) as f64,
-        "lost acks must cause redeliveries, saw {redeliveries}"
-    );
-    assert!(
-        duplicates >= (ORDERS / 4) as f64,
-        "redeliveries must be caught as duplicates, saw {duplicates}"
-    );
+    assert!(redeliveries >= (ORDERS / 4) as f64, "lost acks must cause redeliveries, saw {redeliveries}");
+    assert!(duplicates >= (ORDERS / 4) as f64, "redeliveries must be caught as duplicates, saw {duplicates}");
 }
 
 #[tokio::test]
@@ -162,14 +135,8 @@ async fn shutdown_stops_leasing_and_returns() {
     let store = store(&db.url).await;
     let w = spawn(store.clone(), WorkerConfig::default(), 0.0);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    tokio::time::timeout(Duration::from_secs(5), w.stop())
-        .await
-        .expect("the worker stops within 5 s");
+    tokio::time::timeout(Duration::from_secs(5), w.stop()).await.expect("the worker stops within 5 s");
     store.place_order(&order(1, "a", 1)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(
-        store.queue_stats().await.unwrap().visible,
-        1,
-        "a stopped worker leases nothing"
-    );
+    assert_eq!(store.queue_stats().await.unwrap().visible, 1, "a stopped worker leases nothing");
 }

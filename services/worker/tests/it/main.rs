@@ -38,12 +38,7 @@ pub fn spawn(store: Store, config: WorkerConfig, ack_fail_rate: f64) -> Running 
     let (stop, rx) = watch::channel(false);
     let w = worker.clone();
     let task = tokio::spawn(async move { w.run(rx).await });
-    Running {
-        worker,
-        faults,
-        stop,
-        task,
-    }
+    Running { worker, faults, stop, task }
 }
 
 pub async fn store(url: &str) -> Store {

@@ -1,0 +1,376 @@
+//! `haunt matrix`: each bug mode run under the faults that expose it, seed
+//! after seed, and the correct build under all faults; the table says whether
+//! the checker caught each one with the anomaly it should.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use haunt_checker::{Results, Verdict};
+use haunt_store::Bug;
+use serde::Serialize;
+
+/// What a bug mode needs from the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Needs {
+    Any,
+    /// Concurrent writers (SQLite serializes them, hiding the bug).
+    Postgres,
+    /// A server the harness may crash (`--pg-data`).
+    PostgresCrash,
+}
+
+/// One row of the matrix: how to expose a bug mode and what must be found.
+#[derive(Debug, Clone, Serialize)]
+pub struct Case {
+    /// `None`: the correct build.
+    #[serde(serialize_with = "bug_name")]
+    pub bug: Option<Bug>,
+    pub nemesis: &'static str,
+    /// Extra `haunt run` arguments.
+    pub args: &'static [&'static str],
+    pub needs: Needs,
+    /// The anomaly that must be reported; `None` for the correct build (which
+    /// must be valid) and for the bug modes the inbox masks.
+    pub expected: Option<&'static str>,
+    /// Why a bug mode has no expected anomaly.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub masked: Option<&'static str>,
+}
+
+fn bug_name<S: serde::Serializer>(bug: &Option<Bug>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(bug.map_or("correct", |b| b.name()))
+}
+
+impl Case {
+    pub fn name(&self) -> String {
+        match (self.bug, self.needs) {
+            (Some(b), _) => b.name().to_owned(),
+            (None, Needs::Any) => "correct (sqlite)".into(),
+            (None, _) => "correct (postgres)".into(),
+        }
+    }
+
+    /// Whether one run's results count as caught (or, for the correct build, as passing).
+    pub fn passes(&self, results: &Results) -> bool {
+        match (self.bug, self.expected) {
+            (None, _) => results.valid == Verdict::Valid,
+            (Some(_), Some(anomaly)) => results.anomalies.get(anomaly).is_some_and(|a| a.count > 0),
+            (Some(_), None) => true,
+        }
+    }
+}
+
+/// The bug modes and the correct build, in the order the table shows them.
+pub fn cases() -> Vec<Case> {
+    const FAST_LEASE: &[&str] = &["--visibility-timeout-ms", "500"];
+    vec![
+        Case {
+            bug: Some(Bug::NoInbox),
+            nemesis: "ack-loss",
+            args: FAST_LEASE,
+            needs: Needs::Any,
+            expected: Some("double-applied"),
+            masked: None,
+        },
+        Case {
+            bug: Some(Bug::InboxOutsideTxn),
+            nemesis: "db-error",
+            args: FAST_LEASE,
+            needs: Needs::Any,
+            expected: Some("lost-effect"),
+            masked: None,
+        },
+        Case {
+            bug: Some(Bug::AckBeforeProcess),
+            nemesis: "db-error",
+            args: FAST_LEASE,
+            needs: Needs::Any,
+            expected: Some("lost-effect"),
+            masked: None,
+        },
+        Case {
+            bug: Some(Bug::NonAtomicEnqueue),
+            nemesis: "db-error",
+            args: FAST_LEASE,
+            needs: Needs::Any,
+            expected: Some("failed-but-present"),
+            masked: None,
+        },
+        Case {
+            bug: Some(Bug::ReadModifyWriteProjection),
+            nemesis: "none",
+            // Many writers on two hot items: lost updates need overlap.
+            args: &["--rate", "300", "--concurrency", "16", "--items", "2", "--workers", "4"],
+            needs: Needs::Postgres,
+            expected: Some("projection-mismatch"),
+            masked: None,
+        },
+        Case {
+            bug: Some(Bug::WorkerClockLease),
+            nemesis: "clock-skew,kill",
+            args: &["--visibility-timeout-ms", "500", "--faults-at-once", "2"],
+            needs: Needs::Any,
+            expected: None,
+            masked: Some(
+                "a skewed lease lets two workers hold one message; the inbox makes the second a duplicate, \
+                 so only liveness suffers (messages stuck while a skewed worker's lease runs)",
+            ),
+        },
+        Case {
+            bug: Some(Bug::NoLeaseToken),
+            nemesis: "pause,db-error",
+            args: &["--visibility-timeout-ms", "500", "--faults-at-once", "2"],
+            needs: Needs::Any,
+            expected: None,
+            masked: Some(
+                "a zombie acks only after its own apply or duplicate, so the message it deletes has \
+                 its effect already; the inbox absorbs the rest",
+            ),
+        },
+        Case {
+            bug: Some(Bug::NewEventIdOnRetry),
+            nemesis: "delay",
+            args: &[],
+            needs: Needs::Any,
+            expected: Some("unexpected-effect"),
+            masked: None,
+        },
+        Case {
+            bug: Some(Bug::DlqDrop),
+            nemesis: "db-error",
+            args: &["--visibility-timeout-ms", "500", "--delivery-attempts-max", "2"],
+            needs: Needs::Any,
+            expected: Some("lost-effect"),
+            masked: None,
+        },
+        Case {
+            bug: Some(Bug::AsyncCommit),
+            nemesis: "db-restart",
+            args: FAST_LEASE,
+            needs: Needs::PostgresCrash,
+            expected: Some("lost-order"),
+            masked: None,
+        },
+        Case { bug: None, nemesis: "all", args: FAST_LEASE, needs: Needs::Any, expected: None, masked: None },
+        Case { bug: None, nemesis: "all", args: FAST_LEASE, needs: Needs::Postgres, expected: None, masked: None },
+    ]
+}
+
+/// One run of one case.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunRecord {
+    pub seed: u64,
+    pub run_dir: String,
+    pub verdict: String,
+    pub passed: bool,
+    /// Reported anomalies and their counts.
+    pub anomalies: BTreeMap<String, u64>,
+    /// Seconds from the run's start to the first op of the expected anomaly.
+    pub first_anomaly_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl RunRecord {
+    pub fn from_results(case: &Case, seed: u64, run_dir: String, results: &Results) -> RunRecord {
+        let anomalies = results.failing_anomalies().map(|(n, r)| (n.to_owned(), r.count)).collect();
+        let first_anomaly_s = case
+            .expected
+            .and_then(|a| results.anomalies.get(a))
+            .and_then(|r| r.first_time_ns)
+            .map(|ns| ns as f64 / 1e9);
+        RunRecord {
+            seed,
+            run_dir,
+            verdict: results.valid.as_str().to_owned(),
+            passed: case.passes(results),
+            anomalies,
+            first_anomaly_s,
+            error: None,
+        }
+    }
+
+    pub fn failed_to_run(seed: u64, error: String) -> RunRecord {
+        RunRecord {
+            seed,
+            run_dir: String::new(),
+            verdict: "error".into(),
+            passed: false,
+            anomalies: BTreeMap::new(),
+            first_anomaly_s: None,
+            error: Some(error),
+        }
+    }
+}
+
+/// One row of the finished table.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub case: Case,
+    pub runs: Vec<RunRecord>,
+    /// Why the case did not run (no PostgreSQL given).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
+}
+
+impl Row {
+    pub fn passed_count(&self) -> usize {
+        self.runs.iter().filter(|r| r.passed).count()
+    }
+
+    /// Bug modes: caught in at least ⌈0.9·N⌉ runs. The correct build: valid in
+    /// every run. Masked and skipped rows do not decide.
+    pub fn ok(&self) -> bool {
+        if self.skipped.is_some() || self.case.masked.is_some() {
+            return true;
+        }
+        let n = self.runs.len();
+        match self.case.bug {
+            None => self.passed_count() == n,
+            Some(_) => self.passed_count() * 10 >= n * 9,
+        }
+    }
+
+    fn median_first_anomaly_s(&self) -> Option<f64> {
+        let mut v: Vec<f64> = self.runs.iter().filter(|r| r.passed).filter_map(|r| r.first_anomaly_s).collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        Some(v[v.len() / 2])
+    }
+
+    fn reported(&self) -> String {
+        let mut total: BTreeMap<&str, u64> = BTreeMap::new();
+        for r in &self.runs {
+            for (a, n) in &r.anomalies {
+                *total.entry(a).or_default() += n;
+            }
+        }
+        if total.is_empty() {
+            return "none".into();
+        }
+        total.iter().map(|(a, n)| format!("{a} ({n})")).collect::<Vec<_>>().join(", ")
+    }
+}
+
+/// The table in Markdown.
+pub fn markdown(rows: &[Row], command: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "| bug mode | faults | expected | caught | anomalies reported (all seeds) | median time to first anomalous op |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|");
+    for row in rows {
+        let expected = match (row.case.bug, row.case.expected, row.case.masked) {
+            (None, _, _) => "verdict true".to_owned(),
+            (_, Some(a), _) => format!("`{a}`"),
+            (_, None, Some(_)) => "masked by the inbox".to_owned(),
+            _ => "-".to_owned(),
+        };
+        let caught = match (&row.skipped, row.case.bug) {
+            (Some(why), _) => format!("skipped: {why}"),
+            (None, None) => format!("{}/{} valid", row.passed_count(), row.runs.len()),
+            (None, Some(_)) if row.case.masked.is_some() => format!("{} runs", row.runs.len()),
+            (None, Some(_)) => {
+                format!("{}/{}{}", row.passed_count(), row.runs.len(), if row.ok() { "" } else { " **(below 90 %)**" })
+            }
+        };
+        let median = row.median_first_anomaly_s().map_or("-".to_owned(), |s| format!("{s:.1} s"));
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} |",
+            row.case.name(),
+            row.case.nemesis,
+            expected,
+            caught,
+            row.reported(),
+            median
+        );
+    }
+    let masked: Vec<&Row> = rows.iter().filter(|r| r.case.masked.is_some()).collect();
+    if !masked.is_empty() {
+        let _ = writeln!(out, "\nMasked bug modes:");
+        for row in masked {
+            let _ = writeln!(out, "- `{}`: {}.", row.case.name(), row.case.masked.unwrap_or_default());
+        }
+    }
+    let _ = writeln!(out, "\nProduced by `{command}`.");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_bug_mode_has_a_row_and_the_correct_build_two() {
+        let cases = cases();
+        for bug in Bug::ALL {
+            assert_eq!(cases.iter().filter(|c| c.bug == Some(bug)).count(), 1, "{bug}");
+        }
+        assert_eq!(cases.iter().filter(|c| c.bug.is_none()).count(), 2);
+        for c in &cases {
+            assert!(c.bug.is_none() || c.expected.is_some() != c.masked.is_some(), "{}: expected xor masked", c.name());
+            assert!(haunt_checker::ANOMALIES.contains(&c.expected.unwrap_or("lost-order")));
+        }
+    }
+
+    fn row(bug: Option<Bug>, passed: &[bool]) -> Row {
+        let case = cases().into_iter().find(|c| c.bug == bug).unwrap();
+        let runs =
+            passed.iter().map(|&p| RunRecord { passed: p, ..RunRecord::failed_to_run(1, String::new()) }).collect();
+        Row { case, runs, skipped: None }
+    }
+
+    #[test]
+    fn the_pass_rule_is_nine_in_ten_for_bugs_and_all_for_the_correct_build() {
+        assert!(row(Some(Bug::NoInbox), &[true; 10][..].iter().copied().chain([]).collect::<Vec<_>>()).ok());
+        let mut nine = vec![true; 9];
+        nine.push(false);
+        assert!(row(Some(Bug::NoInbox), &nine).ok());
+        let mut eight = vec![true; 8];
+        eight.extend([false, false]);
+        assert!(!row(Some(Bug::NoInbox), &eight).ok());
+        assert!(!row(Some(Bug::NoInbox), &[false]).ok(), "one seed: it must be caught");
+        assert!(!row(None, &nine).ok(), "the correct build may never fail");
+        assert!(row(None, &[true, true]).ok());
+    }
+}
+
+/// A database of its own for each PostgreSQL run, on the server behind
+/// `admin_url`; dropped with the value.
+#[derive(Debug)]
+pub struct ScratchDb {
+    admin_url: String,
+    name: String,
+    pub url: String,
+}
+
+impl ScratchDb {
+    pub async fn create(admin_url: &str, name: &str) -> anyhow::Result<ScratchDb> {
+        use anyhow::Context;
+        use sqlx::Connection;
+        let mut conn =
+            sqlx::PgConnection::connect(admin_url).await.with_context(|| format!("connecting to {admin_url}"))?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
+            .execute(&mut conn)
+            .await?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut conn).await?;
+        let _ = conn.close().await;
+        let (base, _) = admin_url.split_once('?').unwrap_or((admin_url, ""));
+        let base = base.rsplit_once('/').map_or(base, |(b, _)| b);
+        Ok(ScratchDb { admin_url: admin_url.to_owned(), name: name.to_owned(), url: format!("{base}/{name}") })
+    }
+
+    pub async fn drop_now(self) {
+        use sqlx::Connection;
+        if let Ok(mut conn) = sqlx::PgConnection::connect(&self.admin_url).await {
+            let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+            let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut conn).await;
+            let _ = conn.close().await;
+        }
+    }
+}
