@@ -501,6 +501,8 @@ fn say(options: &RunOptions, line: &str) {
     }
 }
 
+/// Progress while the workload runs: a live bar on a terminal, a plain line
+/// every 5 s otherwise (a log file or CI), nothing with `--quiet`.
 async fn progress(
     options: RunOptions,
     recorder: Arc<Recorder>,
@@ -508,35 +510,56 @@ async fn progress(
     deadline: Instant,
     abort: Arc<AtomicBool>,
 ) {
+    use std::io::IsTerminal;
     if options.quiet {
         return;
     }
+    let terminal = std::io::stderr().is_terminal();
     let started = Instant::now();
+    let total_s = deadline.saturating_duration_since(started).as_secs().max(1);
+    let bar = terminal.then(|| {
+        let bar = indicatif::ProgressBar::new(total_s);
+        let style = indicatif::ProgressStyle::with_template("{elapsed:>4} [{bar:30}] {pos}/{len} s  {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> ");
+        bar.set_style(style);
+        bar
+    });
     let mut last = (started, 0u64);
-    // Every 5 s: often enough to watch, rare enough for a log file.
-    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    // A terminal redraws twice a second; a log gets a line every 5 s, often
+    // enough to follow, rare enough to read.
+    let mut tick = tokio::time::interval(if terminal { Duration::from_millis(500) } else { Duration::from_secs(5) });
     tick.tick().await;
     loop {
         tick.tick().await;
-        if abort.load(Ordering::Relaxed) {
-            return;
-        }
         let now = Instant::now();
+        if abort.load(Ordering::Relaxed) || now >= deadline {
+            if let Some(bar) = &bar {
+                bar.finish_and_clear();
+            }
+            if abort.load(Ordering::Relaxed) {
+                return;
+            }
+        }
         let t = recorder.tally();
         let done = t.ok + t.fail + t.info;
         let rate = (done - last.1) as f64 / (now - last.0).as_secs_f64().max(0.001);
         last = (now, done);
         let faults: Vec<String> = active.list().iter().map(|(f, t)| format!("{f} {t}")).collect();
-        eprintln!(
-            "[{:>3}s, {:>3}s left] {:>7.1} ops/s  ok {}  fail {}  info {}  faults: {}",
-            (now - started).as_secs(),
-            deadline.saturating_duration_since(now).as_secs(),
-            rate,
-            t.ok,
-            t.fail,
-            t.info,
-            if faults.is_empty() { "none".to_owned() } else { faults.join(", ") }
-        );
+        let faults = if faults.is_empty() { "none".to_owned() } else { faults.join(", ") };
+        let line = format!("{rate:>7.1} ops/s  ok {}  fail {}  info {}  faults: {faults}", t.ok, t.fail, t.info);
+        match &bar {
+            Some(bar) if now < deadline => {
+                bar.set_position((now - started).as_secs().min(total_s));
+                bar.set_message(line);
+            }
+            Some(_) => {}
+            None => eprintln!(
+                "[{:>3}s, {:>3}s left] {line}",
+                (now - started).as_secs(),
+                deadline.saturating_duration_since(now).as_secs()
+            ),
+        }
     }
 }
 

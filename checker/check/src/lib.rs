@@ -8,16 +8,14 @@
 //!
 //! # Layout
 //!
-//! - [`history`]: folds the ops into logical orders, latencies and fault windows,
-//!   and enforces Jepsen's op rules.
-//! - [`final_state`]: folds the final read into lookups.
+//! - [`fold`]: streams both files into one compact table of orders, enforcing
+//!   Jepsen's op rules on the way, with latencies and fault windows.
 //! - [`rules`]: the anomaly definitions and the verdict.
 //! - [`results`]: the results as data (`results.json`).
 //! - [`stats`]: quantiles.
 //! - [`summary`]: the human summary printed by `haunt check`.
 
-pub mod final_state;
-pub mod history;
+pub mod fold;
 pub mod results;
 pub mod rules;
 pub mod stats;
@@ -54,26 +52,28 @@ pub fn check_dir(dir: &Path) -> Result<Results, InputError> {
     if !dir.is_dir() {
         return Err(InputError::MissingDir(dir.to_owned()));
     }
+    let mut fold = fold::Fold::default();
     let history_path = dir.join(HISTORY_FILE);
-    let history = history::fold(&history_path, JsonlReader::open(&history_path)?)?;
+    fold::fold_history(&mut fold, &history_path, JsonlReader::open(&history_path)?)?;
     let final_path = dir.join(FINAL_STATE_FILE);
-    let final_state =
-        if final_path.exists() { Some(final_state::fold(&final_path, JsonlReader::open(&final_path)?)?) } else { None };
-    Ok(rules::check(&history, final_state.as_ref()))
+    if final_path.exists() {
+        fold::fold_final(&mut fold, &final_path, JsonlReader::open(&final_path)?)?;
+    }
+    Ok(rules::check(&fold))
 }
 
-/// Checks a history and a final state given as JSONL streams; the
-/// files are named `history.jsonl` and `final-state.jsonl` in errors.
+/// Checks a history and a final state given as JSONL streams; the files are
+/// named `history.jsonl` and `final-state.jsonl` in errors.
 pub fn check_readers(
     history: impl std::io::BufRead,
     final_state: Option<impl std::io::BufRead>,
 ) -> Result<Results, FormatError> {
+    let mut fold = fold::Fold::default();
     let history_path = Path::new(HISTORY_FILE);
-    let history = history::fold(history_path, JsonlReader::new(history, history_path))?;
-    let final_path = Path::new(FINAL_STATE_FILE);
-    let final_state = match final_state {
-        Some(r) => Some(final_state::fold(final_path, JsonlReader::new(r, final_path))?),
-        None => None,
-    };
-    Ok(rules::check(&history, final_state.as_ref()))
+    fold::fold_history(&mut fold, history_path, JsonlReader::new(history, history_path))?;
+    if let Some(r) = final_state {
+        let final_path = Path::new(FINAL_STATE_FILE);
+        fold::fold_final(&mut fold, final_path, JsonlReader::new(r, final_path))?;
+    }
+    Ok(rules::check(&fold))
 }

@@ -1,4 +1,5 @@
-//! The anomaly definitions of `RUN-FORMAT.md` and the verdict rules.
+//! The anomaly definitions of `RUN-FORMAT.md` and the verdict rules, over the
+//! folded run.
 //!
 //! One reading of the contract needs stating. `projection-mismatch` compares the
 //! projection with the orders "that are neither pending nor dead_letter"; an
@@ -9,8 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-use crate::final_state::FinalFold;
-use crate::history::HistoryFold;
+use crate::fold::{Fold, Order};
 use crate::results::{ANOMALIES, AnomalyReport, Counts, Delivery, EXAMPLES_MAX, Example, Latency, Results, Verdict};
 use crate::stats::quantiles;
 
@@ -37,239 +37,211 @@ impl Anomalies {
     }
 }
 
-/// Decides the run. `final_state` is `None` when the run directory has none.
-pub fn check(history: &HistoryFold, final_state: Option<&FinalFold>) -> Results {
-    let empty = FinalFold::default();
-    let fs = final_state.unwrap_or(&empty);
-    let mut anomalies = Anomalies::new();
-    let time_of = |order_id: &str| history.order(order_id).map(|o| o.first_invoke_ns);
-    let example = |order_id: &str, event_id: Option<&str>, why: String| Example {
-        order_id: Some(order_id.to_owned()),
+fn example(order: &Order, event_id: Option<&str>, why: String) -> Example {
+    Example {
+        order_id: Some(order.id.to_string()),
         event_id: event_id.map(str::to_owned),
         item_id: None,
-        time_ns: time_of(order_id),
+        time_ns: order.invoked.then_some(order.first_invoke_ns),
         why,
-    };
+    }
+}
 
-    // Presence as an effect counts too: an applied line whose order row is gone.
-    let mut applied_order_ids: HashSet<&str> = HashSet::new();
-    for (_, lines) in &fs.applied {
-        for a in lines {
-            applied_order_ids.insert(a.order_id.as_str());
-        }
+/// Decides the run.
+pub fn check(fold: &Fold) -> Results {
+    let mut anomalies = Anomalies::new();
+    let final_present = fold.final_present;
+
+    // Applied lines that joined no order row name their order by id only; an
+    // order with such a line is present as an effect.
+    let mut stray_by_order: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (n, a) in fold.stray_applied.iter().enumerate() {
+        stray_by_order.entry(&*a.order_id).or_default().push(n);
     }
 
-    // Judged from the history's side: what the clients were told.
-    if final_state.is_some() {
-        for order in &history.orders {
-            let row = fs.order(&order.order_id);
-            if order.acknowledged() && row.is_none() {
-                anomalies.add(
-                    "lost-order",
-                    example(
-                        &order.order_id,
-                        order.event_id(),
-                        format!(
-                            "acknowledged ({} ok of {} attempts) but absent from the final orders",
-                            order.ok, order.attempts
-                        ),
-                    ),
-                );
-            }
-            if order.failed() && (row.is_some() || applied_order_ids.contains(order.order_id.as_str())) {
-                let what = if row.is_some() { "its order row" } else { "an applied effect" };
-                anomalies.add(
-                    "failed-but-present",
-                    example(
-                        &order.order_id,
-                        row.map(|r| r.event_id.as_str()),
-                        format!("all {} attempts failed, yet the final state holds {what}", order.attempts),
-                    ),
-                );
-            }
-        }
-    }
-
-    // Judged from the final state's side: every order row and every applied line.
     let mut unexpected: HashSet<&str> = HashSet::new();
-    for row in fs.orders.iter().chain(&fs.repeated_orders) {
-        if history.order(&row.order_id).is_none() {
-            if unexpected.insert(row.order_id.as_str()) {
-                anomalies.add(
-                    "unexpected-effect",
-                    example(&row.order_id, Some(&row.event_id), "order present but never invoked".into()),
+    for (i, o) in fold.orders.iter().enumerate() {
+        let has_stray = stray_by_order.contains_key(&*o.id);
+        if final_present && o.acknowledged() && o.row.is_none() {
+            let why = format!("acknowledged ({} ok of {} attempts) but absent from the final orders", o.ok, o.attempts);
+            anomalies.add("lost-order", example(o, o.ack_event.as_deref(), why));
+        }
+        if final_present && o.failed() && (o.row.is_some() || has_stray) {
+            let what = if o.row.is_some() { "its order row" } else { "an applied effect" };
+            let why = format!("all {} attempts failed, yet the final state holds {what}", o.attempts);
+            anomalies.add("failed-but-present", example(o, o.row.as_ref().map(|r| &*r.event), why));
+        }
+        if let Some(row) = &o.row {
+            if !o.invoked && unexpected.insert(&o.id) {
+                anomalies
+                    .add("unexpected-effect", example(o, Some(&row.event), "order present but never invoked".into()));
+            } else if o.extra_rows > 0 && unexpected.insert(&o.id) {
+                anomalies.add("unexpected-effect", example(o, Some(&row.event), "order present more than once".into()));
+            }
+            if o.applied.count == 0 && !o.pending && !o.dead {
+                let why = "order present but its event was never applied, is not queued and not dead-lettered";
+                anomalies.add("lost-effect", example(o, Some(&row.event), why.into()));
+            }
+            if o.applied.count > 1 {
+                let extra = fold.extra_applications.get(&(i as u32)).map(Vec::as_slice).unwrap_or(&[]);
+                let all: Vec<_> = o.applied.first.iter().chain(extra).collect();
+                let attempts: Vec<String> = all.iter().map(|a| a.attempt.to_string()).collect();
+                let workers: BTreeSet<&str> = all.iter().map(|a| fold.strings.name(a.worker)).collect();
+                let why = format!(
+                    "applied {} times (delivery attempts {}; workers {})",
+                    o.applied.count,
+                    attempts.join(", "),
+                    workers.into_iter().collect::<Vec<_>>().join(", ")
                 );
+                anomalies.add("double-applied", example(o, Some(&row.event), why));
+            }
+            if let Some(why) = &o.applied.mismatch {
+                if unexpected.insert(&o.id) {
+                    anomalies.add("unexpected-effect", example(o, Some(&row.event), why.clone()));
+                }
             }
         }
     }
-    for row in &fs.repeated_orders {
-        if unexpected.insert(row.order_id.as_str()) {
-            anomalies.add(
-                "unexpected-effect",
-                example(&row.order_id, Some(&row.event_id), "order present more than once".into()),
-            );
-        }
+
+    // Applications that joined no row: grouped by event for double application,
+    // judged by their order id otherwise.
+    let mut stray_events: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (n, a) in fold.stray_applied.iter().enumerate() {
+        stray_events.entry(&*a.event).or_default().push(n);
     }
-    for row in &fs.orders {
-        let applied = fs.applied_for(&row.event_id);
-        if applied.is_empty() && !fs.pending.contains_key(&row.event_id) && !fs.dead_letters.contains_key(&row.event_id)
-        {
-            anomalies.add(
-                "lost-effect",
-                example(
-                    &row.order_id,
-                    Some(&row.event_id),
-                    "order present but its event was never applied, is not queued and not dead-lettered".into(),
-                ),
-            );
-        }
-    }
-    for (event_id, lines) in &fs.applied {
+    for (event, lines) in &stray_events {
+        let first = &fold.stray_applied[lines[0]];
         if lines.len() > 1 {
-            let attempts: Vec<String> = lines.iter().map(|a| a.delivery_attempt.to_string()).collect();
-            let workers: BTreeSet<&str> = lines.iter().map(|a| a.worker_id.as_str()).collect();
-            anomalies.add(
-                "double-applied",
-                example(
-                    &lines[0].order_id,
-                    Some(event_id),
-                    format!(
-                        "applied {} times (delivery attempts {}; workers {})",
-                        lines.len(),
-                        attempts.join(", "),
-                        workers.into_iter().collect::<Vec<_>>().join(", ")
-                    ),
-                ),
-            );
+            let attempts: Vec<String> =
+                lines.iter().map(|&n| fold.stray_applied[n].application.attempt.to_string()).collect();
+            let ex = Example {
+                order_id: Some(first.order_id.to_string()),
+                event_id: Some(event.to_string()),
+                item_id: None,
+                time_ns: fold.order(&first.order_id).filter(|o| o.invoked).map(|o| o.first_invoke_ns),
+                why: format!("applied {} times (delivery attempts {})", lines.len(), attempts.join(", ")),
+            };
+            anomalies.add("double-applied", ex);
         }
-        for a in lines {
-            let why = match (history.order(&a.order_id), fs.order(&a.order_id)) {
-                (None, _) => Some("applied for an order that was never invoked".to_owned()),
+        for &n in lines {
+            let a = &fold.stray_applied[n];
+            let why = match fold.order(&a.order_id) {
+                None => Some("applied for an order that was never invoked".to_owned()),
+                Some(o) if !o.invoked => Some("applied for an order that was never invoked".to_owned()),
                 // Reported as lost-order or failed-but-present; not counted again.
-                (Some(o), None) if !o.indeterminate() => None,
-                (Some(_), None) => Some("applied, but the order is absent from the final orders".to_owned()),
-                (Some(_), Some(row)) => {
-                    let mut diffs = Vec::new();
-                    if row.event_id != a.event_id {
-                        diffs.push(format!("event_id {} (order has {})", a.event_id, row.event_id));
-                    }
-                    if row.item_id != a.item_id {
-                        diffs.push(format!("item_id {} (order has {})", a.item_id, row.item_id));
-                    }
-                    if row.qty != a.qty {
-                        diffs.push(format!("qty {} (order has {})", a.qty, row.qty));
-                    }
-                    (!diffs.is_empty()).then(|| format!("applied line does not match its order: {}", diffs.join(", ")))
-                }
+                Some(o) if o.row.is_none() && !o.indeterminate() => None,
+                Some(o) if o.row.is_none() => Some("applied, but the order is absent from the final orders".to_owned()),
+                Some(o) => Some(format!(
+                    "applied line does not match its order: event_id {} (order has {})",
+                    a.event,
+                    o.row.as_ref().map_or("", |r| &*r.event)
+                )),
             };
             if let Some(why) = why {
-                if unexpected.insert(a.order_id.as_str()) {
-                    anomalies.add("unexpected-effect", example(&a.order_id, Some(&a.event_id), why));
+                if unexpected.insert(&a.order_id) {
+                    let ex = Example {
+                        order_id: Some(a.order_id.to_string()),
+                        event_id: Some(a.event.to_string()),
+                        item_id: None,
+                        time_ns: fold.order(&a.order_id).filter(|o| o.invoked).map(|o| o.first_invoke_ns),
+                        why,
+                    };
+                    anomalies.add("unexpected-effect", ex);
                 }
             }
         }
     }
 
     // The projection against both of its sources.
-    let mut items: BTreeMap<&str, (i64, i64)> = BTreeMap::new(); // item -> (applied sum, orders sum)
-    for (_, lines) in &fs.applied {
-        for a in lines {
-            items.entry(a.item_id.as_str()).or_default().0 += a.qty;
+    let mut items: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
+    for (&item, &sum) in &fold.applied_sum {
+        items.entry(fold.strings.name(item)).or_default().0 += sum;
+    }
+    for o in &fold.orders {
+        if let Some(row) = &o.row {
+            let parked = o.pending || o.dead;
+            let entry = items.entry(fold.strings.name(row.item)).or_default();
+            if !parked || o.applied.count > 0 {
+                entry.1 += row.qty;
+            }
         }
     }
-    for row in &fs.orders {
-        let parked = fs.pending.contains_key(&row.event_id) || fs.dead_letters.contains_key(&row.event_id);
-        let entry = items.entry(row.item_id.as_str()).or_default();
-        if !parked || !fs.applied_for(&row.event_id).is_empty() {
-            entry.1 += row.qty;
-        }
+    for &item in fold.projection.keys() {
+        items.entry(fold.strings.name(item)).or_default();
     }
-    for item in fs.projection.keys() {
-        items.entry(item.as_str()).or_default();
-    }
+    let projection: HashMap<&str, i64> = fold.projection.iter().map(|(&i, &q)| (fold.strings.name(i), q)).collect();
     for (item, (applied_sum, orders_sum)) in items {
-        let reserved = fs.projection.get(item).copied().unwrap_or(0);
+        let reserved = projection.get(item).copied().unwrap_or(0);
         if reserved != applied_sum || reserved != orders_sum {
-            anomalies.add(
-                "projection-mismatch",
-                Example {
-                    order_id: None,
-                    event_id: None,
-                    item_id: Some(item.to_owned()),
-                    time_ns: None,
-                    why: format!(
-                        "reserved_qty {reserved}, but applied effects sum to {applied_sum} \
-                         and the orders to {orders_sum}"
-                    ),
-                },
-            );
+            let ex = Example {
+                order_id: None,
+                event_id: None,
+                item_id: Some(item.to_owned()),
+                time_ns: None,
+                why: format!(
+                    "reserved_qty {reserved}, but applied effects sum to {applied_sum} and the orders to {orders_sum}"
+                ),
+            };
+            anomalies.add("projection-mismatch", ex);
         }
     }
 
     // Reported, not failures.
-    let mut recovered = 0;
-    let mut dead_lettered = 0;
-    let mut pending = 0;
-    for row in &fs.orders {
-        if fs.dead_letters.contains_key(&row.event_id) {
-            dead_lettered += 1;
-        }
-        if fs.pending.contains_key(&row.event_id) {
-            pending += 1;
-        }
-        if let Some(order) = history.order(&row.order_id) {
-            if order.indeterminate() && fs.applied_for(&row.event_id).len() == 1 {
-                recovered += 1;
-            }
-        }
+    let (mut recovered, mut dead_lettered, mut pending) = (0, 0, 0);
+    for o in fold.orders.iter().filter(|o| o.row.is_some()) {
+        dead_lettered += u64::from(o.dead);
+        pending += u64::from(o.pending);
+        recovered += u64::from(o.indeterminate() && o.applied.count == 1);
     }
 
+    let invoked = || fold.orders.iter().filter(|o| o.invoked);
+    let applied_events = fold.orders.iter().filter(|o| o.applied.count > 0).count() + stray_events.len();
     let counts = Counts {
-        ops: history.ops,
-        client_ops: history.client_ops,
-        nemesis_ops: history.nemesis_ops,
-        attempted: history.orders.len() as u64,
-        acknowledged: history.orders.iter().filter(|o| o.acknowledged()).count() as u64,
-        failed: history.orders.iter().filter(|o| o.failed()).count() as u64,
-        indeterminate: history.orders.iter().filter(|o| o.indeterminate()).count() as u64,
-        open_invokes: history.open_invokes,
-        present: fs.orders.len() as u64,
-        applied_events: fs.applied.len() as u64,
-        applied_lines: fs.applied_lines,
-        pending_messages: fs.pending_lines,
-        dead_letters: fs.dead_letter_lines,
+        ops: fold.ops,
+        client_ops: fold.client_ops,
+        nemesis_ops: fold.nemesis_ops,
+        attempted: invoked().count() as u64,
+        acknowledged: invoked().filter(|o| o.acknowledged()).count() as u64,
+        failed: invoked().filter(|o| o.failed()).count() as u64,
+        indeterminate: invoked().filter(|o| o.indeterminate()).count() as u64,
+        open_invokes: fold.open_invokes,
+        present: fold.orders.iter().filter(|o| o.row.is_some()).count() as u64,
+        applied_events: applied_events as u64,
+        applied_lines: fold.applied_lines,
+        pending_messages: fold.pending_lines,
+        dead_letters: fold.dead_letter_lines,
     };
 
-    let mut delivery = Delivery::default();
-    for (_, lines) in &fs.applied {
-        for a in lines {
-            *delivery.histogram.entry(a.delivery_attempt).or_default() += 1;
-        }
-        if lines.iter().map(|a| a.delivery_attempt).min().unwrap_or(1) > 1 {
-            delivery.redelivered_events += 1;
-        }
-    }
+    let redelivered_joined = fold.orders.iter().filter(|o| o.applied.count > 0 && o.applied.min_attempt > 1).count();
+    let redelivered_stray = stray_events
+        .values()
+        .filter(|lines| lines.iter().map(|&n| fold.stray_applied[n].application.attempt).min().unwrap_or(1) > 1)
+        .count();
+    let delivery = Delivery {
+        histogram: fold.delivery_histogram.clone(),
+        redelivered_events: (redelivered_joined + redelivered_stray) as u64,
+    };
 
-    let latency_ms = latency(history, fs);
+    let latency_ms = latency(fold);
 
     let failing = anomalies.reports.values().any(|r| r.count > 0);
     let mut unknown_reasons = Vec::new();
-    if final_state.is_none() {
+    if !final_present {
         unknown_reasons.push("the final state is missing".to_owned());
-    } else if fs.truncated {
+    } else if fold.final_truncated {
         unknown_reasons.push("the final state is truncated".to_owned());
     }
-    if history.truncated {
+    if fold.history_truncated {
         unknown_reasons.push("the history is truncated".to_owned());
     }
-    if final_state.is_some() && fs.pending_lines > 0 {
-        match &fs.meta {
+    if final_present && fold.pending_lines > 0 {
+        match &fold.meta {
             Some(meta) if meta.quiesced => {}
             Some(_) => {
-                unknown_reasons.push(format!("the queue did not drain: {} messages still pending", fs.pending_lines))
+                unknown_reasons.push(format!("the queue did not drain: {} messages still pending", fold.pending_lines))
             }
             None => unknown_reasons
-                .push(format!("{} messages pending and no meta line says the queue had drained", fs.pending_lines)),
+                .push(format!("{} messages pending and no meta line says the queue had drained", fold.pending_lines)),
         }
     }
     let valid = if failing {
@@ -293,33 +265,24 @@ pub fn check(history: &HistoryFold, final_state: Option<&FinalFold>) -> Results 
         pending,
         delivery,
         latency_ms,
-        faults: history.faults.clone(),
+        faults: fold.faults.clone(),
     }
 }
 
-fn latency(history: &HistoryFold, fs: &FinalFold) -> Latency {
+fn latency(fold: &Fold) -> Latency {
     const NS_PER_MS: f64 = 1e6;
     let to_ms = |v: &[f64]| v.iter().map(|ns| ns / NS_PER_MS).collect::<Vec<_>>();
     let mut ops = BTreeMap::new();
     for (name, values) in
-        [("ok", &history.latency_ok_ns), ("fail", &history.latency_fail_ns), ("info", &history.latency_info_ns)]
+        [("ok", &fold.latency_ok_ns), ("fail", &fold.latency_fail_ns), ("info", &fold.latency_info_ns)]
     {
         ops.insert(name.to_owned(), quantiles(&mut to_ms(values)));
     }
-
     let mut lags = Vec::new();
-    if let Some(meta) = &fs.meta {
-        let first_applied: HashMap<&str, i64> = fs
-            .applied
-            .iter()
-            .filter_map(|(e, lines)| lines.iter().map(|a| a.applied_at_ms).min().map(|t| (e.as_str(), t)))
-            .collect();
-        for order in &history.orders {
-            let (Some(ok_ns), Some(row)) = (order.first_ok_ns, fs.order(&order.order_id)) else {
-                continue;
-            };
-            if let Some(&applied_at_ms) = first_applied.get(row.event_id.as_str()) {
-                let applied_ms = (applied_at_ms - meta.run_started_at_ms) as f64;
+    if let Some(meta) = &fold.meta {
+        for o in &fold.orders {
+            if let (Some(ok_ns), true) = (o.first_ok_ns, o.row.is_some() && o.applied.count > 0) {
+                let applied_ms = (o.applied.min_applied_at_ms - meta.run_started_at_ms) as f64;
                 lags.push(applied_ms - ok_ns as f64 / NS_PER_MS);
             }
         }

@@ -87,3 +87,111 @@ mod tests {
         assert!(serde_json::from_str::<FinalLine>(r#"{"kind":"orders"}"#).is_err());
     }
 }
+
+/// A final-state line borrowed from its text, every field optional: one pass,
+/// no buffering of the `kind` tag. [`FinalRef::check`] enforces the fields each
+/// kind requires.
+#[derive(Debug, Default, Deserialize)]
+pub struct FinalRef<'a> {
+    #[serde(borrow)]
+    pub kind: std::borrow::Cow<'a, str>,
+    #[serde(default, borrow)]
+    pub order_id: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow)]
+    pub item_id: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    pub qty: Option<i64>,
+    #[serde(default, borrow)]
+    pub event_id: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    pub delivery_attempt: Option<u32>,
+    #[serde(default, borrow)]
+    pub worker_id: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    pub applied_at_ms: Option<i64>,
+    #[serde(default)]
+    pub reserved_qty: Option<i64>,
+    #[serde(default, borrow)]
+    pub message_id: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    pub delivery_count: Option<u32>,
+    #[serde(default, borrow)]
+    pub last_error: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    pub quiesced: Option<bool>,
+    #[serde(default)]
+    pub read_at_ns: Option<u64>,
+    #[serde(default)]
+    pub run_started_at_ms: Option<i64>,
+}
+
+/// The kinds of [`FinalLine`], as written in `kind`.
+pub const FINAL_KINDS: [&str; 6] = ["order", "applied", "projection", "pending", "dead_letter", "meta"];
+
+impl FinalRef<'_> {
+    /// Checks that the line's kind is known and its required fields are present.
+    pub fn check(&self) -> Result<(), String> {
+        let required: &[(&str, bool)] = match &*self.kind {
+            "order" => &[
+                ("order_id", self.order_id.is_some()),
+                ("item_id", self.item_id.is_some()),
+                ("qty", self.qty.is_some()),
+                ("event_id", self.event_id.is_some()),
+            ],
+            "applied" => &[
+                ("event_id", self.event_id.is_some()),
+                ("order_id", self.order_id.is_some()),
+                ("item_id", self.item_id.is_some()),
+                ("qty", self.qty.is_some()),
+                ("delivery_attempt", self.delivery_attempt.is_some()),
+                ("worker_id", self.worker_id.is_some()),
+                ("applied_at_ms", self.applied_at_ms.is_some()),
+            ],
+            "projection" => &[("item_id", self.item_id.is_some()), ("reserved_qty", self.reserved_qty.is_some())],
+            "pending" => &[
+                ("message_id", self.message_id.is_some()),
+                ("event_id", self.event_id.is_some()),
+                ("delivery_count", self.delivery_count.is_some()),
+            ],
+            "dead_letter" => &[
+                ("message_id", self.message_id.is_some()),
+                ("event_id", self.event_id.is_some()),
+                ("delivery_count", self.delivery_count.is_some()),
+            ],
+            "meta" => &[
+                ("quiesced", self.quiesced.is_some()),
+                ("read_at_ns", self.read_at_ns.is_some()),
+                ("run_started_at_ms", self.run_started_at_ms.is_some()),
+            ],
+            other => {
+                return Err(format!("unknown variant `{other}`, expected one of {}", FINAL_KINDS.join(", ")));
+            }
+        };
+        match required.iter().find(|(_, present)| !present) {
+            Some((field, _)) => Err(format!("missing field `{field}` in a `{}` line", self.kind)),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod ref_tests {
+    use super::*;
+
+    #[test]
+    fn borrowed_lines_check_their_kind_and_fields() {
+        let ok: FinalRef = serde_json::from_str(r#"{"kind":"projection","item_id":"a","reserved_qty":3}"#).unwrap();
+        assert!(ok.check().is_ok());
+        let missing: FinalRef =
+            serde_json::from_str(r#"{"kind":"order","order_id":"o","item_id":"a","qty":1}"#).unwrap();
+        assert!(missing.check().unwrap_err().contains("event_id"));
+        let unknown: FinalRef = serde_json::from_str(r#"{"kind":"orders"}"#).unwrap();
+        assert!(unknown.check().unwrap_err().contains("unknown variant"));
+        assert!(
+            serde_json::from_str::<FinalRef>(r#"{"kind":"order","qty":"2"}"#)
+                .unwrap_err()
+                .to_string()
+                .contains("invalid type")
+        );
+    }
+}

@@ -238,3 +238,87 @@ mod tests {
         assert!(err.contains("qty"), "{err}");
     }
 }
+
+/// An op borrowed from its line, for readers that stream tens of millions of
+/// ops: strings without escapes are not copied, and `value` is parsed only by
+/// whoever needs it ([`OpRef::order`]).
+#[derive(Debug, Deserialize)]
+pub struct OpRef<'a> {
+    pub index: u64,
+    pub time_ns: u64,
+    pub process: Process,
+    #[serde(rename = "type")]
+    pub kind: OpType,
+    #[serde(borrow)]
+    pub f: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    pub value: &'a RawValue,
+    #[serde(default, borrow)]
+    pub correlation_id: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow)]
+    pub error: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// The order fields of a client op's value, borrowed. On an invoke all three
+/// are required; a completion may repeat them or not.
+#[derive(Debug, Deserialize)]
+pub struct OrderRef<'a> {
+    #[serde(default, borrow)]
+    pub order_id: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow)]
+    pub item_id: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    pub qty: Option<i64>,
+    #[serde(default, borrow)]
+    pub event_id: Option<std::borrow::Cow<'a, str>>,
+}
+
+impl<'a> OpRef<'a> {
+    pub fn is_client_order(&self) -> bool {
+        !self.process.is_nemesis() && self.f == "order"
+    }
+
+    /// The order fields of a client `order` op; an invoke must name all of
+    /// `order_id`, `item_id` and an integer `qty`.
+    pub fn order(&self) -> Result<OrderRef<'a>, String> {
+        let what = if self.kind == OpType::Invoke { "order invoke" } else { "order completion" };
+        let order: OrderRef<'a> =
+            serde_json::from_str(self.value.get()).map_err(|e| format!("value of an {what}: {e}"))?;
+        if self.kind == OpType::Invoke {
+            for (field, present) in [
+                ("order_id", order.order_id.is_some()),
+                ("item_id", order.item_id.is_some()),
+                ("qty", order.qty.is_some()),
+            ] {
+                if !present {
+                    return Err(format!("value of an {what}: missing field `{field}`"));
+                }
+            }
+        }
+        Ok(order)
+    }
+
+    /// A non-order value must be a JSON object.
+    pub fn check_other_value(&self) -> Result<(), String> {
+        match self.value.get().trim_start().as_bytes().first() {
+            Some(b'{') => Ok(()),
+            _ => Err("value must be a JSON object".into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod ref_tests {
+    use super::*;
+
+    #[test]
+    fn borrowed_ops_need_the_same_fields_as_owned_ones() {
+        let line = r#"{"index":0,"time_ns":5,"process":3,"type":"invoke","f":"order","value":{"order_id":"o1","item_id":"i1"}}"#;
+        let op: OpRef = serde_json::from_str(line).unwrap();
+        assert!(op.order().unwrap_err().contains("missing field `qty`"));
+        let line = r#"{"index":1,"time_ns":6,"process":3,"type":"ok","f":"order","value":{"event_id":"e1"}}"#;
+        let op: OpRef = serde_json::from_str(line).unwrap();
+        assert_eq!(op.order().unwrap().event_id.as_deref(), Some("e1"));
+        assert!(matches!(op.f, std::borrow::Cow::Borrowed(_)), "no copy for plain strings");
+    }
+}

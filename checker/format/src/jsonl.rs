@@ -47,7 +47,7 @@ pub struct JsonlReader<R, T> {
     _item: std::marker::PhantomData<fn() -> T>,
 }
 
-impl<R: BufRead, T: DeserializeOwned> JsonlReader<R, T> {
+impl<R: BufRead, T> JsonlReader<R, T> {
     /// `file` is only used to name the source in errors.
     pub fn new(inner: R, file: impl Into<PathBuf>) -> Self {
         JsonlReader {
@@ -66,7 +66,7 @@ impl<R: BufRead, T: DeserializeOwned> JsonlReader<R, T> {
     }
 }
 
-impl<T: DeserializeOwned> JsonlReader<std::io::BufReader<std::fs::File>, T> {
+impl<T> JsonlReader<std::io::BufReader<std::fs::File>, T> {
     pub fn open(path: &Path) -> Result<Self, FormatError> {
         let file = std::fs::File::open(path).map_err(|source| FormatError::Io { file: path.to_owned(), source })?;
         // A large buffer: histories are read front to back once.
@@ -75,10 +75,20 @@ impl<T: DeserializeOwned> JsonlReader<std::io::BufReader<std::fs::File>, T> {
     }
 }
 
-impl<R: BufRead, T: DeserializeOwned> Iterator for JsonlReader<R, T> {
-    type Item = Result<Line<T>, FormatError>;
+/// One line as bytes, for readers that parse into borrowed types.
+#[derive(Debug, Clone, Copy)]
+pub struct RawLine<'a> {
+    /// 1-based.
+    pub line: u64,
+    pub bytes: &'a [u8],
+    /// False for a last line without a newline: if it does not parse, the
+    /// writer was cut off, which is truncation rather than an error.
+    pub complete: bool,
+}
 
-    fn next(&mut self) -> Option<Self::Item> {
+impl<R: BufRead, T> JsonlReader<R, T> {
+    /// The next non-blank line, borrowed from the reader's buffer.
+    pub fn next_raw(&mut self) -> Option<Result<RawLine<'_>, FormatError>> {
         while !self.done {
             self.buf.clear();
             let n = match self.inner.read_until(b'\n', &mut self.buf) {
@@ -93,23 +103,43 @@ impl<R: BufRead, T: DeserializeOwned> Iterator for JsonlReader<R, T> {
                 return None;
             }
             self.line += 1;
-            let complete = self.buf.last() == Some(&b'\n');
             if self.buf.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            return Some(match serde_json::from_slice::<T>(&self.buf) {
-                Ok(value) => Ok(Line::Item { line: self.line, value }),
-                Err(_) if !complete => {
-                    self.done = true;
-                    Ok(Line::Truncated { line: self.line })
-                }
-                Err(e) => {
-                    self.done = true;
-                    Err(FormatError::line(&self.file, self.line, e.to_string()))
-                }
-            });
+            let complete = self.buf.last() == Some(&b'\n');
+            return Some(Ok(RawLine { line: self.line, bytes: &self.buf, complete }));
         }
         None
+    }
+
+    /// Stops reading (after an error or truncation).
+    pub fn stop(&mut self) {
+        self.done = true;
+    }
+}
+
+impl<R: BufRead, T: DeserializeOwned> Iterator for JsonlReader<R, T> {
+    type Item = Result<Line<T>, FormatError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let file = self.file.clone();
+        let raw = match self.next_raw()? {
+            Ok(raw) => raw,
+            Err(e) => return Some(Err(e)),
+        };
+        let (line, complete) = (raw.line, raw.complete);
+        let parsed = serde_json::from_slice::<T>(raw.bytes);
+        Some(match parsed {
+            Ok(value) => Ok(Line::Item { line, value }),
+            Err(_) if !complete => {
+                self.stop();
+                Ok(Line::Truncated { line })
+            }
+            Err(e) => {
+                self.stop();
+                Err(FormatError::line(&file, line, e.to_string()))
+            }
+        })
     }
 }
 

@@ -15,9 +15,9 @@ pub mod final_state;
 pub mod history;
 pub mod jsonl;
 
-pub use final_state::{Applied, DeadLetter, FinalLine, Meta, OrderRow, Pending, ProjectionRow};
-pub use history::{Op, OpType, OpValue, OrderValue, Process};
-pub use jsonl::{FormatError, JsonlReader, JsonlWriter, Line};
+pub use final_state::{Applied, DeadLetter, FinalLine, FinalRef, Meta, OrderRow, Pending, ProjectionRow};
+pub use history::{Op, OpRef, OpType, OpValue, OrderRef, OrderValue, Process};
+pub use jsonl::{FormatError, JsonlReader, JsonlWriter, Line, RawLine};
 
 /// File names inside a run directory.
 pub const HISTORY_FILE: &str = "history.jsonl";

@@ -1,0 +1,621 @@
+//! The run, folded into one compact table of orders keyed by order id, built
+//! by streaming both files once.
+//!
+//! Memory is what limits a checker of tens of millions of ops, so each logical
+//! order is one record: its id once, small strings (items, workers) interned,
+//! and what the final state says about it (its row, its applications, whether
+//! its message is queued or parked) stored beside what the history says. Lines
+//! that cannot be joined when read (an `applied` line before its `order` line)
+//! wait in a side list and are joined at the end.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::path::Path;
+
+use hashbrown::HashTable;
+use haunt_format::{FinalRef, FormatError, JsonlReader, OpRef, OpType, Process};
+
+use crate::results::FaultWindow;
+
+/// Small strings seen over and over (items, workers, fault targets) as numbers.
+#[derive(Debug, Default)]
+pub struct Interner {
+    ids: HashMap<Box<str>, u32, hashbrown::DefaultHashBuilder>,
+    pub names: Vec<Box<str>>,
+}
+
+impl Interner {
+    pub fn id(&mut self, s: &str) -> u32 {
+        if let Some(&id) = self.ids.get(s) {
+            return id;
+        }
+        let id = self.names.len() as u32;
+        self.names.push(s.into());
+        self.ids.insert(s.into(), id);
+        id
+    }
+
+    pub fn name(&self, id: u32) -> &str {
+        &self.names[id as usize]
+    }
+}
+
+/// An order's row in the final state.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub item: u32,
+    pub qty: i64,
+    pub event: Box<str>,
+}
+
+/// One application of an event, as kept for reporting.
+#[derive(Debug, Clone, Copy)]
+pub struct Application {
+    pub attempt: u32,
+    pub worker: u32,
+    pub applied_at_ms: i64,
+}
+
+/// The applications joined to an order's row event.
+#[derive(Debug, Default)]
+pub struct Applications {
+    pub count: u32,
+    pub first: Option<Application>,
+    pub min_attempt: u32,
+    pub min_applied_at_ms: i64,
+    /// Why the first application that does not match the order is wrong.
+    pub mismatch: Option<String>,
+}
+
+/// One logical order: every attempt at one order id, and its final state.
+#[derive(Debug)]
+pub struct Order {
+    pub id: Box<str>,
+    pub invoked: bool,
+    pub item: u32,
+    pub qty: i64,
+    pub attempts: u32,
+    pub ok: u32,
+    pub fail: u32,
+    /// Completed `info`, or never completed.
+    pub unknown: u32,
+    /// From the first `ok` completion.
+    pub ack_event: Option<Box<str>>,
+    pub first_invoke_ns: u64,
+    pub first_ok_ns: Option<u64>,
+    pub row: Option<Row>,
+    /// `order` lines after the first with this id.
+    pub extra_rows: u32,
+    pub applied: Applications,
+    pub pending: bool,
+    pub dead: bool,
+}
+
+impl Order {
+    fn new(id: &str) -> Order {
+        Order {
+            id: id.into(),
+            invoked: false,
+            item: 0,
+            qty: 0,
+            attempts: 0,
+            ok: 0,
+            fail: 0,
+            unknown: 0,
+            ack_event: None,
+            first_invoke_ns: 0,
+            first_ok_ns: None,
+            row: None,
+            extra_rows: 0,
+            applied: Applications::default(),
+            pending: false,
+            dead: false,
+        }
+    }
+
+    pub fn acknowledged(&self) -> bool {
+        self.ok > 0
+    }
+
+    /// Every attempt certainly had no effect.
+    pub fn failed(&self) -> bool {
+        self.invoked && self.ok == 0 && self.unknown == 0 && self.fail > 0
+    }
+
+    pub fn indeterminate(&self) -> bool {
+        self.invoked && !self.acknowledged() && !self.failed()
+    }
+
+    /// The event to name in examples: the row's, else the acknowledged one.
+    pub fn event(&self) -> Option<&str> {
+        self.row.as_ref().map(|r| &*r.event).or(self.ack_event.as_deref())
+    }
+}
+
+/// An `applied` line that could not be joined to an order row's event.
+#[derive(Debug, Clone)]
+pub struct StrayApplied {
+    pub event: Box<str>,
+    pub order_id: Box<str>,
+    pub item: u32,
+    pub qty: i64,
+    pub application: Application,
+}
+
+#[derive(Debug)]
+struct Outstanding {
+    line: u64,
+    time_ns: u64,
+    /// `None` for `order`, the common case, to save a copy per op.
+    f: Option<Box<str>>,
+    order: Option<u32>,
+}
+
+#[derive(Debug, Default)]
+struct ProcessState {
+    outstanding: Option<Outstanding>,
+    crashed_at: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum WindowState {
+    Open { start_ns: u64 },
+    Closing { start_ns: u64, end_ns: u64 },
+}
+
+/// Everything the rules need, from both files.
+#[derive(Debug, Default)]
+pub struct Fold {
+    pub orders: Vec<Order>,
+    by_id: HashTable<u32>,
+    by_event: HashTable<u32>,
+    hasher: hashbrown::DefaultHashBuilder,
+    pub strings: Interner,
+    // History.
+    pub latency_ok_ns: Vec<f64>,
+    pub latency_fail_ns: Vec<f64>,
+    pub latency_info_ns: Vec<f64>,
+    pub ops: u64,
+    pub client_ops: u64,
+    pub nemesis_ops: u64,
+    pub open_invokes: u64,
+    pub history_truncated: bool,
+    pub faults: Vec<FaultWindow>,
+    processes: HashMap<Process, ProcessState, hashbrown::DefaultHashBuilder>,
+    windows: HashMap<(String, String), WindowState, hashbrown::DefaultHashBuilder>,
+    window_order: Vec<(String, String)>,
+    last: Option<(u64, u64)>,
+    // Final state.
+    pub final_present: bool,
+    pub final_truncated: bool,
+    pub stray_applied: Vec<StrayApplied>,
+    /// Pending and dead-letter lines whose event is not an order row's.
+    unjoined_pending: Vec<Box<str>>,
+    unjoined_dead: Vec<Box<str>>,
+    pub applied_lines: u64,
+    /// Applied qty by item, over every applied line.
+    pub applied_sum: HashMap<u32, i64, hashbrown::DefaultHashBuilder>,
+    pub projection: HashMap<u32, i64, hashbrown::DefaultHashBuilder>,
+    pub delivery_histogram: std::collections::BTreeMap<u32, u64>,
+    pub pending_lines: u64,
+    pub dead_letter_lines: u64,
+    pub meta: Option<haunt_format::Meta>,
+    /// Extra applications (beyond the first) of joined events, for examples.
+    pub extra_applications: HashMap<u32, Vec<Application>, hashbrown::DefaultHashBuilder>,
+}
+
+/// Which fault family an op belongs to and whether it starts or stops it.
+fn fault_family(f: &str) -> (&str, bool) {
+    match f {
+        "kill" => ("kill", true),
+        "restart" => ("kill", false),
+        "pause" => ("pause", true),
+        "resume" => ("pause", false),
+        _ => {
+            if let Some(rest) = f.strip_prefix("start-") {
+                (rest, true)
+            } else if let Some(rest) = f.strip_prefix("stop-") {
+                (rest, false)
+            } else {
+                (f, true)
+            }
+        }
+    }
+}
+
+fn fault_target(value: &serde_json::value::RawValue) -> String {
+    #[derive(serde::Deserialize)]
+    struct Target {
+        #[serde(default)]
+        target: Option<serde_json::Value>,
+        #[serde(default)]
+        targets: Option<serde_json::Value>,
+    }
+    match serde_json::from_str::<Target>(value.get()).ok().and_then(|t| t.target.or(t.targets)) {
+        Some(serde_json::Value::String(s)) => s,
+        Some(other) => other.to_string(),
+        None => String::new(),
+    }
+}
+
+impl Fold {
+    pub fn order(&self, id: &str) -> Option<&Order> {
+        let hash = self.hasher.hash_one(id);
+        self.by_id.find(hash, |&i| &*self.orders[i as usize].id == id).map(|&i| &self.orders[i as usize])
+    }
+
+    fn order_index(&mut self, id: &str) -> u32 {
+        let hash = self.hasher.hash_one(id);
+        let orders = &self.orders;
+        if let Some(&i) = self.by_id.find(hash, |&i| &*orders[i as usize].id == id) {
+            return i;
+        }
+        let i = self.orders.len() as u32;
+        self.orders.push(Order::new(id));
+        let (orders, hasher) = (&self.orders, &self.hasher);
+        self.by_id.insert_unique(hash, i, |&j| hasher.hash_one(&*orders[j as usize].id));
+        i
+    }
+
+    fn event_index(&self, event: &str) -> Option<u32> {
+        let hash = self.hasher.hash_one(event);
+        self.by_event.find(hash, |&i| self.orders[i as usize].row.as_ref().is_some_and(|r| &*r.event == event)).copied()
+    }
+
+    pub fn push_op(&mut self, file: &Path, line: u64, op: OpRef<'_>) -> Result<(), FormatError> {
+        let err = |message: String| FormatError::line(file, line, message);
+        if let Some((last_index, last_time)) = self.last {
+            if op.index <= last_index {
+                return Err(err(format!("index {} does not increase (previous op has index {last_index})", op.index)));
+            }
+            if op.time_ns < last_time {
+                return Err(err(format!("time_ns {} goes backwards (previous op at {last_time})", op.time_ns)));
+            }
+        }
+        self.last = Some((op.index, op.time_ns));
+        self.ops += 1;
+        if op.process.is_nemesis() {
+            op.check_other_value().map_err(err)?;
+            self.nemesis_ops += 1;
+            self.push_fault(&op.f, fault_target(op.value), op.time_ns);
+            return Ok(());
+        }
+        self.client_ops += 1;
+        let order_fields = if op.is_client_order() { Some(op.order().map_err(err)?) } else { None };
+        if order_fields.is_none() {
+            op.check_other_value().map_err(err)?;
+        }
+        let process = op.process.clone();
+        let state = self.processes.entry(process.clone()).or_default();
+        if op.kind == OpType::Invoke {
+            if let Some(crashed) = state.crashed_at {
+                return Err(err(format!(
+                    "process {process} invokes again after its info at line {crashed}; \
+                     a client continues under a new process number"
+                )));
+            }
+            if let Some(o) = &state.outstanding {
+                return Err(err(format!(
+                    "process {process} invokes while its invoke at line {} is outstanding",
+                    o.line
+                )));
+            }
+            let f = (op.f != "order").then(|| Box::<str>::from(&*op.f));
+            let order = match order_fields {
+                Some(v) => {
+                    let id = v.order_id.expect("checked by OpRef::order");
+                    let item_name = v.item_id.expect("checked by OpRef::order");
+                    let item = self.strings.id(&item_name);
+                    let i = self.order_index(&id);
+                    let o = &mut self.orders[i as usize];
+                    if !o.invoked {
+                        o.invoked = true;
+                        o.item = item;
+                        o.qty = v.qty.expect("checked by OpRef::order");
+                        o.first_invoke_ns = op.time_ns;
+                    }
+                    o.attempts += 1;
+                    Some(i)
+                }
+                None => None,
+            };
+            let state = self.processes.get_mut(&process).expect("inserted above");
+            state.outstanding = Some(Outstanding { line, time_ns: op.time_ns, f, order });
+            return Ok(());
+        }
+        let Some(invoke) = state.outstanding.take() else {
+            return Err(err(format!(
+                "{} completion from process {process} with no outstanding invoke",
+                op.kind.as_str()
+            )));
+        };
+        let invoke_f = invoke.f.as_deref().unwrap_or("order");
+        if invoke_f != op.f {
+            return Err(err(format!(
+                "completion f \"{}\" does not match the invoke at line {} (f \"{invoke_f}\")",
+                op.f, invoke.line
+            )));
+        }
+        if op.kind == OpType::Info {
+            state.crashed_at = Some(line);
+        }
+        let latency = (op.time_ns - invoke.time_ns) as f64;
+        match op.kind {
+            OpType::Ok => self.latency_ok_ns.push(latency),
+            OpType::Fail => self.latency_fail_ns.push(latency),
+            _ => self.latency_info_ns.push(latency),
+        }
+        if let (Some(i), Some(v)) = (invoke.order, order_fields) {
+            let o = &mut self.orders[i as usize];
+            if let Some(id) = v.order_id.as_deref() {
+                if !id.is_empty() && id != &*o.id {
+                    return Err(err(format!(
+                        "completion names order_id \"{id}\" but its invoke at line {} names \"{}\"",
+                        invoke.line, o.id
+                    )));
+                }
+            }
+            match op.kind {
+                OpType::Ok => {
+                    o.ok += 1;
+                    o.first_ok_ns.get_or_insert(op.time_ns);
+                    if o.ack_event.is_none() {
+                        o.ack_event = v.event_id.map(|e| Box::from(&*e));
+                    }
+                }
+                OpType::Fail => o.fail += 1,
+                _ => o.unknown += 1,
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Fold {
+    fn push_fault(&mut self, f: &str, target: String, t: u64) {
+        let (family, starts) = fault_family(f);
+        let key = (family.to_owned(), target);
+        let state = self.windows.get(&key).copied();
+        let next = match (state, starts) {
+            (None, true) => {
+                self.window_order.push(key.clone());
+                Some(WindowState::Open { start_ns: t })
+            }
+            (Some(open @ WindowState::Open { .. }), true) => Some(open),
+            (Some(WindowState::Closing { start_ns, end_ns }), true) => {
+                self.faults.push(FaultWindow {
+                    fault: key.0.clone(),
+                    target: key.1.clone(),
+                    start_ns,
+                    end_ns: Some(end_ns),
+                });
+                Some(WindowState::Open { start_ns: t })
+            }
+            (Some(WindowState::Open { start_ns } | WindowState::Closing { start_ns, .. }), false) => {
+                Some(WindowState::Closing { start_ns, end_ns: t })
+            }
+            // A stop with no start (the history began mid-fault): nothing to shade.
+            (None, false) => None,
+        };
+        if let Some(next) = next {
+            self.windows.insert(key, next);
+        }
+    }
+
+    /// Ends the history: open invokes become indeterminate, open fault windows
+    /// are reported as still open.
+    pub fn finish_history(&mut self) {
+        for state in self.processes.values_mut() {
+            if let Some(invoke) = state.outstanding.take() {
+                self.open_invokes += 1;
+                if let Some(i) = invoke.order {
+                    self.orders[i as usize].unknown += 1;
+                }
+            }
+        }
+        for key in std::mem::take(&mut self.window_order) {
+            if let Some(state) = self.windows.remove(&key) {
+                let (start_ns, end_ns) = match state {
+                    WindowState::Open { start_ns } => (start_ns, None),
+                    WindowState::Closing { start_ns, end_ns } => (start_ns, Some(end_ns)),
+                };
+                self.faults.push(FaultWindow { fault: key.0, target: key.1, start_ns, end_ns });
+            }
+        }
+        self.faults.sort_by(|a, b| (a.start_ns, &a.fault, &a.target).cmp(&(b.start_ns, &b.fault, &b.target)));
+    }
+
+    pub fn push_final(&mut self, file: &Path, line: u64, l: FinalRef<'_>) -> Result<(), FormatError> {
+        l.check().map_err(|e| FormatError::line(file, line, e))?;
+        let s = |c: &Option<Cow<'_, str>>| -> String { c.as_deref().unwrap_or_default().to_owned() };
+        match &*l.kind {
+            "order" => {
+                let id = l.order_id.as_deref().unwrap_or_default();
+                let item = self.strings.id(l.item_id.as_deref().unwrap_or_default());
+                let i = self.order_index(id);
+                let o = &mut self.orders[i as usize];
+                if o.row.is_some() {
+                    o.extra_rows += 1;
+                    return Ok(());
+                }
+                let event: Box<str> = l.event_id.as_deref().unwrap_or_default().into();
+                let hash = self.hasher.hash_one(&*event);
+                o.row = Some(Row { item, qty: l.qty.unwrap_or_default(), event });
+                let (orders, hasher) = (&self.orders, &self.hasher);
+                self.by_event.insert_unique(hash, i, |&j| {
+                    hasher.hash_one(orders[j as usize].row.as_ref().map_or("", |r| &*r.event))
+                });
+            }
+            "applied" => {
+                self.applied_lines += 1;
+                let item = self.strings.id(l.item_id.as_deref().unwrap_or_default());
+                let qty = l.qty.unwrap_or_default();
+                let attempt = l.delivery_attempt.unwrap_or_default();
+                *self.applied_sum.entry(item).or_default() += qty;
+                *self.delivery_histogram.entry(attempt).or_default() += 1;
+                let application = Application {
+                    attempt,
+                    worker: self.strings.id(l.worker_id.as_deref().unwrap_or_default()),
+                    applied_at_ms: l.applied_at_ms.unwrap_or_default(),
+                };
+                let stray = StrayApplied {
+                    event: l.event_id.as_deref().unwrap_or_default().into(),
+                    order_id: l.order_id.as_deref().unwrap_or_default().into(),
+                    item,
+                    qty,
+                    application,
+                };
+                // Usually the row came first; what it cannot join yet waits for the end.
+                if let Some(unjoined) = self.join_applied(stray) {
+                    self.stray_applied.push(unjoined);
+                }
+            }
+            "projection" => {
+                let item = self.strings.id(l.item_id.as_deref().unwrap_or_default());
+                self.projection.insert(item, l.reserved_qty.unwrap_or_default());
+            }
+            "pending" => {
+                self.pending_lines += 1;
+                match self.event_index(l.event_id.as_deref().unwrap_or_default()) {
+                    Some(i) => self.orders[i as usize].pending = true,
+                    None => self.unjoined_pending.push(s(&l.event_id).into()),
+                }
+            }
+            "dead_letter" => {
+                self.dead_letter_lines += 1;
+                match self.event_index(l.event_id.as_deref().unwrap_or_default()) {
+                    Some(i) => self.orders[i as usize].dead = true,
+                    None => self.unjoined_dead.push(s(&l.event_id).into()),
+                }
+            }
+            "meta" => {
+                self.meta = Some(haunt_format::Meta {
+                    quiesced: l.quiesced.unwrap_or_default(),
+                    read_at_ns: l.read_at_ns.unwrap_or_default(),
+                    run_started_at_ms: l.run_started_at_ms.unwrap_or_default(),
+                })
+            }
+            _ => unreachable!("FinalRef::check accepts only the known kinds"),
+        }
+        Ok(())
+    }
+
+    /// Joins applications, queued and parked messages to the order rows whose
+    /// event they carry. What joins nothing stays in `stray_applied`.
+    pub fn finish_final(&mut self) {
+        for event in std::mem::take(&mut self.unjoined_pending) {
+            if let Some(i) = self.event_index(&event) {
+                self.orders[i as usize].pending = true;
+            }
+        }
+        for event in std::mem::take(&mut self.unjoined_dead) {
+            if let Some(i) = self.event_index(&event) {
+                self.orders[i as usize].dead = true;
+            }
+        }
+        let mut stray = Vec::new();
+        for a in std::mem::take(&mut self.stray_applied) {
+            stray.extend(self.join_applied(a));
+        }
+        self.stray_applied = stray;
+    }
+
+    /// Joins an application to the order row whose event it carries; returns it
+    /// when no row (yet) has that event.
+    fn join_applied(&mut self, a: StrayApplied) -> Option<StrayApplied> {
+        {
+            let Some(i) = self.event_index(&a.event) else {
+                return Some(a);
+            };
+            let mismatch = {
+                let o = &self.orders[i as usize];
+                let row = o.row.as_ref().expect("joined by its row's event");
+                let mut diffs = Vec::new();
+                if *a.order_id != *o.id {
+                    diffs.push(format!("order_id {} (the event belongs to order {})", a.order_id, o.id));
+                }
+                if a.item != row.item {
+                    diffs.push(format!(
+                        "item_id {} (order has {})",
+                        self.strings.name(a.item),
+                        self.strings.name(row.item)
+                    ));
+                }
+                if a.qty != row.qty {
+                    diffs.push(format!("qty {} (order has {})", a.qty, row.qty));
+                }
+                (!diffs.is_empty()).then(|| format!("applied line does not match its order: {}", diffs.join(", ")))
+            };
+            let o = &mut self.orders[i as usize];
+            let apps = &mut o.applied;
+            apps.count += 1;
+            if apps.count == 1 {
+                apps.first = Some(a.application);
+                apps.min_attempt = a.application.attempt;
+                apps.min_applied_at_ms = a.application.applied_at_ms;
+            } else {
+                apps.min_attempt = apps.min_attempt.min(a.application.attempt);
+                apps.min_applied_at_ms = apps.min_applied_at_ms.min(a.application.applied_at_ms);
+                self.extra_applications.entry(i).or_default().push(a.application);
+            }
+            if apps.mismatch.is_none() {
+                apps.mismatch = mismatch;
+            }
+        }
+        None
+    }
+}
+
+/// Folds `history.jsonl`.
+pub fn fold_history<R: std::io::BufRead>(
+    fold: &mut Fold,
+    file: &Path,
+    mut reader: JsonlReader<R, ()>,
+) -> Result<(), FormatError> {
+    while let Some(raw) = reader.next_raw() {
+        let raw = raw?;
+        let (line, complete) = (raw.line, raw.complete);
+        match serde_json::from_slice::<OpRef<'_>>(raw.bytes) {
+            Ok(op) => fold.push_op(file, line, op)?,
+            Err(_) if !complete => {
+                fold.history_truncated = true;
+                break;
+            }
+            Err(e) => return Err(FormatError::line(file, line, e.to_string())),
+        }
+    }
+    fold.finish_history();
+    Ok(())
+}
+
+/// Folds `final-state.jsonl`.
+pub fn fold_final<R: std::io::BufRead>(
+    fold: &mut Fold,
+    file: &Path,
+    mut reader: JsonlReader<R, ()>,
+) -> Result<(), FormatError> {
+    fold.final_present = true;
+    while let Some(raw) = reader.next_raw() {
+        let raw = raw?;
+        let (line, complete) = (raw.line, raw.complete);
+        match serde_json::from_slice::<FinalRef<'_>>(raw.bytes) {
+            Ok(l) => {
+                if let Err(e) = fold.push_final(file, line, l) {
+                    if !complete {
+                        fold.final_truncated = true;
+                        break;
+                    }
+                    return Err(e);
+                }
+            }
+            Err(_) if !complete => {
+                fold.final_truncated = true;
+                break;
+            }
+            Err(e) => return Err(FormatError::line(file, line, e.to_string())),
+        }
+    }
+    fold.finish_final();
+    Ok(())
+}
