@@ -71,11 +71,13 @@ async fn one_run(case: &Case, seed: u64, args: &MatrixArgs, runs_dir: &Path, n: 
         .arg("--store")
         .arg(runs_dir)
         .args(["--seed", &seed.to_string(), "--time-limit-s", &args.time_limit_s.to_string()])
-        .args(["--nemesis", case.nemesis, "--quiet"])
+        .args(["--nemesis", case.nemesis, "--quiet"]);
+    if !case.args.contains(&"--nemesis-interval-s") {
         // About six faults a run, however long the run: a short run must still
         // see the faults that expose its bug.
-        .args(["--nemesis-interval-s", &(args.time_limit_s as f64 / 6.0).clamp(1.0, 5.0).to_string()])
-        .args(case.args);
+        command.args(["--nemesis-interval-s", &(args.time_limit_s as f64 / 6.0).clamp(1.0, 5.0).to_string()]);
+    }
+    command.args(case.args);
     if let Some(bug) = case.bug {
         command.args(["--bug", bug.name()]);
     }
