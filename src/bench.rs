@@ -13,6 +13,97 @@ pub enum BenchCommand {
     /// The checker on a synthetic run of N client ops, against merely
     /// deserializing the same files with serde_json.
     Check(CheckBench),
+    /// The harness's own ceiling: its clients and history recorder against a
+    /// stub API that answers at once, against the same HTTP requests sent
+    /// without recording.
+    Harness(HarnessBench),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct HarnessBench {
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// Seconds each side runs.
+    #[arg(long, default_value_t = 10)]
+    pub seconds: u64,
+}
+
+/// A stub of `POST /orders` that commits nothing and answers 201 at once.
+async fn stub_api() -> anyhow::Result<std::net::SocketAddr> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let next = std::sync::Arc::new(AtomicU64::new(0));
+    let app = axum::Router::new().route(
+        "/orders",
+        axum::routing::post(move || {
+            let n = next.fetch_add(1, Ordering::Relaxed);
+            async move { (axum::http::StatusCode::CREATED, axum::Json(json!({"event_id": format!("e{n}")}))) }
+        }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(addr)
+}
+
+pub async fn harness(args: HarnessBench) -> anyhow::Result<()> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let addr = stub_api().await?;
+    let duration = std::time::Duration::from_secs(args.seconds.max(1));
+
+    // Baseline: the same requests, no history.
+    let http = reqwest::Client::new();
+    let sent = Arc::new(AtomicU64::new(0));
+    let deadline = tokio::time::Instant::now() + duration;
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..args.concurrency {
+        let (http, sent) = (http.clone(), sent.clone());
+        let url = format!("http://{addr}/orders");
+        tasks.spawn(async move {
+            let mut n = 0u64;
+            while tokio::time::Instant::now() < deadline {
+                n += 1;
+                let body = json!({"order_id": format!("b-{t}-{n}"), "item_id": "item-1", "qty": 1});
+                if http.post(&url).json(&body).send().await.is_ok_and(|r| r.status().is_success()) {
+                    sent.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    let baseline = sent.load(Ordering::Relaxed) as f64 / duration.as_secs_f64();
+
+    // The harness: paced clients (pacing far above what can be reached), Jepsen
+    // outcomes, every op recorded in a history file.
+    let tmp = tempfile::tempdir()?;
+    let recorder = Arc::new(haunt_chaos::history::Recorder::create(&tmp.path().join("history.jsonl"))?);
+    let client =
+        Arc::new(haunt_chaos::workload::HttpClient::new(&format!("http://{addr}"), std::time::Duration::from_secs(2))?);
+    let options = haunt_chaos::workload::WorkloadOptions {
+        concurrency: args.concurrency,
+        rate: 1e9,
+        items: 5,
+        retries_max: 3,
+        seed: 1,
+        deadline: tokio::time::Instant::now() + duration,
+    };
+    haunt_chaos::workload::run(client, recorder.clone(), options, Arc::new(AtomicBool::new(false))).await;
+    recorder.finish()?;
+    let t = recorder.tally();
+    let recorded = (t.ok + t.fail + t.info) as f64 / duration.as_secs_f64();
+    let report = json!({
+        "bench": "harness",
+        "machine": machine(),
+        "concurrency": args.concurrency,
+        "seconds": duration.as_secs(),
+        "baseline_requests_per_s": baseline,
+        "harness_ops_per_s": recorded,
+        "harness_over_baseline": recorded / baseline,
+        "history_lines": recorder.ops(),
+    });
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
 }
 
 #[derive(Debug, clap::Args)]

@@ -69,6 +69,9 @@ pub fn main() -> i32 {
     };
     match cli.command {
         Command::Check(args) => check(args),
+        Command::Bench(crate::bench::BenchCommand::Harness(args)) => {
+            run_async_code("haunt bench", async { crate::bench::harness(args).await.map(|()| 0) })
+        }
         Command::Bench(crate::bench::BenchCommand::Check(args)) => match crate::bench::check(args) {
             Ok(()) => 0,
             Err(e) => {
