@@ -240,6 +240,16 @@ fn fault_target(value: &serde_json::value::RawValue) -> String {
 }
 
 impl Fold {
+    /// Makes room for about `orders` orders up front: growing the tables by
+    /// doubling cost a tenth of a large check in rehashing.
+    pub fn reserve(&mut self, orders: usize) {
+        self.orders.reserve(orders);
+        let (orders_vec, hasher) = (&self.orders, &self.hasher);
+        self.by_id.reserve(orders, |&j| hasher.hash_one(&*orders_vec[j as usize].id));
+        self.by_event
+            .reserve(orders, |&j| hasher.hash_one(orders_vec[j as usize].row.as_ref().map_or("", |r| &*r.event)));
+    }
+
     pub fn order(&self, id: &str) -> Option<&Order> {
         let hash = self.hasher.hash_one(id);
         self.by_id.find(hash, |&i| &*self.orders[i as usize].id == id).map(|&i| &self.orders[i as usize])
@@ -459,16 +469,18 @@ impl Fold {
                     worker: self.strings.id(l.worker_id.as_deref().unwrap_or_default()),
                     applied_at_ms: l.applied_at_ms.unwrap_or_default(),
                 };
-                let stray = StrayApplied {
-                    event: l.event_id.as_deref().unwrap_or_default().into(),
-                    order_id: l.order_id.as_deref().unwrap_or_default().into(),
-                    item,
-                    qty,
-                    application,
-                };
-                // Usually the row came first; what it cannot join yet waits for the end.
-                if let Some(unjoined) = self.join_applied(stray) {
-                    self.stray_applied.push(unjoined);
+                let (event, order_id) =
+                    (l.event_id.as_deref().unwrap_or_default(), l.order_id.as_deref().unwrap_or_default());
+                // Usually the row came first; what it cannot join yet waits for the
+                // end, and only then is copied.
+                if !self.join_applied(event, order_id, item, qty, application) {
+                    self.stray_applied.push(StrayApplied {
+                        event: event.into(),
+                        order_id: order_id.into(),
+                        item,
+                        qty,
+                        application,
+                    });
                 }
             }
             "projection" => {
@@ -516,34 +528,36 @@ impl Fold {
         }
         let mut stray = Vec::new();
         for a in std::mem::take(&mut self.stray_applied) {
-            stray.extend(self.join_applied(a));
+            if !self.join_applied(&a.event, &a.order_id, a.item, a.qty, a.application) {
+                stray.push(a);
+            }
         }
         self.stray_applied = stray;
     }
 
-    /// Joins an application to the order row whose event it carries; returns it
+    /// Joins an application to the order row whose event it carries; false
     /// when no row (yet) has that event.
-    fn join_applied(&mut self, a: StrayApplied) -> Option<StrayApplied> {
+    fn join_applied(&mut self, event: &str, order_id: &str, item: u32, qty: i64, application: Application) -> bool {
         {
-            let Some(i) = self.event_index(&a.event) else {
-                return Some(a);
+            let Some(i) = self.event_index(event) else {
+                return false;
             };
             let mismatch = {
                 let o = &self.orders[i as usize];
                 let row = o.row.as_ref().expect("joined by its row's event");
                 let mut diffs = Vec::new();
-                if *a.order_id != *o.id {
-                    diffs.push(format!("order_id {} (the event belongs to order {})", a.order_id, o.id));
+                if order_id != &*o.id {
+                    diffs.push(format!("order_id {} (the event belongs to order {})", order_id, o.id));
                 }
-                if a.item != row.item {
+                if item != row.item {
                     diffs.push(format!(
                         "item_id {} (order has {})",
-                        self.strings.name(a.item),
+                        self.strings.name(item),
                         self.strings.name(row.item)
                     ));
                 }
-                if a.qty != row.qty {
-                    diffs.push(format!("qty {} (order has {})", a.qty, row.qty));
+                if qty != row.qty {
+                    diffs.push(format!("qty {} (order has {})", qty, row.qty));
                 }
                 (!diffs.is_empty()).then(|| format!("applied line does not match its order: {}", diffs.join(", ")))
             };
@@ -551,20 +565,27 @@ impl Fold {
             let apps = &mut o.applied;
             apps.count += 1;
             if apps.count == 1 {
-                apps.first = Some(a.application);
-                apps.min_attempt = a.application.attempt;
-                apps.min_applied_at_ms = a.application.applied_at_ms;
+                apps.first = Some(application);
+                apps.min_attempt = application.attempt;
+                apps.min_applied_at_ms = application.applied_at_ms;
             } else {
-                apps.min_attempt = apps.min_attempt.min(a.application.attempt);
-                apps.min_applied_at_ms = apps.min_applied_at_ms.min(a.application.applied_at_ms);
-                self.extra_applications.entry(i).or_default().push(a.application);
+                apps.min_attempt = apps.min_attempt.min(application.attempt);
+                apps.min_applied_at_ms = apps.min_applied_at_ms.min(application.applied_at_ms);
+                self.extra_applications.entry(i).or_default().push(application);
             }
             if apps.mismatch.is_none() {
                 apps.mismatch = mismatch;
             }
         }
-        None
+        true
     }
+}
+
+/// Parses one line, validating its UTF-8 once for the whole line (vectorized)
+/// rather than string by string as `serde_json::from_slice` does.
+fn parse<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, String> {
+    let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
+    serde_json::from_str(text).map_err(|e| e.to_string())
 }
 
 /// Folds `history.jsonl`.
@@ -576,13 +597,13 @@ pub fn fold_history<R: std::io::BufRead>(
     while let Some(raw) = reader.next_raw() {
         let raw = raw?;
         let (line, complete) = (raw.line, raw.complete);
-        match serde_json::from_slice::<OpRef<'_>>(raw.bytes) {
+        match parse::<OpRef<'_>>(raw.bytes) {
             Ok(op) => fold.push_op(file, line, op)?,
             Err(_) if !complete => {
                 fold.history_truncated = true;
                 break;
             }
-            Err(e) => return Err(FormatError::line(file, line, e.to_string())),
+            Err(e) => return Err(FormatError::line(file, line, e)),
         }
     }
     fold.finish_history();
@@ -599,7 +620,7 @@ pub fn fold_final<R: std::io::BufRead>(
     while let Some(raw) = reader.next_raw() {
         let raw = raw?;
         let (line, complete) = (raw.line, raw.complete);
-        match serde_json::from_slice::<FinalRef<'_>>(raw.bytes) {
+        match parse::<FinalRef<'_>>(raw.bytes) {
             Ok(l) => {
                 if let Err(e) = fold.push_final(file, line, l) {
                     if !complete {
@@ -613,7 +634,7 @@ pub fn fold_final<R: std::io::BufRead>(
                 fold.final_truncated = true;
                 break;
             }
-            Err(e) => return Err(FormatError::line(file, line, e.to_string())),
+            Err(e) => return Err(FormatError::line(file, line, e)),
         }
     }
     fold.finish_final();

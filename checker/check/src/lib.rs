@@ -54,6 +54,13 @@ pub fn check_dir(dir: &Path) -> Result<Results, InputError> {
     }
     let mut fold = fold::Fold::default();
     let history_path = dir.join(HISTORY_FILE);
+    // About two ops of ~150 bytes per order; capped, so that a strange file
+    // cannot make the checker reserve absurd amounts.
+    const BYTES_PER_ORDER: u64 = 300;
+    const RESERVE_ORDERS_MAX: u64 = 50_000_000;
+    if let Ok(meta) = std::fs::metadata(&history_path) {
+        fold.reserve((meta.len() / BYTES_PER_ORDER).min(RESERVE_ORDERS_MAX) as usize);
+    }
     fold::fold_history(&mut fold, &history_path, JsonlReader::open(&history_path)?)?;
     let final_path = dir.join(FINAL_STATE_FILE);
     if final_path.exists() {
