@@ -87,6 +87,7 @@ pub async fn harness(args: HarnessBench) -> anyhow::Result<()> {
         retries_max: 3,
         seed: 1,
         deadline: tokio::time::Instant::now() + duration,
+        metrics: None,
     };
     haunt_chaos::workload::run(client, recorder.clone(), options, Arc::new(AtomicBool::new(false))).await;
     recorder.finish()?;

@@ -67,6 +67,15 @@ pub struct RunArgs {
     /// harness may kill and restart (needed by --nemesis db-restart).
     #[arg(long, value_name = "DIR")]
     pub pg_data: Option<PathBuf>,
+    /// Serve the harness's metrics (haunt_fault_active, haunt_client_ops_total,
+    /// haunt_client_op_duration_seconds, haunt_check_valid, haunt_check_anomalies)
+    /// at /metrics on this address while the run lasts.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// With --metrics-listen: keep serving this many seconds after the verdict,
+    /// so a scraper sees the check's result.
+    #[arg(long, default_value_t = 0)]
+    pub metrics_linger_s: u64,
     /// Print nothing but the verdict line.
     #[arg(long)]
     pub quiet: bool,
@@ -123,6 +132,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         quiesce_timeout: Duration::from_secs(args.quiesce_timeout_s),
         delivery_attempts_max: args.delivery_attempts_max.max(1),
         faults_at_once: args.faults_at_once.max(1),
+        metrics_listen: args.metrics_listen,
+        metrics_linger: Duration::from_secs(args.metrics_linger_s),
         bug: args.bug,
         quiet: args.quiet,
         request_timeout: Duration::from_millis(args.request_timeout_ms),

@@ -309,14 +309,23 @@ impl Nemesis for ClockSkewNemesis {
     }
 }
 
-/// Faults active now, for progress lines (and later the harness's metrics).
+/// Faults active now, for progress lines and `haunt_fault_active`.
 #[derive(Debug, Default)]
 pub struct ActiveFaults {
     active: Mutex<Vec<(String, String)>>,
+    metrics: Option<Arc<haunt_telemetry::metrics::HarnessMetrics>>,
 }
 
 impl ActiveFaults {
+    pub fn with_metrics(metrics: Arc<haunt_telemetry::metrics::HarnessMetrics>) -> Self {
+        ActiveFaults { active: Mutex::default(), metrics: Some(metrics) }
+    }
+
     fn set(&self, fault: &str, target: &str, on: bool) {
+        if let Some(m) = &self.metrics {
+            let labels = haunt_telemetry::metrics::FaultLabels { fault: fault.to_owned(), target: target.to_owned() };
+            m.fault_active.get_or_create(&labels).set(i64::from(on));
+        }
         let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
         active.retain(|(f, t)| !(f == fault && t == target));
         if on {

@@ -44,6 +44,10 @@ pub struct RunOptions {
     pub delivery_attempts_max: u32,
     /// Fault schedules running side by side (kinds dealt among them).
     pub faults_at_once: usize,
+    /// Serve the harness's own metrics here while the run lasts.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Keep serving them this long after the verdict, for a last scrape.
+    pub metrics_linger: Duration,
     #[serde(serialize_with = "bug_name")]
     pub bug: Option<Bug>,
     pub quiet: bool,
@@ -299,6 +303,37 @@ fn nemeses(
     Ok(list)
 }
 
+/// Serves `/metrics` (OpenMetrics) on `addr` until the returned handle drops.
+async fn serve_metrics(
+    addr: SocketAddr,
+    metrics: Arc<haunt_telemetry::metrics::HarnessMetrics>,
+) -> anyhow::Result<AbortOnDrop> {
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let metrics = metrics.clone();
+            async move {
+                let body = haunt_telemetry::metrics::encode(&metrics.registry);
+                ([(axum::http::header::CONTENT_TYPE, haunt_telemetry::OPENMETRICS_CONTENT_TYPE)], body)
+            }
+        }),
+    );
+    Ok(AbortOnDrop(tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    })))
+}
+
+/// Stops a background task when dropped, on every path out of a run.
+#[derive(Debug)]
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Opens (and migrates) the run's database, which must be empty: the checker
 /// judges every row against this run's history, and rows from an earlier run
 /// would all look like anomalies.
@@ -355,11 +390,16 @@ pub async fn run(options: RunOptions, abort: Arc<AtomicBool>) -> anyhow::Result<
     write_json(&run_dir.join(RUN_FILE), &run_file)?;
     say(&options, &format!("run {} (seed {}, revision {})", run_dir.display(), options.seed, options.git_revision));
 
+    let metrics = Arc::new(haunt_telemetry::metrics::HarnessMetrics::default());
+    let metrics_server = match options.metrics_listen {
+        Some(addr) => Some(serve_metrics(addr, metrics.clone()).await?),
+        None => None,
+    };
     let mut token_rng = Rng::from_entropy();
     let token = format!("{:016x}{:016x}", token_rng.next_u64(), token_rng.next_u64());
 
     let cluster = start_cluster(&options, &db, &run_dir, &token).await?;
-    let outcome = drive(&options, &cluster, &store, &run_dir, &token, &abort).await;
+    let outcome = drive(&options, &cluster, &store, &run_dir, &token, &abort, &metrics).await;
 
     // Whatever happened above, nothing is left running.
     for node in cluster.backend.nodes() {
@@ -382,6 +422,18 @@ pub async fn run(options: RunOptions, abort: Arc<AtomicBool>) -> anyhow::Result<
             let report = crate::report::render(&results, &history, &run_file_summary(&options, &db, &run_dir));
             std::fs::write(run_dir.join("report.html"), report).context("writing report.html")?;
             run_file.verdict = Some(results.valid.as_str());
+            metrics.check_valid.set(match results.valid {
+                haunt_checker::Verdict::Valid => 1,
+                haunt_checker::Verdict::Invalid => 0,
+                haunt_checker::Verdict::Unknown => -1,
+            });
+            for (anomaly, report) in &results.anomalies {
+                let labels = haunt_telemetry::metrics::AnomalyLabels { anomaly: anomaly.clone() };
+                metrics.check_anomalies.get_or_create(&labels).set(report.count as i64);
+            }
+            if metrics_server.is_some() && !options.metrics_linger.is_zero() {
+                tokio::time::sleep(options.metrics_linger).await;
+            }
             Some(results)
         }
         Ok(_) => None,
@@ -418,6 +470,7 @@ async fn drive(
     run_dir: &Path,
     token: &str,
     abort: &Arc<AtomicBool>,
+    metrics: &Arc<haunt_telemetry::metrics::HarnessMetrics>,
 ) -> anyhow::Result<(bool, Arc<Recorder>)> {
     for node in cluster.backend.nodes() {
         cluster.backend.start(&node).await?;
@@ -432,7 +485,7 @@ async fn drive(
     let client_proxy = Arc::new(FaultProxy::start(api_addr).await?);
     let nemeses = nemeses(options, cluster, &client_proxy, token)?;
     let recorder = Arc::new(Recorder::create(&run_dir.join(HISTORY_FILE))?);
-    let active = Arc::new(ActiveFaults::default());
+    let active = Arc::new(ActiveFaults::with_metrics(metrics.clone()));
     let deadline = Instant::now() + options.time_limit;
 
     let client = Arc::new(HttpClient::new(&format!("http://{}", client_proxy.addr()), options.request_timeout)?);
@@ -446,6 +499,7 @@ async fn drive(
             retries_max: 3,
             seed: options.seed,
             deadline,
+            metrics: Some(metrics.clone()),
         },
         abort.clone(),
     ));

@@ -83,6 +83,8 @@ pub struct WorkloadOptions {
     pub retries_max: u32,
     pub seed: u64,
     pub deadline: Instant,
+    /// Where to count completed ops and their durations, if anywhere.
+    pub metrics: Option<Arc<haunt_telemetry::metrics::HarnessMetrics>>,
 }
 
 /// Spaces the ops of all clients `1/rate` apart.
@@ -161,7 +163,19 @@ async fn client_loop<C: Client>(
                 Some(correlation_id.clone()),
                 None,
             );
+            let started = Instant::now();
             let completion = client.place(&order, &correlation_id).await;
+            if let Some(m) = &options.metrics {
+                let labels = haunt_telemetry::metrics::ClientOpLabels {
+                    r#type: match completion {
+                        Completion::Ok { .. } => "ok",
+                        Completion::Fail { .. } => "fail",
+                        Completion::Info { .. } => "info",
+                    },
+                };
+                m.client_ops.get_or_create(&labels).inc();
+                m.client_op_duration.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
+            }
             let (kind, value, error) = match completion {
                 Completion::Ok { event_id } => {
                     (OpType::Ok, OrderValue { event_id: Some(event_id), ..order.clone() }, None)

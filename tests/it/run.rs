@@ -260,3 +260,63 @@ fn bad_options_are_refused_before_anything_starts() {
     }
     assert!(!tmp.path().join("latest").exists(), "no run directory for refused options");
 }
+
+/// GET over a raw socket: enough for a local /metrics.
+fn scrape(port: u16) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+#[test]
+fn the_harness_exports_faults_client_ops_and_the_verdict_as_metrics() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut child = haunt_run(
+        tmp.path(),
+        &[
+            "--time-limit-s",
+            "8",
+            "--nemesis",
+            "pause",
+            "--nemesis-interval-s",
+            "1",
+            "--visibility-timeout-ms",
+            "500",
+            "--metrics-listen",
+            &listen,
+            "--metrics-linger-s",
+            "5",
+            "--quiet",
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let (mut saw_fault, mut saw_ops, mut saw_verdict) = (false, false, false);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while Instant::now() < deadline && !saw_verdict {
+        if let Some(text) = scrape(port) {
+            saw_fault |= text
+                .lines()
+                .any(|l| l.starts_with("haunt_fault_active{fault=\"pause\",target=\"worker-") && l.ends_with(" 1"));
+            saw_ops |=
+                text.lines().any(|l| l.starts_with("haunt_client_ops_total{type=\"ok\"} ") && !l.ends_with(" 0"));
+            saw_verdict = text.contains("haunt_check_valid 1")
+                && text.contains("haunt_check_anomalies{anomaly=\"double-applied\"} 0")
+                && text.contains("haunt_client_op_duration_seconds_count{type=\"ok\"}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert!(saw_ops, "client ops were counted while the run lasted");
+    assert!(saw_fault, "an active pause showed as haunt_fault_active 1");
+    assert!(saw_verdict, "the verdict was served after the check");
+}

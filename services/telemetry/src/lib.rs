@@ -6,7 +6,8 @@
 //!
 //! # Layout
 //!
-//! - [`metrics`]: the API's and the worker's metrics, and [`metrics::encode`].
+//! - [`metrics`]: the API's, the worker's and the harness's metrics, and
+//!   [`metrics::encode`].
 //! - [`logging`]: the `tracing` subscriber (text or JSON logs, OpenTelemetry spans).
 //! - [`tracing_context`]: `traceparent` from the API to every delivery attempt.
 

@@ -162,3 +162,57 @@ mod tests {
         assert!(text.ends_with("# EOF\n"));
     }
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FaultLabels {
+    pub fault: String,
+    pub target: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClientOpLabels {
+    /// `ok`, `fail` or `info`.
+    pub r#type: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AnomalyLabels {
+    pub anomaly: String,
+}
+
+/// The harness's own metrics, so dashboards can shade fault windows and show
+/// what the clients saw and what the check concluded.
+#[derive(Debug)]
+pub struct HarnessMetrics {
+    pub registry: Registry,
+    /// 1 while a fault is active on a target, 0 after.
+    pub fault_active: Family<FaultLabels, Gauge>,
+    pub client_ops: Family<ClientOpLabels, Counter>,
+    pub client_op_duration: Family<ClientOpLabels, Histogram>,
+    /// Per anomaly, the count of the last check.
+    pub check_anomalies: Family<AnomalyLabels, Gauge>,
+    /// The last check's verdict: 1 true, 0 false, -1 unknown.
+    pub check_valid: Gauge,
+}
+
+impl Default for HarnessMetrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("haunt");
+        let fault_active = Family::<FaultLabels, Gauge>::default();
+        registry.register("fault_active", "Whether a fault is active on a target", fault_active.clone());
+        let client_ops = Family::<ClientOpLabels, Counter>::default();
+        registry.register("client_ops", "Completed client ops by outcome", client_ops.clone());
+        let client_op_duration =
+            Family::<ClientOpLabels, Histogram>::new_with_constructor(|| Histogram::new(seconds_buckets()));
+        registry.register(
+            "client_op_duration_seconds",
+            "Client op duration, invoke to completion, by outcome",
+            client_op_duration.clone(),
+        );
+        let check_anomalies = Family::<AnomalyLabels, Gauge>::default();
+        registry.register("check_anomalies", "Anomalies found by the last check", check_anomalies.clone());
+        let check_valid = Gauge::default();
+        registry.register("check_valid", "Verdict of the last check: 1 true, 0 false, -1 unknown", check_valid.clone());
+        HarnessMetrics { registry, fault_active, client_ops, client_op_duration, check_anomalies, check_valid }
+    }
+}
