@@ -3,4 +3,5 @@
 mod check;
 mod matrix;
 mod run;
+mod traces;
 mod tutorial;
