@@ -136,65 +136,24 @@ impl Op {
     }
 }
 
-/// The wire shape, borrowed from the line so `value` is parsed only once, into
-/// the right type.
-#[derive(Deserialize)]
-struct RawOp<'a> {
-    index: u64,
-    time_ns: u64,
-    process: Process,
-    #[serde(rename = "type")]
-    kind: OpType,
-    #[serde(borrow)]
-    f: std::borrow::Cow<'a, str>,
-    #[serde(borrow)]
-    value: &'a RawValue,
-    #[serde(default)]
-    correlation_id: Option<String>,
-    #[serde(default)]
-    error: Option<String>,
-}
-
-/// A completion's value may repeat the order or carry only what it adds.
-#[derive(Deserialize)]
-struct CompletionValue {
-    #[serde(default)]
-    order_id: Option<String>,
-    #[serde(default)]
-    item_id: Option<String>,
-    #[serde(default)]
-    qty: Option<i64>,
-    #[serde(default)]
-    event_id: Option<String>,
-}
-
+/// The owned op is read through the borrowed one, so both enforce the same
+/// rules on `value`.
 impl<'de> Deserialize<'de> for Op {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         use serde::de::Error;
-        let raw = RawOp::deserialize(d)?;
-        let is_client_order = !raw.process.is_nemesis() && raw.f == "order";
-        let value = if is_client_order && raw.kind == OpType::Invoke {
-            let order: OrderValue = serde_json::from_str(raw.value.get())
-                .map_err(|e| D::Error::custom(format!("value of an order invoke: {e}")))?;
-            OpValue::Order(order)
-        } else if is_client_order {
-            // A completion names its order through its invoke; what it repeats is
-            // checked against that invoke by the checker.
-            let v: CompletionValue = serde_json::from_str(raw.value.get())
-                .map_err(|e| D::Error::custom(format!("value of an order completion: {e}")))?;
+        let raw = OpRef::deserialize(d)?;
+        let value = if raw.is_client_order() {
+            let v = raw.order().map_err(D::Error::custom)?;
+            let owned = |c: Option<std::borrow::Cow<'_, str>>| c.map(|c| c.into_owned());
             OpValue::Order(OrderValue {
-                order_id: v.order_id.unwrap_or_default(),
-                item_id: v.item_id.unwrap_or_default(),
+                order_id: owned(v.order_id).unwrap_or_default(),
+                item_id: owned(v.item_id).unwrap_or_default(),
                 qty: v.qty.unwrap_or_default(),
-                event_id: v.event_id,
+                event_id: owned(v.event_id),
             })
         } else {
-            let v: serde_json::Value =
-                serde_json::from_str(raw.value.get()).map_err(|e| D::Error::custom(format!("value: {e}")))?;
-            if !v.is_object() {
-                return Err(D::Error::custom("value must be a JSON object"));
-            }
-            OpValue::Other(v)
+            raw.check_other_value().map_err(D::Error::custom)?;
+            OpValue::Other(serde_json::from_str(raw.value.get()).map_err(D::Error::custom)?)
         };
         Ok(Op {
             index: raw.index,
@@ -203,8 +162,8 @@ impl<'de> Deserialize<'de> for Op {
             kind: raw.kind,
             f: raw.f.into_owned(),
             value,
-            correlation_id: raw.correlation_id,
-            error: raw.error,
+            correlation_id: raw.correlation_id.map(|c| c.into_owned()),
+            error: raw.error.map(|c| c.into_owned()),
         })
     }
 }

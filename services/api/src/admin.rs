@@ -22,17 +22,8 @@ pub(crate) fn routes(state: Shared) -> Router<Shared> {
 }
 
 async fn require_token(State(state): State<Shared>, request: Request, next: Next) -> Response {
-    let expected = state.config.admin_token.as_deref().unwrap_or_default();
-    let presented = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    // Compared in full whatever the prefix: no early exit to time.
-    let ok = presented.is_some_and(|p| {
-        p.len() == expected.len() && p.bytes().zip(expected.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
-    });
-    if !ok || expected.is_empty() {
+    let authorization = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    if !haunt_telemetry::admin::bearer_matches(authorization, state.config.admin_token.as_deref()) {
         return empty(StatusCode::UNAUTHORIZED);
     }
     next.run(request).await

@@ -533,6 +533,18 @@ impl Store {
         Ok(QueueStats { visible, leased, delayed, dead_letter, oldest_age_ms })
     }
 
+    /// The final state (all but `meta`) collected in memory: for tests and
+    /// small stores; runs stream it with [`Store::final_state`].
+    pub async fn final_state_lines(&self) -> Result<Vec<FinalLine>, StoreError> {
+        let mut lines = Vec::new();
+        self.final_state(|line| {
+            lines.push(line);
+            Ok(())
+        })
+        .await?;
+        Ok(lines)
+    }
+
     /// Streams the final state (every line of `final-state.jsonl` but `meta`,
     /// which only the harness can write) from one consistent snapshot.
     pub async fn final_state(&self, mut sink: impl FnMut(FinalLine) -> std::io::Result<()>) -> Result<(), StoreError> {

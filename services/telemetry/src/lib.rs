@@ -8,9 +8,11 @@
 //!
 //! - [`metrics`]: the API's, the worker's and the harness's metrics, and
 //!   [`metrics::encode`].
+//! - [`admin`]: the bearer-token check of the admin endpoints.
 //! - [`logging`]: the `tracing` subscriber (text or JSON logs, OpenTelemetry spans).
 //! - [`tracing_context`]: `traceparent` from the API to every delivery attempt.
 
+pub mod admin;
 pub mod logging;
 pub mod metrics;
 pub mod tracing_context;

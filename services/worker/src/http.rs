@@ -52,10 +52,8 @@ async fn serve_metrics(State(state): State<Arc<HttpState>>) -> Response {
 }
 
 fn authorized(state: &HttpState, headers: &HeaderMap) -> bool {
-    let expected = state.admin_token.as_deref().unwrap_or_default();
-    let presented =
-        headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    !expected.is_empty() && presented == Some(expected)
+    let authorization = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    haunt_telemetry::admin::bearer_matches(authorization, state.admin_token.as_deref())
 }
 
 async fn get_faults(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {

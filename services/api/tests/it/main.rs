@@ -34,13 +34,5 @@ pub async fn start(db: &TestDb, config: ApiConfig) -> Api {
 
 /// Every line of the final state, for "nothing changed" assertions.
 pub async fn snapshot(store: &Store) -> Vec<haunt_format::FinalLine> {
-    let mut lines = Vec::new();
-    store
-        .final_state(|l| {
-            lines.push(l);
-            Ok(())
-        })
-        .await
-        .unwrap();
-    lines
+    store.final_state_lines().await.unwrap()
 }

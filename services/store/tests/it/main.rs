@@ -28,15 +28,7 @@ pub fn order(id: &str, item: &str, qty: i64) -> NewOrder {
 
 /// Every line of the final state, as JSON values, for assertions.
 pub async fn final_lines(store: &Store) -> Vec<haunt_format::FinalLine> {
-    let mut lines = Vec::new();
-    store
-        .final_state(|l| {
-            lines.push(l);
-            Ok(())
-        })
-        .await
-        .unwrap();
-    lines
+    store.final_state_lines().await.unwrap()
 }
 
 pub fn count_kind(lines: &[haunt_format::FinalLine], kind: &str) -> usize {
