@@ -47,6 +47,26 @@ enum Command {
     /// does not follow the run-directory format (file and line on stderr), 66 no
     /// such directory.
     Check(CheckArgs),
+    /// Remove every container and network that haunt runs created (labelled
+    /// io.haunt.run), e.g. after a harness was killed with SIGKILL.
+    Clean(CleanArgs),
+    /// Exit 0 when a service answers its health URL with 2xx within 2 s, 1
+    /// otherwise: the container images' HEALTHCHECK.
+    Healthcheck(HealthcheckArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct CleanArgs {
+    /// List what would be removed; remove nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+#[derive(Debug, clap::Args)]
+struct HealthcheckArgs {
+    /// The URL to ask.
+    #[arg(env = "HAUNT_HEALTH_URL", default_value = "http://127.0.0.1:8080/healthz")]
+    url: String,
 }
 
 #[derive(Debug, clap::Args)]
@@ -69,6 +89,8 @@ pub fn main() -> i32 {
     };
     match cli.command {
         Command::Check(args) => check(args),
+        Command::Healthcheck(args) => run_async(healthcheck(args)),
+        Command::Clean(args) => clean(args),
         Command::Bench(crate::bench::BenchCommand::Harness(args)) => {
             run_async_code("haunt bench", async { crate::bench::harness(args).await.map(|()| 0) })
         }
@@ -110,6 +132,34 @@ fn run_async_code(name: &str, fut: impl std::future::Future<Output = anyhow::Res
             3
         }
     }
+}
+
+fn clean(args: CleanArgs) -> i32 {
+    let result = if args.dry_run {
+        haunt_chaos::docker::leftovers().map(|names| {
+            for name in &names {
+                println!("{name}");
+            }
+            println!("{} to remove", names.len());
+        })
+    } else {
+        haunt_chaos::docker::clean()
+            .map(|(containers, networks)| println!("removed {containers} containers and {networks} networks"))
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("haunt clean: {e:#}");
+            1
+        }
+    }
+}
+
+async fn healthcheck(args: HealthcheckArgs) -> anyhow::Result<()> {
+    let http = reqwest::Client::builder().timeout(std::time::Duration::from_secs(2)).build()?;
+    let status = http.get(&args.url).send().await?.status();
+    anyhow::ensure!(status.is_success(), "{} answered {status}", args.url);
+    Ok(())
 }
 
 fn check(args: CheckArgs) -> i32 {

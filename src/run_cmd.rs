@@ -7,11 +7,33 @@ use std::time::Duration;
 
 use anyhow::Context;
 use haunt_chaos::nemesis::NEMESIS_NAMES;
-use haunt_chaos::run::RunOptions;
+use haunt_chaos::run::{BackendKind, DockerOptions, RunOptions};
 use haunt_store::Bug;
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum BackendArg {
+    /// Child processes of this harness (SQLite by default, or --db).
+    Local,
+    /// Containers: PostgreSQL, the API and the workers on a private network
+    /// (images from scripts/images).
+    Docker,
+}
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
+    /// Where the pipeline runs.
+    #[arg(long, value_enum, default_value = "local")]
+    pub backend: BackendArg,
+    /// --backend docker: the services' image.
+    #[arg(long, default_value = "haunt:latest")]
+    pub image: String,
+    /// --backend docker: the PostgreSQL image.
+    #[arg(long, default_value = "haunt-postgres:latest")]
+    pub postgres_image: String,
+    /// --backend docker: run the image's own `haunt` instead of mounting this
+    /// executable into the containers.
+    #[arg(long)]
+    pub image_binary: bool,
     /// How long the workload runs, in seconds.
     #[arg(long, default_value_t = 60)]
     pub time_limit_s: u64,
@@ -29,7 +51,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub db: Option<String>,
     /// Faults, comma-separated: kill, pause, partition, delay, ack-loss,
-    /// clock-skew, db-error, db-restart (needs --pg-data); or all, or none.
+    /// clock-skew, db-error, db-restart (needs --pg-data or --backend docker),
+    /// loss (--backend docker); or all, or none.
     #[arg(long, default_value = "kill,pause,partition,delay,ack-loss,clock-skew,db-error")]
     pub nemesis: String,
     /// Mean seconds between faults (each also lasts about this long).
@@ -83,13 +106,17 @@ pub struct RunArgs {
 
 /// `db_restart_possible`: the database is a PostgreSQL server whose data
 /// directory was given, so `all` includes `db-restart`.
-fn parse_nemesis(list: &str, db_restart_possible: bool) -> anyhow::Result<Vec<String>> {
+fn parse_nemesis(list: &str, db_restart_possible: bool, docker: bool) -> anyhow::Result<Vec<String>> {
     let mut out = Vec::new();
     for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         match name {
             "none" => {}
             "all" => out.extend(
-                NEMESIS_NAMES.iter().filter(|n| **n != "db-restart" || db_restart_possible).map(|n| n.to_string()),
+                NEMESIS_NAMES
+                    .iter()
+                    .filter(|n| **n != "db-restart" || db_restart_possible)
+                    .filter(|n| **n != "loss" || docker)
+                    .map(|n| n.to_string()),
             ),
             n if NEMESIS_NAMES.contains(&n) => out.push(n.to_owned()),
             other => anyhow::bail!("unknown nemesis {other:?}; known: {}, all, none", NEMESIS_NAMES.join(", ")),
@@ -112,13 +139,20 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
     if let Some(db) = &args.db {
         haunt_store::Backend::from_url(db)?;
     }
-    let nemesis = parse_nemesis(&args.nemesis, db_is_postgres && args.pg_data.is_some())?;
+    let docker = matches!(args.backend, BackendArg::Docker);
+    anyhow::ensure!(
+        !docker || (args.db.is_none() && args.pg_data.is_none()),
+        "--backend docker runs its own PostgreSQL container; leave out --db and --pg-data"
+    );
+    let nemesis = parse_nemesis(&args.nemesis, docker || (db_is_postgres && args.pg_data.is_some()), docker)?;
     anyhow::ensure!(
         args.pg_data.is_none() || db_is_postgres,
         "--pg-data names the PostgreSQL server behind --db; give --db postgres://… too"
     );
     let seed = args.seed.unwrap_or_else(|| haunt_store::Rng::from_entropy().next_u64() >> 16);
     let options = RunOptions {
+        backend: if docker { BackendKind::Docker } else { BackendKind::Local },
+        docker: DockerOptions { image: args.image, postgres_image: args.postgres_image, mount_exe: !args.image_binary },
         time_limit: Duration::from_secs(args.time_limit_s),
         rate: args.rate,
         concurrency: args.concurrency,
@@ -149,7 +183,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         eprintln!("interrupted: healing faults and stopping every process (again to kill at once)");
         flag.store(true, Ordering::Relaxed);
         crate::services::shutdown_signal().await;
-        // Children die with us: they carry a parent-death signal.
+        // Children die with us: they carry a parent-death signal. Containers
+        // do not, so they go first.
+        haunt_chaos::docker::remove_live();
         std::process::exit(130);
     });
     let quiet = options.quiet;
@@ -176,10 +212,10 @@ mod tests {
 
     #[test]
     fn nemesis_lists() {
-        assert_eq!(parse_nemesis("none", false).unwrap(), Vec::<String>::new());
-        assert_eq!(parse_nemesis("kill, pause", false).unwrap(), vec!["kill", "pause"]);
-        assert!(!parse_nemesis("all", false).unwrap().contains(&"db-restart".to_string()));
-        assert!(parse_nemesis("all", true).unwrap().contains(&"db-restart".to_string()));
-        assert!(parse_nemesis("kil", false).unwrap_err().to_string().contains("kill"));
+        assert_eq!(parse_nemesis("none", false, false).unwrap(), Vec::<String>::new());
+        assert_eq!(parse_nemesis("kill, pause", false, false).unwrap(), vec!["kill", "pause"]);
+        assert!(!parse_nemesis("all", false, false).unwrap().contains(&"db-restart".to_string()));
+        assert!(parse_nemesis("all", true, false).unwrap().contains(&"db-restart".to_string()));
+        assert!(parse_nemesis("kil", false, false).unwrap_err().to_string().contains("kill"));
     }
 }

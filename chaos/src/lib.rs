@@ -9,6 +9,7 @@
 //! - [`history`]: the recorder of `history.jsonl`.
 //! - [`workload`]: the HTTP client and the concurrent client loops.
 //! - [`local`]: the local backend (child processes, signals).
+//! - [`docker`]: the Docker backend (containers, docker kill/pause, iptables).
 //! - [`matrix`]: the bug modes, the faults that expose them, and the table.
 //! - [`proxy`]: the TCP fault proxy (partitions, delay).
 //! - [`nemesis`]: the faults and their seeded schedule.
@@ -17,6 +18,7 @@
 //! - [`report`]: `report.html`.
 //! - [`synthetic`]: large synthetic run directories, for benchmarking the checker.
 
+pub mod docker;
 pub mod history;
 pub mod local;
 pub mod matrix;

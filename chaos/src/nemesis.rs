@@ -18,8 +18,32 @@ use crate::proxy::{ProxyMode, SharedProxy};
 use crate::roles::{Backend, BoxFuture, Nemesis, Node};
 
 /// The names `--nemesis` accepts.
-pub const NEMESIS_NAMES: [&str; 8] =
-    ["kill", "pause", "partition", "delay", "ack-loss", "clock-skew", "db-error", "db-restart"];
+pub const NEMESIS_NAMES: [&str; 9] =
+    ["kill", "pause", "partition", "delay", "ack-loss", "clock-skew", "db-error", "db-restart", "loss"];
+
+/// A network link the partition nemesis can cut: a fault proxy (local backend)
+/// or iptables rules in a container's network namespace (Docker backend).
+pub trait Link: Send + Sync + std::fmt::Debug {
+    fn cut(&self) -> BoxFuture<'_, anyhow::Result<()>>;
+    /// Restores the link. Idempotent: healing a whole link is always safe.
+    fn heal(&self) -> BoxFuture<'_, anyhow::Result<()>>;
+}
+
+pub type SharedLink = Arc<dyn Link>;
+
+impl Link for crate::proxy::FaultProxy {
+    fn cut(&self) -> BoxFuture<'_, anyhow::Result<()>> {
+        self.set(ProxyMode::Partition);
+        Box::pin(async { Ok(()) })
+    }
+    fn heal(&self) -> BoxFuture<'_, anyhow::Result<()>> {
+        // A delay on the same proxy is another nemesis's to heal.
+        if self.mode() == ProxyMode::Partition {
+            self.set(ProxyMode::Pass);
+        }
+        Box::pin(async { Ok(()) })
+    }
+}
 
 fn take<T>(slot: &Mutex<Option<T>>) -> Option<T> {
     slot.lock().unwrap_or_else(|p| p.into_inner()).take()
@@ -32,6 +56,7 @@ fn put<T>(slot: &Mutex<Option<T>>, value: T) {
 /// SIGKILL a node, later start it again.
 #[derive(Debug)]
 pub struct KillNemesis<B> {
+    name: &'static str,
     backend: Arc<B>,
     targets: Vec<Node>,
     killed: Mutex<Option<Node>>,
@@ -39,13 +64,19 @@ pub struct KillNemesis<B> {
 
 impl<B: Backend> KillNemesis<B> {
     pub fn new(backend: Arc<B>, targets: Vec<Node>) -> Self {
-        KillNemesis { backend, targets, killed: Mutex::new(None) }
+        KillNemesis::named("kill", backend, targets)
+    }
+
+    /// The same fault under another `--nemesis` name (`db-restart` of a
+    /// database container).
+    pub fn named(name: &'static str, backend: Arc<B>, targets: Vec<Node>) -> Self {
+        KillNemesis { name, backend, targets, killed: Mutex::new(None) }
     }
 }
 
 impl<B: Backend + 'static> Nemesis for KillNemesis<B> {
     fn name(&self) -> &'static str {
-        "kill"
+        self.name
     }
     fn ops(&self) -> (&'static str, &'static str) {
         ("kill", "restart")
@@ -117,15 +148,15 @@ impl<B: Backend + 'static> Nemesis for PauseNemesis<B> {
     }
 }
 
-/// Blackholes a link through its fault proxy.
+/// Cuts one link: nothing crosses it, both ways, until it heals.
 #[derive(Debug)]
 pub struct PartitionNemesis {
-    links: Vec<(String, SharedProxy)>,
+    links: Vec<(String, SharedLink)>,
 }
 
 impl PartitionNemesis {
-    /// `links`: a name such as `client<->api` and the proxy on that link.
-    pub fn new(links: Vec<(String, SharedProxy)>) -> Self {
+    /// `links`: a name such as `client<->api` and the link itself.
+    pub fn new(links: Vec<(String, SharedLink)>) -> Self {
         PartitionNemesis { links }
     }
 }
@@ -142,17 +173,14 @@ impl Nemesis for PartitionNemesis {
     }
     fn start<'a>(&'a self, target: &'a str) -> BoxFuture<'a, anyhow::Result<()>> {
         Box::pin(async move {
-            let (_, proxy) = self.links.iter().find(|(n, _)| n == target).context("unknown link")?;
-            proxy.set(ProxyMode::Partition);
-            Ok(())
+            let (_, link) = self.links.iter().find(|(n, _)| n == target).context("unknown link")?;
+            link.cut().await
         })
     }
     fn stop(&self) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(async move {
-            for (_, proxy) in &self.links {
-                if proxy.mode() == ProxyMode::Partition {
-                    proxy.set(ProxyMode::Pass);
-                }
+            for (_, link) in &self.links {
+                link.heal().await?;
             }
             Ok(())
         })
@@ -446,7 +474,10 @@ async fn one_schedule(
 /// Stops every fault, recording each stop. Called at the end of every run.
 pub async fn heal_all(nemeses: &[Box<dyn Nemesis>], recorder: &Recorder, active: &ActiveFaults) -> anyhow::Result<()> {
     let mut failed = Vec::new();
-    for (fault, target) in active.list() {
+    // Pauses first: a paused container cannot be entered to heal its links.
+    let mut list = active.list();
+    list.sort_by_key(|(fault, _)| fault != "pause");
+    for (fault, target) in list {
         if let Some(n) = nemeses.iter().find(|n| n.name() == fault) {
             if !act(recorder, n.ops().1, &target, n.stop()).await {
                 failed.push(format!("{fault} on {target}"));

@@ -15,19 +15,58 @@ use haunt_store::{Bug, Rng, Store, StoreOptions};
 use serde::Serialize;
 use tokio::time::Instant;
 
+use crate::docker::{ContainerSpec, DockerBackend, IptablesLink, LossNemesis, Peer, postgres_node};
 use crate::history::Recorder;
 use crate::local::{LocalBackend, NodeSpec, api_node, worker_node};
 use crate::nemesis::{
     AckLossNemesis, ActiveFaults, Admin, ClockSkewNemesis, DbErrorNemesis, DelayNemesis, KillNemesis, PartitionNemesis,
-    PauseNemesis, ScheduleOptions,
+    PauseNemesis, ScheduleOptions, SharedLink,
 };
 use crate::postgres::{DbRestartNemesis, PgServer};
 use crate::proxy::FaultProxy;
-use crate::roles::{Backend, Checker, Nemesis, Node, RunDirChecker};
+use crate::roles::{Backend, Checker, Nemesis, Node, Role, RunDirChecker};
 use crate::workload::{HttpClient, WorkloadOptions};
+
+/// Where the pipeline runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// Child processes of the harness, over SQLite or a PostgreSQL server given by URL.
+    #[default]
+    Local,
+    /// Containers on a private network, with a PostgreSQL container of their own.
+    Docker,
+}
+
+impl BackendKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Local => "local",
+            BackendKind::Docker => "docker",
+        }
+    }
+}
+
+/// The images of a Docker run.
+#[derive(Debug, Clone, Serialize)]
+pub struct DockerOptions {
+    pub image: String,
+    pub postgres_image: String,
+    /// Mount the harness's own executable over the image's, so the services run
+    /// exactly the harness's code (as the local backend does).
+    pub mount_exe: bool,
+}
+
+impl Default for DockerOptions {
+    fn default() -> Self {
+        DockerOptions { image: "haunt:latest".into(), postgres_image: "haunt-postgres:latest".into(), mount_exe: true }
+    }
+}
 
 #[derive(Debug, Clone, Serialize)]
 pub struct RunOptions {
+    pub backend: BackendKind,
+    pub docker: DockerOptions,
     pub time_limit: Duration,
     pub rate: f64,
     pub concurrency: usize,
@@ -157,13 +196,87 @@ async fn wait_http_ok(url: &str, limit: Duration) -> anyhow::Result<()> {
     }
 }
 
+/// The backend of a run: one type, so the nemeses need not know which.
+#[derive(Debug)]
+enum ClusterBackend {
+    Local(LocalBackend),
+    Docker(Arc<DockerBackend>),
+}
+
+impl Backend for ClusterBackend {
+    fn nodes(&self) -> Vec<Node> {
+        match self {
+            ClusterBackend::Local(b) => b.nodes(),
+            ClusterBackend::Docker(b) => b.nodes(),
+        }
+    }
+    async fn start(&self, node: &Node) -> anyhow::Result<()> {
+        match self {
+            ClusterBackend::Local(b) => b.start(node).await,
+            ClusterBackend::Docker(b) => b.start(node).await,
+        }
+    }
+    async fn stop(&self, node: &Node) -> anyhow::Result<()> {
+        match self {
+            ClusterBackend::Local(b) => b.stop(node).await,
+            ClusterBackend::Docker(b) => b.stop(node).await,
+        }
+    }
+    async fn kill(&self, node: &Node) -> anyhow::Result<()> {
+        match self {
+            ClusterBackend::Local(b) => b.kill(node).await,
+            ClusterBackend::Docker(b) => b.kill(node).await,
+        }
+    }
+    async fn pause(&self, node: &Node) -> anyhow::Result<()> {
+        match self {
+            ClusterBackend::Local(b) => b.pause(node).await,
+            ClusterBackend::Docker(b) => b.pause(node).await,
+        }
+    }
+    async fn resume(&self, node: &Node) -> anyhow::Result<()> {
+        match self {
+            ClusterBackend::Local(b) => b.resume(node).await,
+            ClusterBackend::Docker(b) => b.resume(node).await,
+        }
+    }
+    fn is_running(&self, node: &Node) -> bool {
+        match self {
+            ClusterBackend::Local(b) => b.is_running(node),
+            ClusterBackend::Docker(b) => b.is_running(node),
+        }
+    }
+}
+
+impl ClusterBackend {
+    /// Ends every node at once and, for containers, keeps their logs and
+    /// removes them. Idempotent.
+    fn teardown(&self, logs: &Path) {
+        match self {
+            ClusterBackend::Local(b) => b.kill_all(),
+            ClusterBackend::Docker(b) => {
+                b.save_logs(logs);
+                b.remove();
+            }
+        }
+    }
+}
+
 /// Everything the run started, so it can be torn down on any path.
 struct Cluster {
-    backend: Arc<LocalBackend>,
+    backend: Arc<ClusterBackend>,
     api_url: String,
+    /// The clients' way to the API: a fault proxy, which can also delay answers.
+    client_proxy: Arc<FaultProxy>,
     worker_admin: Vec<(String, String)>,
-    /// Each service's link to the database, through a fault proxy (PostgreSQL).
-    db_links: Vec<(String, Arc<FaultProxy>)>,
+    /// Links the partition nemesis can cut, by name (`client<->api`, `worker-1<->db`).
+    links: Vec<(String, SharedLink)>,
+    /// Links through a fault proxy, which the delay nemesis can slow down.
+    proxies: Vec<(String, Arc<FaultProxy>)>,
+    /// Links where the Docker backend can drop packets at random.
+    lossy: Vec<(String, Arc<IptablesLink>)>,
+    /// The database as a node of the cluster (Docker), for `db-restart`.
+    db_node: Option<Node>,
 }
 
 /// Splits a `postgres://` URL around its `host:port`.
@@ -227,37 +340,135 @@ async fn start_cluster(options: &RunOptions, db: &str, run_dir: &Path, token: &s
         let node = worker_node(i);
         let metrics = free_port()?;
         worker_admin.push((node.name.clone(), format!("http://{metrics}")));
-        let args = vec![
-            "worker".into(),
-            "--db".into(),
-            db_for(&node.name),
-            "--worker-id".into(),
-            node.name.clone(),
-            "--visibility-timeout-ms".into(),
-            options.visibility_timeout.as_millis().to_string(),
-            "--delivery-attempts-max".into(),
-            options.delivery_attempts_max.to_string(),
-            "--metrics-listen".into(),
-            metrics.to_string(),
-        ];
-        specs.push(NodeSpec { node, args: [args, bug.clone()].concat() });
+        let args = worker_args(options, &db_for(&node.name), &node, &metrics.to_string());
+        specs.push(NodeSpec { node, args });
     }
     let env = vec![("HAUNT_ADMIN_TOKEN".to_owned(), token.to_owned()), ("NO_COLOR".to_owned(), "1".to_owned())];
-    let backend = Arc::new(LocalBackend::new(options.exe.clone(), run_dir.join("logs"), env, specs));
-    let db_links = proxies.into_iter().map(|(link, proxy, _)| (link, proxy)).collect();
-    Ok(Cluster { backend, api_url: format!("http://{api_addr}"), worker_admin, db_links })
+    let backend = LocalBackend::new(options.exe.clone(), run_dir.join("logs"), env, specs);
+    let client_proxy = Arc::new(FaultProxy::start(api_addr).await?);
+    let mut all: Vec<(String, Arc<FaultProxy>)> = vec![("client<->api".into(), client_proxy.clone())];
+    all.extend(proxies.into_iter().map(|(link, proxy, _)| (link, proxy)));
+    Ok(Cluster {
+        backend: Arc::new(ClusterBackend::Local(backend)),
+        api_url: format!("http://{api_addr}"),
+        client_proxy,
+        worker_admin,
+        links: all.iter().map(|(n, p)| (n.clone(), p.clone() as SharedLink)).collect(),
+        proxies: all,
+        lossy: Vec::new(),
+        db_node: None,
+    })
 }
 
-fn nemeses(
+/// The arguments every worker gets, wherever it runs.
+fn worker_args(options: &RunOptions, db: &str, node: &Node, metrics: &str) -> Vec<String> {
+    let mut args = vec![
+        "worker".into(),
+        "--db".into(),
+        db.to_owned(),
+        "--worker-id".into(),
+        node.name.clone(),
+        "--visibility-timeout-ms".into(),
+        options.visibility_timeout.as_millis().to_string(),
+        "--delivery-attempts-max".into(),
+        options.delivery_attempts_max.to_string(),
+        "--metrics-listen".into(),
+        metrics.to_owned(),
+    ];
+    if let Some(bug) = options.bug {
+        args.extend(["--bug".into(), bug.name().into()]);
+    }
+    args
+}
+
+/// The Docker cluster: a PostgreSQL container (started and healthy when this
+/// returns, with the run's store open on it), the API and the workers (created).
+async fn start_docker_cluster(
     options: &RunOptions,
-    cluster: &Cluster,
-    client_proxy: &Arc<FaultProxy>,
+    run_id: &str,
     token: &str,
-) -> anyhow::Result<Vec<Box<dyn Nemesis>>> {
+) -> anyhow::Result<(Cluster, String, Store)> {
+    const API_PORT: u16 = 8080;
+    const METRICS_PORT: u16 = 9090;
+    let pg = postgres_node();
+    let pg_host = format!("haunt-{run_id}-{}", pg.name);
+    let db_inside = format!("postgres://postgres@{pg_host}:5432/postgres");
+    let pg_port = free_port()?.port();
+    let api_port = free_port()?.port();
+    let common_env = vec![("HAUNT_ADMIN_TOKEN".to_owned(), token.to_owned()), ("NO_COLOR".to_owned(), "1".to_owned())];
+    let bug: Vec<String> = options.bug.map(|b| vec!["--bug".into(), b.name().into()]).unwrap_or_default();
+    let mut specs = vec![
+        ContainerSpec {
+            node: pg.clone(),
+            image: options.docker.postgres_image.clone(),
+            args: Vec::new(),
+            env: Vec::new(),
+            ports: vec![(pg_port, 5432)],
+            net_admin: false,
+        },
+        ContainerSpec {
+            node: api_node(),
+            image: options.docker.image.clone(),
+            args: [
+                vec!["api".into(), "--db".into(), db_inside.clone(), "--listen".into(), format!("0.0.0.0:{API_PORT}")],
+                bug,
+            ]
+            .concat(),
+            env: common_env.clone(),
+            ports: vec![(api_port, API_PORT)],
+            net_admin: true,
+        },
+    ];
+    let mut worker_admin = Vec::new();
+    for i in 1..=options.workers {
+        let node = worker_node(i);
+        let metrics_port = free_port()?.port();
+        worker_admin.push((node.name.clone(), format!("http://127.0.0.1:{metrics_port}")));
+        let mut env = common_env.clone();
+        env.push(("HAUNT_HEALTH_URL".into(), format!("http://127.0.0.1:{METRICS_PORT}/healthz")));
+        specs.push(ContainerSpec {
+            args: worker_args(options, &db_inside, &node, &format!("0.0.0.0:{METRICS_PORT}")),
+            node,
+            image: options.docker.image.clone(),
+            env,
+            ports: vec![(metrics_port, METRICS_PORT)],
+            net_admin: true,
+        });
+    }
+    let mount = options.docker.mount_exe.then(|| options.exe.clone());
+    let docker = Arc::new(DockerBackend::create(run_id, mount, specs).await?);
+    docker.start(&pg).await?;
+    docker.wait_healthy(&pg, Duration::from_secs(90)).await?;
+    let db = format!("postgres://postgres@127.0.0.1:{pg_port}/postgres");
+    let store = open_empty(&db).await?;
+
+    let api = api_node();
+    let mut lossy = vec![(
+        "client<->api".to_owned(),
+        Arc::new(IptablesLink::new(docker.clone(), api.clone(), Peer::Host { port: API_PORT })),
+    )];
+    for node in std::iter::once(api.clone()).chain((1..=options.workers).map(worker_node)) {
+        let link = IptablesLink::new(docker.clone(), node.clone(), Peer::Node(pg.clone()));
+        lossy.push((format!("{}<->db", node.name), Arc::new(link)));
+    }
+    let api_addr: SocketAddr = ([127, 0, 0, 1], api_port).into();
+    let client_proxy = Arc::new(FaultProxy::start(api_addr).await?);
+    let cluster = Cluster {
+        backend: Arc::new(ClusterBackend::Docker(docker)),
+        api_url: format!("http://{api_addr}"),
+        proxies: vec![("client<->api".into(), client_proxy.clone())],
+        client_proxy,
+        worker_admin,
+        links: lossy.iter().map(|(n, l)| (n.clone(), l.clone() as SharedLink)).collect(),
+        lossy,
+        db_node: Some(pg),
+    };
+    Ok((cluster, db, store))
+}
+
+fn nemeses(options: &RunOptions, cluster: &Cluster, token: &str) -> anyhow::Result<Vec<Box<dyn Nemesis>>> {
     let workers: Vec<Node> = (1..=options.workers).map(worker_node).collect();
     let admin = Admin::new(token.to_owned(), cluster.worker_admin.clone())?;
-    let mut links = vec![("client<->api".to_owned(), client_proxy.clone())];
-    links.extend(cluster.db_links.iter().cloned());
     let mut every_service = vec![(api_node().name, cluster.api_url.clone())];
     every_service.extend(cluster.worker_admin.iter().cloned());
     let every_service = Admin::new(token.to_owned(), every_service)?;
@@ -273,10 +484,10 @@ fn nemeses(
                 workers.clone(),
                 options.visibility_timeout,
             ))),
-            "partition" => list.push(Box::new(PartitionNemesis::new(links.clone()))),
+            "partition" => list.push(Box::new(PartitionNemesis::new(cluster.links.clone()))),
             // Past the client's timeout: answers arrive after the client gave up.
             "delay" => list.push(Box::new(DelayNemesis::new(
-                links.clone(),
+                cluster.proxies.clone(),
                 options.request_timeout + options.request_timeout / 4,
             ))),
             // One statement in three fails: enough to hit most multi-step paths,
@@ -289,6 +500,16 @@ fn nemeses(
             "clock-skew" => {
                 let offset = 10 * 60 * 1000;
                 list.push(Box::new(ClockSkewNemesis::new(admin.clone(), offset)))
+            }
+            // One packet in four lost: TCP gets through, slowly, and some
+            // requests outlast their timeout.
+            "loss" if !cluster.lossy.is_empty() => list.push(Box::new(LossNemesis::new(cluster.lossy.clone(), 0.25))),
+            "loss" => {
+                anyhow::bail!("--nemesis loss drops packets with iptables in containers: it needs --backend docker")
+            }
+            "db-restart" if cluster.db_node.is_some() => {
+                let db = cluster.db_node.clone().into_iter().collect();
+                list.push(Box::new(KillNemesis::named("db-restart", cluster.backend.clone(), db)));
             }
             "db-restart" => {
                 let data = options.pg_data.as_ref().context(
@@ -350,11 +571,21 @@ async fn open_empty(db: &str) -> anyhow::Result<Store> {
 /// stopped, and the run directory marked aborted.
 pub async fn run(options: RunOptions, abort: Arc<AtomicBool>) -> anyhow::Result<RunOutcome> {
     let started_at_ms = now_ms();
-    let backend_name = "local";
+    let backend_name = options.backend.name();
     let db_kind = match &options.db {
+        _ if options.backend == BackendKind::Docker => "postgres",
         Some(url) if !url.starts_with("sqlite:") => "postgres",
         _ => "sqlite",
     };
+    if options.backend == BackendKind::Docker {
+        anyhow::ensure!(
+            options.db.is_none() && options.pg_data.is_none(),
+            "--backend docker runs its own PostgreSQL container; leave out --db and --pg-data"
+        );
+        crate::docker::ensure_engine().await?;
+        crate::docker::ensure_image(&options.docker.image).await?;
+        crate::docker::ensure_image(&options.docker.postgres_image).await?;
+    }
     let name = match options.bug {
         Some(bug) => format!("{backend_name}-{db_kind}-{}", bug.name()),
         None => format!("{backend_name}-{db_kind}"),
@@ -366,8 +597,18 @@ pub async fn run(options: RunOptions, abort: Arc<AtomicBool>) -> anyhow::Result<
         None => None,
     };
     let run_dir = create_run_dir(&options.store, &name, started_at_ms)?;
+    let mut token_rng = Rng::from_entropy();
+    let token = format!("{:016x}{:016x}", token_rng.next_u64(), token_rng.next_u64());
+    let mut docker_cluster = None;
     let (db, store) = match given {
         Some(given) => given,
+        None if options.backend == BackendKind::Docker => {
+            let run_id = format!("{:08x}", token_rng.next_u64() as u32);
+            say(&options, &format!("starting containers haunt-{run_id}-* (PostgreSQL first)"));
+            let (cluster, db, store) = start_docker_cluster(&options, &run_id, &token).await?;
+            docker_cluster = Some(cluster);
+            (db, store)
+        }
         None => {
             let url = format!("sqlite://{}", run_dir.join("haunt.db").display());
             let store = open_empty(&url).await?;
@@ -395,19 +636,22 @@ pub async fn run(options: RunOptions, abort: Arc<AtomicBool>) -> anyhow::Result<
         Some(addr) => Some(serve_metrics(addr, metrics.clone()).await?),
         None => None,
     };
-    let mut token_rng = Rng::from_entropy();
-    let token = format!("{:016x}{:016x}", token_rng.next_u64(), token_rng.next_u64());
-
-    let cluster = start_cluster(&options, &db, &run_dir, &token).await?;
+    let cluster = match docker_cluster {
+        Some(cluster) => cluster,
+        None => start_cluster(&options, &db, &run_dir, &token).await?,
+    };
     let outcome = drive(&options, &cluster, &store, &run_dir, &token, &abort, &metrics).await;
 
-    // Whatever happened above, nothing is left running.
-    for node in cluster.backend.nodes() {
+    // Whatever happened above, no service is left running; the database (a
+    // container of the Docker backend) stays up for the final state.
+    for node in cluster.backend.nodes().into_iter().filter(|n| n.role != Role::Database) {
         if let Err(e) = cluster.backend.stop(&node).await {
             tracing::warn!(node = %node.name, error = ?e, "stopping");
         }
     }
-    cluster.backend.kill_all();
+    if outcome.is_err() || abort.load(Ordering::Relaxed) {
+        cluster.backend.teardown(&run_dir.join("logs"));
+    }
 
     let aborted = abort.load(Ordering::Relaxed);
     run_file.aborted = aborted;
@@ -415,6 +659,7 @@ pub async fn run(options: RunOptions, abort: Arc<AtomicBool>) -> anyhow::Result<
         Ok(quiesced) if !aborted => {
             let recorder_done = finish_final_state(&store, &run_dir, quiesced.0, &quiesced.1).await;
             store.close().await;
+            cluster.backend.teardown(&run_dir.join("logs"));
             recorder_done?;
             let results = RunDirChecker.check(&run_dir).map_err(|e| anyhow::anyhow!("checking the run: {e}"))?;
             write_json(&run_dir.join(RESULTS_FILE), &results)?;
@@ -481,14 +726,13 @@ async fn drive(
     for (_, admin) in &cluster.worker_admin {
         wait_http_ok(&format!("{admin}/healthz"), Duration::from_secs(30)).await?;
     }
-    let api_addr: SocketAddr = cluster.api_url.trim_start_matches("http://").parse()?;
-    let client_proxy = Arc::new(FaultProxy::start(api_addr).await?);
-    let nemeses = nemeses(options, cluster, &client_proxy, token)?;
+    let nemeses = nemeses(options, cluster, token)?;
     let recorder = Arc::new(Recorder::create(&run_dir.join(HISTORY_FILE))?);
     let active = Arc::new(ActiveFaults::with_metrics(metrics.clone()));
     let deadline = Instant::now() + options.time_limit;
 
-    let client = Arc::new(HttpClient::new(&format!("http://{}", client_proxy.addr()), options.request_timeout)?);
+    let client =
+        Arc::new(HttpClient::new(&format!("http://{}", cluster.client_proxy.addr()), options.request_timeout)?);
     let workload = tokio::spawn(crate::workload::run(
         client,
         recorder.clone(),
