@@ -1,6 +1,7 @@
 //! Tests of the `haunt` binary, run as a process.
 
 mod check;
+mod docker;
 mod matrix;
 mod run;
 mod traces;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-fn haunt_run(store: &Path, args: &[&str]) -> Command {
+pub(crate) fn haunt_run(store: &Path, args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_haunt"));
     c.arg("run").arg("--store").arg(store).args(args);
     c
@@ -30,11 +30,11 @@ fn processes_mentioning(needle: &str) -> Vec<String> {
     found
 }
 
-fn latest(store: &Path) -> PathBuf {
+pub(crate) fn latest(store: &Path) -> PathBuf {
     std::fs::canonicalize(store.join("latest")).expect("store/latest points at the run")
 }
 
-fn read_json(path: &Path) -> Value {
+pub(crate) fn read_json(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
 }
 

@@ -1,0 +1,263 @@
+//! The Docker backend, end to end: runs in containers hit by kills, pauses and
+//! partitions; a bug mode caught in containers; Ctrl-C leaves nothing behind;
+//! a partition really cuts its link and healing restores it.
+//!
+//! These need a Docker engine and the images of `scripts/images` (`scripts/test`
+//! provides both). Without them they fail, unless `HAUNT_SKIP_DOCKER=1` says to
+//! skip them, and then each skip is printed.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use haunt_chaos::docker::{ContainerSpec, DockerBackend, IptablesLink, Peer, postgres_node};
+use haunt_chaos::local::api_node;
+use haunt_chaos::roles::Backend;
+
+use crate::run::{haunt_run, latest, read_json};
+
+/// False (with a printed skip) only when the user opted out; panics with
+/// directions when Docker or the images are missing.
+fn docker_ready(test: &str) -> bool {
+    if std::env::var("HAUNT_SKIP_DOCKER").as_deref() == Ok("1") {
+        eprintln!("SKIPPED: {test} (HAUNT_SKIP_DOCKER=1)");
+        return false;
+    }
+    let ok = |args: &[&str]| Command::new("docker").args(args).output().is_ok_and(|o| o.status.success());
+    assert!(
+        ok(&["info"]),
+        "{test} needs a Docker engine: run ./scripts/test (scripts/docker starts one), or set HAUNT_SKIP_DOCKER=1"
+    );
+    for image in ["haunt:latest", "haunt-postgres:latest"] {
+        assert!(ok(&["image", "inspect", image]), "{test} needs the image {image}: run scripts/images");
+    }
+    true
+}
+
+/// Every container and network labelled with this run id.
+fn containers_of(run_id: &str) -> Vec<String> {
+    let filter = format!("label=io.haunt.run={run_id}");
+    let mut found = Vec::new();
+    for args in [
+        vec!["ps", "--all", "--format", "{{.Names}}", "--filter", &filter],
+        vec!["network", "ls", "--format", "{{.Name}}", "--filter", &filter],
+    ] {
+        let out = Command::new("docker").args(&args).output().unwrap();
+        found.extend(String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.is_empty()).map(String::from));
+    }
+    found
+}
+
+/// The run id from the harness's `starting containers haunt-<id>-*` line.
+fn run_id_in(stderr: &str) -> String {
+    let line = stderr.lines().find(|l| l.starts_with("starting containers haunt-")).expect("the containers line");
+    line["starting containers haunt-".len()..].split('-').next().unwrap().to_owned()
+}
+
+fn nemesis_ok(history: &str, f: &str) -> Vec<String> {
+    history
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|op| op["process"] == "nemesis" && op["f"] == f && op["value"]["result"] == "ok")
+        .map(|op| op["value"]["target"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[test]
+fn a_docker_run_with_kills_pauses_and_worker_db_partitions_is_valid() {
+    if !docker_ready("a_docker_run_with_kills_pauses_and_worker_db_partitions_is_valid") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = haunt_run(
+        tmp.path(),
+        &[
+            "--backend",
+            "docker",
+            "--workers",
+            "2",
+            "--time-limit-s",
+            "20",
+            "--nemesis",
+            "kill,pause,partition",
+            "--nemesis-interval-s",
+            "1.5",
+            "--visibility-timeout-ms",
+            "1000",
+            "--seed",
+            "11",
+        ],
+    )
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let run = latest(tmp.path());
+    assert_eq!(read_json(&run.join("results.json"))["valid"], true);
+    assert_eq!(read_json(&run.join("run.json"))["backend"], "docker");
+    let history = std::fs::read_to_string(run.join("history.jsonl")).unwrap();
+    assert!(!nemesis_ok(&history, "kill").is_empty(), "a container was killed");
+    assert!(!nemesis_ok(&history, "pause").is_empty(), "a container was paused");
+    let cut = nemesis_ok(&history, "start-partition");
+    assert!(cut.iter().any(|t| t.starts_with("worker-") && t.ends_with("<->db")), "a worker<->db partition: {cut:?}");
+    for node in ["postgres", "api", "worker-1", "worker-2"] {
+        let log = std::fs::read_to_string(run.join("logs").join(format!("{node}.log"))).unwrap_or_default();
+        assert!(!log.is_empty(), "{node}'s container log was kept");
+    }
+    let run_id = run_id_in(&stderr);
+    assert_eq!(containers_of(&run_id), Vec::<String>::new(), "every container and the network are removed");
+}
+
+#[test]
+fn a_bug_mode_in_containers_is_caught() {
+    if !docker_ready("a_bug_mode_in_containers_is_caught") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = haunt_run(
+        tmp.path(),
+        &[
+            "--backend",
+            "docker",
+            "--workers",
+            "2",
+            "--bug",
+            "no-inbox",
+            "--time-limit-s",
+            "10",
+            "--nemesis",
+            "ack-loss",
+            "--nemesis-interval-s",
+            "1",
+            "--seed",
+            "5",
+            "--quiet",
+        ],
+    )
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "invalid: {}\n{stderr}", String::from_utf8_lossy(&out.stdout));
+    let results = read_json(&latest(tmp.path()).join("results.json"));
+    assert!(results["anomalies"]["double-applied"]["count"].as_u64().unwrap() > 0, "{results:#}");
+}
+
+#[test]
+fn ctrl_c_during_a_docker_run_leaves_no_container_or_network() {
+    if !docker_ready("ctrl_c_during_a_docker_run_leaves_no_container_or_network") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = haunt_run(
+        tmp.path(),
+        &["--backend", "docker", "--workers", "1", "--time-limit-s", "120", "--nemesis", "partition,pause"],
+    )
+    .stderr(Stdio::piped())
+    .stdout(Stdio::null())
+    .spawn()
+    .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = String::new();
+    // Wait until the workload runs: the first progress line.
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.starts_with('[') {
+            break;
+        }
+    }
+    let run_id = run_id_in(&seen);
+    assert!(!containers_of(&run_id).is_empty(), "the run's containers exist while it runs");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the run did not stop within 60 s of SIGINT");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(status.code(), Some(130));
+    assert_eq!(containers_of(&run_id), Vec::<String>::new(), "nothing is left behind after Ctrl-C");
+    assert_eq!(read_json(&latest(tmp.path()).join("run.json"))["aborted"], true);
+}
+
+/// A TCP connection from the host to the API's published port, within 1 s.
+async fn host_reaches(port: u16) -> bool {
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(1)).build().unwrap();
+    http.get(format!("http://127.0.0.1:{port}/healthz")).send().await.is_ok_and(|r| r.status().is_success())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn partitions_and_packet_loss_really_cut_the_link_and_heal() {
+    if !docker_ready("partitions_and_packet_loss_really_cut_the_link_and_heal") {
+        return;
+    }
+    let run_id = format!("t{:07x}", std::process::id());
+    let (pg, api) = (postgres_node(), api_node());
+    let api_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let pg_host = format!("haunt-{run_id}-postgres");
+    let specs = vec![
+        ContainerSpec {
+            node: pg.clone(),
+            image: "haunt-postgres:latest".into(),
+            args: vec![],
+            env: vec![],
+            ports: vec![],
+            net_admin: false,
+        },
+        ContainerSpec {
+            node: api.clone(),
+            image: "haunt:latest".into(),
+            args: ["api", "--listen", "0.0.0.0:8080", "--db", &format!("postgres://postgres@{pg_host}:5432/postgres")]
+                .map(String::from)
+                .to_vec(),
+            env: vec![],
+            ports: vec![(api_port, 8080)],
+            net_admin: true,
+        },
+    ];
+    let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_haunt"));
+    let backend = Arc::new(DockerBackend::create(&run_id, Some(exe), specs).await.unwrap());
+    backend.start(&pg).await.unwrap();
+    backend.wait_healthy(&pg, Duration::from_secs(90)).await.unwrap();
+    backend.start(&api).await.unwrap();
+    backend.wait_healthy(&api, Duration::from_secs(60)).await.unwrap();
+
+    let db_link = IptablesLink::new(backend.clone(), api.clone(), Peer::Node(pg.clone()));
+    assert!(backend.probe(&api, &pg_host, 5432).await, "api reaches postgres before the fault");
+    db_link.cut().await.unwrap();
+    assert!(!backend.probe(&api, &pg_host, 5432).await, "api<->db is cut");
+    db_link.heal().await.unwrap();
+    assert!(backend.probe(&api, &pg_host, 5432).await, "api<->db heals");
+
+    // Every packet lost is a cut too: the statistic match is in force.
+    db_link.lose(1.0).await.unwrap();
+    assert!(!backend.probe(&api, &pg_host, 5432).await, "api<->db loses every packet");
+    db_link.heal_loss().await.unwrap();
+    assert!(backend.probe(&api, &pg_host, 5432).await, "loss heals");
+
+    let client_link = IptablesLink::new(backend.clone(), api.clone(), Peer::Host { port: 8080 });
+    assert!(host_reaches(api_port).await, "the host reaches the API before the fault");
+    client_link.cut().await.unwrap();
+    assert!(!host_reaches(api_port).await, "client<->api is cut");
+    assert!(backend.probe(&api, &pg_host, 5432).await, "a client<->api partition leaves api<->db alone");
+    client_link.heal().await.unwrap();
+    assert!(host_reaches(api_port).await, "client<->api heals");
+
+    // A partition survives nothing: a killed and restarted node has a fresh namespace.
+    db_link.cut().await.unwrap();
+    backend.kill(&api).await.unwrap();
+    db_link.heal().await.unwrap();
+    backend.start(&api).await.unwrap();
+    backend.wait_healthy(&api, Duration::from_secs(60)).await.unwrap();
+    assert!(backend.probe(&api, &pg_host, 5432).await);
+
+    drop(db_link);
+    drop(client_link);
+    backend.remove();
+    assert_eq!(containers_of(&run_id), Vec::<String>::new());
+}
