@@ -99,6 +99,10 @@ pub struct RunArgs {
     /// so a scraper sees the check's result.
     #[arg(long, default_value_t = 0)]
     pub metrics_linger_s: u64,
+    /// Write this run's scrape targets (API, workers, and the harness with
+    /// --metrics-listen) to FILE for Prometheus's file_sd_configs.
+    #[arg(long, value_name = "FILE")]
+    pub prometheus_sd: Option<PathBuf>,
     /// Print nothing but the verdict line.
     #[arg(long)]
     pub quiet: bool,
@@ -168,6 +172,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         faults_at_once: args.faults_at_once.max(1),
         metrics_listen: args.metrics_listen,
         metrics_linger: Duration::from_secs(args.metrics_linger_s),
+        prometheus_sd: args.prometheus_sd,
         bug: args.bug,
         quiet: args.quiet,
         request_timeout: Duration::from_millis(args.request_timeout_ms),

@@ -87,6 +87,9 @@ pub struct RunOptions {
     pub metrics_listen: Option<SocketAddr>,
     /// Keep serving them this long after the verdict, for a last scrape.
     pub metrics_linger: Duration,
+    /// Write the scrape targets of this run (API, workers, harness) here, as a
+    /// Prometheus `file_sd_configs` file.
+    pub prometheus_sd: Option<PathBuf>,
     #[serde(serialize_with = "bug_name")]
     pub bug: Option<Bug>,
     pub quiet: bool,
@@ -726,6 +729,9 @@ async fn drive(
     for (_, admin) in &cluster.worker_admin {
         wait_http_ok(&format!("{admin}/healthz"), Duration::from_secs(30)).await?;
     }
+    if let Some(path) = &options.prometheus_sd {
+        write_scrape_targets(path, options, cluster, run_dir)?;
+    }
     let nemeses = nemeses(options, cluster, token)?;
     let recorder = Arc::new(Recorder::create(&run_dir.join(HISTORY_FILE))?);
     let active = Arc::new(ActiveFaults::with_metrics(metrics.clone()));
@@ -779,6 +785,26 @@ async fn drive(
         say(options, &format!("the queue did not drain within {:?}", options.quiesce_timeout));
     }
     Ok((drained, recorder))
+}
+
+/// The run's metrics endpoints as a Prometheus file_sd file: one target group
+/// per node, labelled with the node and the run, so a Prometheus started
+/// beforehand finds each run's services by itself.
+fn write_scrape_targets(path: &Path, options: &RunOptions, cluster: &Cluster, run_dir: &Path) -> anyhow::Result<()> {
+    let run = run_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let group = |node: &str, url: &str| {
+        let target = url.trim_start_matches("http://").trim_end_matches('/');
+        serde_json::json!({"targets": [target], "labels": {"node": node, "run": run, "backend": options.backend.name()}})
+    };
+    let mut groups = vec![group("api", &cluster.api_url)];
+    groups.extend(cluster.worker_admin.iter().map(|(node, url)| group(node, url)));
+    if let Some(addr) = options.metrics_listen {
+        groups.push(group("harness", &addr.to_string()));
+    }
+    // Written aside and renamed: Prometheus never reads half a file.
+    let tmp = path.with_extension("tmp");
+    write_json(&tmp, &groups)?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
 }
 
 async fn finish_final_state(store: &Store, run_dir: &Path, quiesced: bool, recorder: &Recorder) -> anyhow::Result<()> {

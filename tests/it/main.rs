@@ -3,6 +3,7 @@
 mod check;
 mod docker;
 mod matrix;
+mod observability;
 mod run;
 mod traces;
 mod tutorial;

@@ -51,7 +51,8 @@ impl TelemetryGuard {
 }
 
 fn exporter() -> anyhow::Result<Option<opentelemetry_otlp::SpanExporter>> {
-    if std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").is_none() {
+    // Unset or empty (as compose.local.yaml sets it): no export.
+    if std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").is_none_or(|v| v.is_empty()) {
         return Ok(None);
     }
     let protocol = std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL").unwrap_or_else(|_| "grpc".into());
