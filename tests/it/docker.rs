@@ -64,19 +64,21 @@ fn nemesis_ok(history: &str, f: &str) -> Vec<String> {
         .collect()
 }
 
+/// `haunt run --backend docker --workers 2 ARGS` into `store`, to completion.
+fn docker_run(store: &std::path::Path, args: &[&str]) -> std::process::Output {
+    let all = [&["--backend", "docker", "--workers", "2"], args].concat();
+    haunt_run(store, &all).output().unwrap()
+}
+
 #[test]
 fn a_docker_run_with_kills_pauses_and_worker_db_partitions_is_valid() {
     if !docker_ready("a_docker_run_with_kills_pauses_and_worker_db_partitions_is_valid") {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let out = haunt_run(
+    let out = docker_run(
         tmp.path(),
         &[
-            "--backend",
-            "docker",
-            "--workers",
-            "2",
             "--time-limit-s",
             "20",
             "--nemesis",
@@ -88,9 +90,7 @@ fn a_docker_run_with_kills_pauses_and_worker_db_partitions_is_valid() {
             "--seed",
             "11",
         ],
-    )
-    .output()
-    .unwrap();
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "stdout:\n{stdout}\nstderr:\n{stderr}");
@@ -116,13 +116,9 @@ fn a_bug_mode_in_containers_is_caught() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let out = haunt_run(
+    let out = docker_run(
         tmp.path(),
         &[
-            "--backend",
-            "docker",
-            "--workers",
-            "2",
             "--bug",
             "no-inbox",
             "--time-limit-s",
@@ -135,9 +131,7 @@ fn a_bug_mode_in_containers_is_caught() {
             "5",
             "--quiet",
         ],
-    )
-    .output()
-    .unwrap();
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "invalid: {}\n{stderr}", String::from_utf8_lossy(&out.stdout));
     let results = read_json(&latest(tmp.path()).join("results.json"));
