@@ -57,8 +57,9 @@ pub struct WorkerArgs {
     /// How long a lease hides a message from other workers.
     #[arg(long, default_value_t = 5_000)]
     pub visibility_timeout_ms: u64,
-    /// Messages leased at once by one lease loop.
-    #[arg(long, default_value_t = 16)]
+    /// Messages leased at once by one lease loop, applied in one transaction
+    /// and acked in one statement (1: one transaction per message).
+    #[arg(long, default_value_t = 100)]
     pub batch_size_max: u32,
     /// Deliveries a message gets before it is dead-lettered.
     #[arg(long, default_value_t = 10)]

@@ -7,6 +7,8 @@
 pub struct Dialect {
     /// Milliseconds since the Unix epoch from the database clock.
     pub now: &'static str,
+    /// The same clock as an expression, for statements built at run time.
+    pub clock: &'static str,
     pub lease: &'static str,
     pub place_order: &'static str,
     pub enqueue: &'static str,
@@ -26,6 +28,7 @@ macro_rules! dialect {
     ($now:literal, $skip_locked:literal, $reconcile_lock:literal) => {
         Dialect {
             now: concat!("SELECT ", $now),
+            clock: $now,
             // $1 batch size, $2 worker clock (NULL: database clock), $3 lease token,
             // $4 visibility timeout in ms.
             lease: concat!(
@@ -111,6 +114,32 @@ pub const UPSERT_PROJECTION: &str = "INSERT INTO inventory_projection (item_id, 
 pub const SET_PROJECTION: &str = "INSERT INTO inventory_projection (item_id, reserved_qty) VALUES ($1, $2) \
      ON CONFLICT (item_id) DO UPDATE SET reserved_qty = excluded.reserved_qty";
 pub const READ_PROJECTION_ROW: &str = "SELECT reserved_qty FROM inventory_projection WHERE item_id = $1";
+/// Takes the rows a lease still holds (a write, so that SQLite takes its write
+/// lock first and PostgreSQL locks the rows against a new lease) and names them.
+pub const HOLD_LEASE: &str =
+    "UPDATE queue_messages SET lease_token = lease_token WHERE lease_token = $1 RETURNING message_id";
+
+/// `(first, rows, columns)` → `($first, $first+1, …), (…)`: VALUES for a
+/// multi-row statement, with `extra` appended inside each row.
+pub fn values(first: usize, rows: usize, columns: usize, extra: &str) -> String {
+    let mut out = String::with_capacity(rows * (columns * 5 + extra.len() + 4));
+    for r in 0..rows {
+        if r > 0 {
+            out.push_str(", ");
+        }
+        out.push('(');
+        for c in 0..columns {
+            if c > 0 {
+                out.push_str(", ");
+            }
+            out.push_str(&format!("${}", first + r * columns + c));
+        }
+        out.push_str(extra);
+        out.push(')');
+    }
+    out
+}
+
 pub const ACK: &str = "DELETE FROM queue_messages WHERE message_id = $1 AND lease_token = $2";
 pub const ACK_ANY_HOLDER: &str = "DELETE FROM queue_messages WHERE message_id = $1";
 pub const DELETE_MESSAGE_HELD: &str =

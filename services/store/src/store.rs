@@ -18,6 +18,10 @@ use crate::{
 
 use StoreError::{CommitUnknown, NotCommitted};
 
+/// Rows per multi-row statement: 6 binds a ledger row stays far below both
+/// backends' limits on bound parameters (32,766 and 65,535).
+const BATCH_ROWS_MAX: usize = 1000;
+
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
@@ -350,6 +354,157 @@ impl Store {
         }
         tx.commit().await.map_err(CommitUnknown)?;
         Ok(Applied::Applied { applied_at_ms })
+    }
+
+    /// Applies a leased batch in one transaction: it takes the rows the lease
+    /// still holds, inserts the whole batch into the inbox at once (conflicts
+    /// are the duplicates, within the batch as across batches), then upserts
+    /// the projection once per item with the sum of the new events and writes
+    /// their ledger rows. Returns, per delivery and in order, what happened:
+    /// `None` when the lease on that message was lost (nothing was written for
+    /// it; its new holder will apply it). With a bug mode switched on, each
+    /// delivery goes through [`Store::apply`] instead, so the bug paths stay
+    /// the ones the matrix measures.
+    pub async fn apply_batch(
+        &self,
+        batch: &[(&Leased, OrderEvent)],
+        worker_id: &str,
+    ) -> Result<Vec<Option<Applied>>, StoreError> {
+        if self.bug.is_some() {
+            let mut out = Vec::with_capacity(batch.len());
+            for (leased, event) in batch {
+                out.push(Some(self.apply(leased, event, worker_id).await?));
+            }
+            return Ok(out);
+        }
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let clock = self.dialect.clock;
+        let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
+
+        // Fence: only messages this lease still holds are applied.
+        let mut held = std::collections::HashSet::new();
+        let mut tokens: Vec<&str> = batch.iter().map(|(l, _)| l.lease_token.as_str()).collect();
+        tokens.sort_unstable();
+        tokens.dedup();
+        for token in tokens {
+            let rows = sqlx::query(sql::HOLD_LEASE).bind(token).fetch_all(&mut *tx).await.map_err(NotCommitted)?;
+            for row in rows {
+                held.insert(row.try_get::<String, _>(0).map_err(corrupt("queue_messages"))?);
+            }
+        }
+        let candidates: Vec<&OrderEvent> =
+            batch.iter().filter(|(l, _)| held.contains(&l.message_id)).map(|(_, e)| e).collect();
+
+        // The inbox, all at once: RETURNING names the events that are new.
+        let mut fresh = std::collections::HashSet::new();
+        for chunk in candidates.chunks(BATCH_ROWS_MAX) {
+            let text = format!(
+                "INSERT INTO inbox_processed (event_id, processed_at_ms) VALUES {}                  ON CONFLICT (event_id) DO NOTHING RETURNING event_id",
+                sql::values(1, chunk.len(), 1, &format!(", {clock}"))
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(text));
+            for event in chunk {
+                query = query.bind(event.event_id.as_str());
+            }
+            for row in query.fetch_all(&mut *tx).await.map_err(NotCommitted)? {
+                fresh.insert(row.try_get::<String, _>(0).map_err(corrupt("inbox_processed"))?);
+            }
+        }
+        // Each new event once, in batch order (a second copy in the batch is a duplicate).
+        let mut first_copies = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for (leased, event) in batch {
+            if fresh.contains(&event.event_id) && seen.insert(event.event_id.as_str()) {
+                first_copies.push((*leased, event));
+            }
+        }
+
+        // One upsert per item, with the sum of its new events.
+        let mut per_item: std::collections::BTreeMap<&str, i64> = std::collections::BTreeMap::new();
+        for (_, event) in &first_copies {
+            *per_item.entry(event.item_id.as_str()).or_default() += event.qty;
+        }
+        let items: Vec<(&str, i64)> = per_item.into_iter().collect();
+        for chunk in items.chunks(BATCH_ROWS_MAX) {
+            let text = format!(
+                "INSERT INTO inventory_projection (item_id, reserved_qty) VALUES {} ON CONFLICT (item_id)                  DO UPDATE SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty",
+                sql::values(1, chunk.len(), 2, "")
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(text));
+            for (item, qty) in chunk {
+                query = query.bind(*item).bind(*qty);
+            }
+            query.execute(&mut *tx).await.map_err(NotCommitted)?;
+        }
+
+        // The ledger: one row per new event.
+        let mut applied_at = std::collections::HashMap::new();
+        for chunk in first_copies.chunks(BATCH_ROWS_MAX) {
+            let text = format!(
+                "INSERT INTO projection_ledger                  (event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms) VALUES {}                  RETURNING event_id, applied_at_ms",
+                sql::values(1, chunk.len(), 6, &format!(", {clock}"))
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(text));
+            for (leased, event) in chunk {
+                query = query
+                    .bind(event.event_id.as_str())
+                    .bind(event.order_id.as_str())
+                    .bind(event.item_id.as_str())
+                    .bind(event.qty)
+                    .bind(leased.delivery_count)
+                    .bind(worker_id);
+            }
+            for row in query.fetch_all(&mut *tx).await.map_err(NotCommitted)? {
+                let event_id: String = row.try_get(0).map_err(corrupt("projection_ledger"))?;
+                applied_at.insert(event_id, row.try_get::<i64, _>(1).map_err(corrupt("projection_ledger"))?);
+            }
+        }
+        if self.injected.roll() {
+            let _ = tx.rollback().await;
+            return Err(injected());
+        }
+        tx.commit().await.map_err(CommitUnknown)?;
+
+        let mut reported = std::collections::HashSet::new();
+        Ok(batch
+            .iter()
+            .map(|(leased, event)| {
+                if !held.contains(&leased.message_id) {
+                    return None;
+                }
+                match applied_at.get(&event.event_id) {
+                    Some(at) if reported.insert(event.event_id.as_str()) => {
+                        Some(Applied::Applied { applied_at_ms: *at })
+                    }
+                    _ => Some(Applied::Duplicate),
+                }
+            })
+            .collect())
+    }
+
+    /// Deletes the messages of one lease in one statement; returns how many
+    /// were still held and so deleted.
+    pub async fn ack_batch(&self, message_ids: &[&str], lease_token: &str) -> Result<u64, StoreError> {
+        if self.bug.is_some() {
+            let mut deleted = 0;
+            for id in message_ids {
+                deleted += u64::from(self.ack(id, lease_token).await?);
+            }
+            return Ok(deleted);
+        }
+        let mut deleted = 0;
+        for chunk in message_ids.chunks(BATCH_ROWS_MAX) {
+            let list = (0..chunk.len()).map(|i| format!("${}", i + 2)).collect::<Vec<_>>().join(", ");
+            let text = format!("DELETE FROM queue_messages WHERE lease_token = $1 AND message_id IN ({list})");
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(text)).bind(lease_token);
+            for id in chunk {
+                query = query.bind(*id);
+            }
+            deleted += query.execute(&self.pool).await.map_err(NotCommitted)?.rows_affected();
+        }
+        Ok(deleted)
     }
 
     /// Deletes the message if the caller still holds its lease. False when the

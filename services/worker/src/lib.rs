@@ -51,7 +51,9 @@ impl Default for WorkerConfig {
             // Long against a batch's processing time (milliseconds), short enough
             // that a dead worker's messages come back within seconds.
             visibility_timeout: Duration::from_secs(5),
-            batch_size_max: 16,
+            // Large enough that a transaction's fixed cost is spread thin, small
+            // enough that one batch is milliseconds of work, far inside a lease.
+            batch_size_max: 100,
             // Ten deliveries survive a long run of transient errors; a message that
             // fails ten times is poison, and keeping it blocks nothing but itself.
             delivery_attempts_max: 10,
@@ -114,9 +116,7 @@ impl Worker {
                 }
                 Ok(batch) => {
                     error_wait = self.config.poll_interval;
-                    for leased in &batch {
-                        self.process(leased, &mut rng).await;
-                    }
+                    self.process_batch(&batch, &mut rng).await;
                     Duration::ZERO
                 }
                 Err(e) => {
@@ -134,9 +134,93 @@ impl Worker {
         }
     }
 
-    /// One delivery: apply through the inbox, then ack; or retry later.
-    async fn process(&self, leased: &Leased, rng: &mut Rng) {
+    /// A leased batch: applied in one transaction and acked in one statement.
+    /// Deliveries that need handling of their own (past the delivery limit,
+    /// unreadable), every delivery of a batch whose transaction failed, and all
+    /// deliveries under a bug mode go one by one through [`Worker::process`],
+    /// which retries, backs off and dead-letters each on its own.
+    async fn process_batch(&self, batch: &[Leased], rng: &mut Rng) {
+        let max = i64::from(self.config.delivery_attempts_max);
+        if batch.len() == 1 || self.config.bug.is_some() {
+            for leased in batch {
+                self.process(leased, rng).await;
+            }
+            return;
+        }
+        let mut ready = Vec::with_capacity(batch.len());
+        for leased in batch {
+            match leased.event() {
+                Ok(event) if leased.delivery_count <= max => ready.push((leased, event)),
+                _ => self.process(leased, rng).await,
+            }
+        }
+        if ready.is_empty() {
+            return;
+        }
         let started = Instant::now();
+        // One span per delivery, open across the batch's transaction and ack.
+        let spans: Vec<tracing::Span> = ready.iter().map(|(leased, _)| self.delivery_span(leased)).collect();
+        let outcomes = match self.store.apply_batch(&ready, &self.config.worker_id).await {
+            Ok(outcomes) => outcomes,
+            Err(e) => {
+                tracing::warn!(worker_id = %self.config.worker_id, error = ?e, size = ready.len(),
+                    "batch apply failed; processing its deliveries one by one");
+                drop(spans);
+                for (leased, _) in &ready {
+                    self.process(leased, rng).await;
+                }
+                return;
+            }
+        };
+        let m = &self.metrics;
+        let mut acks: Vec<&str> = Vec::with_capacity(ready.len());
+        let mut exemplars = Vec::with_capacity(ready.len());
+        for (((leased, _), outcome), span) in ready.iter().zip(outcomes).zip(&spans) {
+            let exemplar = self.observe_delivery(leased, span);
+            span.in_scope(|| match outcome {
+                Some(Applied::Applied { applied_at_ms }) => {
+                    self.count("applied", &exemplar);
+                    let lag = (applied_at_ms - leased.enqueued_at_ms).max(0) as f64 / 1000.0;
+                    m.effect_lag.observe(lag, Some(exemplar.clone()), None);
+                    tracing::info!("applied");
+                }
+                Some(Applied::Duplicate) => {
+                    self.count("duplicate", &exemplar);
+                    tracing::info!("duplicate skipped");
+                }
+                None => tracing::warn!("lease lost before the batch committed: its new holder applies it"),
+            });
+            if outcome.is_some() {
+                if self.faults.drop_ack(rng) {
+                    m.ack_failures.inc();
+                    span.in_scope(|| tracing::warn!("ack dropped (ack-loss fault): expect a redelivery"));
+                } else {
+                    acks.push(leased.message_id.as_str());
+                }
+            }
+            exemplars.push(exemplar);
+        }
+        let token = ready[0].0.lease_token.as_str();
+        match self.store.ack_batch(&acks, token).await {
+            Ok(deleted) if deleted < acks.len() as u64 => {
+                m.ack_failures.inc_by(acks.len() as u64 - deleted);
+                tracing::warn!(lost = acks.len() as u64 - deleted, "acks found their lease gone");
+            }
+            Ok(_) => {}
+            Err(e) => {
+                m.ack_failures.inc_by(acks.len() as u64);
+                tracing::warn!(error = ?e, "batch ack failed: expect redeliveries");
+            }
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        for exemplar in exemplars {
+            m.processing_duration.observe(elapsed, Some(exemplar), None);
+        }
+    }
+
+    /// The delivery's span, continuing the trace of the API request that
+    /// enqueued its event.
+    fn delivery_span(&self, leased: &Leased) -> tracing::Span {
         let worker_id = self.config.worker_id.as_str();
         let span = tracing::info_span!(
             "order.deliver",
@@ -154,6 +238,31 @@ impl Worker {
             worker_id,
         );
         tracing_context::continue_from(&span, leased.headers.traceparent.as_deref());
+        span
+    }
+
+    /// Counts one delivery in the attempt histogram (and as a redelivery after
+    /// the first); returns the exemplar for its other metrics.
+    fn observe_delivery(&self, leased: &Leased, span: &tracing::Span) -> TraceExemplar {
+        let exemplar = TraceExemplar {
+            correlation_id: leased.headers.correlation_id.clone(),
+            trace_id: tracing_context::trace_id(span),
+        };
+        self.metrics.delivery_attempt.observe(leased.delivery_count as f64, Some(exemplar.clone()), None);
+        if leased.delivery_count > 1 {
+            self.metrics.redeliveries.inc();
+        }
+        exemplar
+    }
+
+    fn count(&self, outcome: &'static str, exemplar: &TraceExemplar) {
+        self.metrics.deliveries.get_or_create(&OutcomeLabels { outcome }).inc_by(1, Some(exemplar.clone()), None);
+    }
+
+    /// One delivery: apply through the inbox, then ack; or retry later.
+    async fn process(&self, leased: &Leased, rng: &mut Rng) {
+        let started = Instant::now();
+        let span = self.delivery_span(leased);
         // Instrumented, not entered: an entered guard held across an await would
         // leave the span (and its OpenTelemetry context) on whichever thread
         // resumes the task.
@@ -162,18 +271,9 @@ impl Worker {
 
     async fn deliver(&self, leased: &Leased, rng: &mut Rng, started: Instant, span: &tracing::Span) {
         let worker_id = self.config.worker_id.as_str();
-        let exemplar = TraceExemplar {
-            correlation_id: leased.headers.correlation_id.clone(),
-            trace_id: tracing_context::trace_id(span),
-        };
+        let exemplar = self.observe_delivery(leased, span);
         let m = &self.metrics;
-        let count = |outcome: &'static str| {
-            m.deliveries.get_or_create(&OutcomeLabels { outcome }).inc_by(1, Some(exemplar.clone()), None);
-        };
-        m.delivery_attempt.observe(leased.delivery_count as f64, Some(exemplar.clone()), None);
-        if leased.delivery_count > 1 {
-            m.redeliveries.inc();
-        }
+        let count = |outcome: &'static str| self.count(outcome, &exemplar);
         if leased.delivery_count > i64::from(self.config.delivery_attempts_max) {
             // Delivered past the limit without ever failing cleanly: the workers
             // holding it died. Park it rather than loop forever.

@@ -1,5 +1,6 @@
 //! The store's operations, each on SQLite and on PostgreSQL.
 
+mod batch;
 mod dead_letters;
 mod leasing;
 mod orders;

@@ -45,13 +45,29 @@ async fn one_event_delivered_three_times_is_applied_once() {
 
 /// Eight workers, 10,000 orders, half the acks lost and a lease short enough to
 /// expire under load: every event applied exactly once, the projection equal to
-/// the orders, the queue empty.
+/// the orders, the queue empty. One delivery per transaction.
 #[tokio::test]
 async fn eight_workers_on_postgres_apply_every_event_exactly_once() {
-    let Some(db) = TestDb::postgres().await else {
-        return;
-    };
-    const ORDERS: usize = 10_000;
+    if let Some(db) = TestDb::postgres().await {
+        exactly_once(db, 8, 10_000, 1).await;
+    }
+}
+
+/// The same with batches of up to 500 applied in one transaction each.
+#[tokio::test]
+async fn eight_workers_on_postgres_in_batches_of_500_apply_every_event_exactly_once() {
+    if let Some(db) = TestDb::postgres().await {
+        exactly_once(db, 8, 10_000, 500).await;
+    }
+}
+
+/// Batches on SQLite, the embedded default: one writer at a time.
+#[tokio::test]
+async fn two_workers_on_sqlite_in_batches_of_500_apply_every_event_exactly_once() {
+    exactly_once(TestDb::sqlite(), 2, 3_000, 500).await;
+}
+
+async fn exactly_once(db: TestDb, worker_count: usize, orders_n: usize, batch_size_max: u32) {
     // Few items: hot rows, so concurrent upserts contend on purpose.
     const ITEMS: usize = 7;
     let writer = store(&db.url).await;
@@ -59,7 +75,7 @@ async fn eight_workers_on_postgres_apply_every_event_exactly_once() {
     for client in 0..16 {
         let s = writer.clone();
         tasks.spawn(async move {
-            for i in (client..ORDERS).step_by(16) {
+            for i in (client..orders_n).step_by(16) {
                 s.place_order(&order(i, &format!("item-{}", i % ITEMS), (i % 5 + 1) as i64)).await.unwrap();
             }
         });
@@ -69,11 +85,11 @@ async fn eight_workers_on_postgres_apply_every_event_exactly_once() {
     }
 
     let mut workers = Vec::new();
-    for n in 0..8 {
+    for n in 0..worker_count {
         let config = WorkerConfig {
             worker_id: format!("w{n}"),
             visibility_timeout: Duration::from_millis(250),
-            batch_size_max: 32,
+            batch_size_max,
             // Half the acks are lost, so a message can need many deliveries; the
             // limit must not turn lost acks into dead letters.
             delivery_attempts_max: 1_000,
@@ -118,15 +134,15 @@ async fn eight_workers_on_postgres_apply_every_event_exactly_once() {
         })
         .await
         .unwrap();
-    assert_eq!(orders.len(), ORDERS);
-    assert_eq!(applied.len(), ORDERS, "every event applied");
+    assert_eq!(orders.len(), orders_n);
+    assert_eq!(applied.len(), orders_n, "every event applied");
     assert!(applied.values().all(|&n| n == 1), "some event applied twice");
     assert!(orders.keys().all(|e| applied.contains_key(e)));
     assert_eq!((pending, dead), (0, 0));
     let projection: HashMap<String, i64> = writer.projection().await.unwrap().into_iter().collect();
     assert_eq!(projection, order_sum, "the projection equals the orders");
-    assert!(redeliveries >= (ORDERS / 4) as f64, "lost acks must cause redeliveries, saw {redeliveries}");
-    assert!(duplicates >= (ORDERS / 4) as f64, "redeliveries must be caught as duplicates, saw {duplicates}");
+    assert!(redeliveries >= (orders_n / 4) as f64, "lost acks must cause redeliveries, saw {redeliveries}");
+    assert!(duplicates >= (orders_n / 4) as f64, "redeliveries must be caught as duplicates, saw {duplicates}");
 }
 
 #[tokio::test]

@@ -1,0 +1,104 @@
+//! The batched path: one transaction per leased batch, one statement per ack.
+
+use std::time::Duration;
+
+use haunt_store::{Applied, LeaseClock, Leased, OrderEvent};
+use haunt_testkit::databases;
+
+use crate::{count_kind, final_lines, open, order};
+
+/// Makes a second queue message carrying the same event as `event_id`'s, as a
+/// producer that enqueues twice would.
+async fn copy_message(url: &str, event_id: &str) {
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(url).await.unwrap();
+    sqlx::query(
+        "INSERT INTO queue_messages (message_id, event_id, payload, headers, enqueued_at_ms, visible_at_ms) \
+         SELECT 'copy-of-' || message_id, event_id, payload, headers, enqueued_at_ms + 1, visible_at_ms \
+         FROM queue_messages WHERE event_id = $1",
+    )
+    .bind(event_id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+}
+
+fn events(batch: &[Leased]) -> Vec<(&Leased, OrderEvent)> {
+    batch.iter().map(|l| (l, l.event().unwrap())).collect()
+}
+
+/// Leases everything visible, waiting out earlier leases that were left to expire.
+async fn lease_all(store: &haunt_store::Store, expect: usize) -> Vec<Leased> {
+    for _ in 0..200 {
+        let batch = store.lease(100, Duration::from_secs(30), LeaseClock::Database).await.unwrap();
+        if batch.len() == expect {
+            return batch;
+        }
+        assert!(batch.is_empty(), "leased {} of {expect} at once", batch.len());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{expect} messages never became visible together");
+}
+
+#[tokio::test]
+async fn a_batch_with_an_applied_event_and_two_copies_of_a_new_one_applies_the_new_one_once() {
+    for db in databases().await {
+        let store = open(&db).await;
+        store.place_order(&order("o1", "apple", 3)).await.unwrap();
+        store.place_order(&order("o2", "pear", 5)).await.unwrap();
+        // o1's event is applied, but its ack is lost: its message comes back.
+        let first = store.lease(100, Duration::from_millis(1), LeaseClock::Database).await.unwrap();
+        let m1 = first.iter().find(|l| l.event().unwrap().order_id == "o1").unwrap();
+        assert!(matches!(store.apply(m1, &m1.event().unwrap(), "w0").await.unwrap(), Applied::Applied { .. }));
+        let e2 = first.iter().find(|l| l.event().unwrap().order_id == "o2").unwrap().event_id.clone();
+        copy_message(&db.url, &e2).await;
+
+        let batch = lease_all(&store, 3).await;
+        let outcomes = store.apply_batch(&events(&batch), "w1").await.unwrap();
+        let mut applied = 0;
+        for (leased, outcome) in batch.iter().zip(&outcomes) {
+            let order_id = leased.event().unwrap().order_id;
+            match outcome {
+                Some(Applied::Applied { .. }) => {
+                    assert_eq!(order_id, "o2", "{}: only the new event applies", db.kind);
+                    applied += 1;
+                }
+                Some(Applied::Duplicate) => {}
+                None => panic!("{}: the lease is held", db.kind),
+            }
+        }
+        assert_eq!(applied, 1, "{}: two copies of one new event apply once: {outcomes:?}", db.kind);
+        assert_eq!(store.projection().await.unwrap(), vec![("apple".into(), 3), ("pear".into(), 5)], "{}", db.kind);
+        let lines = final_lines(&store).await;
+        assert_eq!(count_kind(&lines, "applied"), 2, "{}: one ledger row per event", db.kind);
+
+        let ids: Vec<&str> = batch.iter().map(|l| l.message_id.as_str()).collect();
+        assert_eq!(store.ack_batch(&ids, &batch[0].lease_token).await.unwrap(), 3, "{}", db.kind);
+        assert_eq!(count_kind(&final_lines(&store).await, "pending"), 0, "{}: acked in one statement", db.kind);
+    }
+}
+
+#[tokio::test]
+async fn a_batch_whose_lease_was_taken_over_writes_nothing_and_acks_nothing() {
+    for db in databases().await {
+        let store = open(&db).await;
+        store.place_order(&order("o1", "apple", 3)).await.unwrap();
+        store.place_order(&order("o2", "pear", 5)).await.unwrap();
+        let zombie = store.lease(100, Duration::from_millis(1), LeaseClock::Database).await.unwrap();
+        assert_eq!(zombie.len(), 2);
+        // The lease expires; another worker takes both messages over.
+        let current = lease_all(&store, 2).await;
+        let outcomes = store.apply_batch(&events(&zombie), "zombie").await.unwrap();
+        assert_eq!(outcomes, vec![None, None], "{}: a lost lease applies nothing", db.kind);
+        assert_eq!(store.projection().await.unwrap(), vec![], "{}", db.kind);
+        let ids: Vec<&str> = zombie.iter().map(|l| l.message_id.as_str()).collect();
+        assert_eq!(store.ack_batch(&ids, &zombie[0].lease_token).await.unwrap(), 0, "{}", db.kind);
+        // The current holder applies and acks them.
+        let outcomes = store.apply_batch(&events(&current), "w1").await.unwrap();
+        assert!(outcomes.iter().all(|o| matches!(o, Some(Applied::Applied { .. }))), "{}: {outcomes:?}", db.kind);
+        let ids: Vec<&str> = current.iter().map(|l| l.message_id.as_str()).collect();
+        assert_eq!(store.ack_batch(&ids, &current[0].lease_token).await.unwrap(), 2, "{}", db.kind);
+        assert_eq!(store.projection().await.unwrap(), vec![("apple".into(), 3), ("pear".into(), 5)], "{}", db.kind);
+    }
+}
