@@ -17,6 +17,10 @@ pub enum BenchCommand {
     /// stub API that answers at once, against the same HTTP requests sent
     /// without recording.
     Harness(HarnessBench),
+    /// The worker and the API against the database's ceiling, in one run: raw
+    /// batched SQL, the per-message design (3 transactions per event), haunt's
+    /// workers; API ingest against the raw insert transaction.
+    Pipeline(crate::bench_pipeline::PipelineBench),
 }
 
 #[derive(Debug, clap::Args)]
@@ -128,7 +132,7 @@ fn peak_rss_mib() -> Option<f64> {
     Some(kib / 1024.0)
 }
 
-fn machine() -> String {
+pub(crate) fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|c| {

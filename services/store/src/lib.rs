@@ -24,6 +24,7 @@ mod store;
 pub use bug::Bug;
 pub use model::*;
 pub use retry::{Backoff, InjectedErrors, Rng};
+pub use sql::values as sql_values;
 pub use store::{Backend, Store, StoreOptions};
 
 /// Errors at the store's boundary. Whether a failed write may have committed

@@ -114,10 +114,21 @@ pub const UPSERT_PROJECTION: &str = "INSERT INTO inventory_projection (item_id, 
 pub const SET_PROJECTION: &str = "INSERT INTO inventory_projection (item_id, reserved_qty) VALUES ($1, $2) \
      ON CONFLICT (item_id) DO UPDATE SET reserved_qty = excluded.reserved_qty";
 pub const READ_PROJECTION_ROW: &str = "SELECT reserved_qty FROM inventory_projection WHERE item_id = $1";
-/// Takes the rows a lease still holds (a write, so that SQLite takes its write
-/// lock first and PostgreSQL locks the rows against a new lease) and names them.
-pub const HOLD_LEASE: &str =
-    "UPDATE queue_messages SET lease_token = lease_token WHERE lease_token = $1 RETURNING message_id";
+/// Takes the rows of a batch that its lease (`$1`) still holds, found by their
+/// ids (`$2…`, the primary key), and names them. PostgreSQL locks them against
+/// a new lease; SQLite needs a write first, so that the transaction holds the
+/// database's write lock before it reads.
+pub fn hold_lease(backend_postgres: bool, ids: usize) -> String {
+    let list = (0..ids).map(|i| format!("${}", i + 2)).collect::<Vec<_>>().join(", ");
+    if backend_postgres {
+        format!("SELECT message_id FROM queue_messages WHERE lease_token = $1 AND message_id IN ({list}) FOR UPDATE")
+    } else {
+        format!(
+            "UPDATE queue_messages SET lease_token = lease_token WHERE lease_token = $1 AND message_id IN ({list}) \
+             RETURNING message_id"
+        )
+    }
+}
 
 /// `(first, rows, columns)` → `($first, $first+1, …), (…)`: VALUES for a
 /// multi-row statement, with `extra` appended inside each row.

@@ -177,7 +177,7 @@ impl Store {
             .map_err(NotCommitted)?
             .rows_affected();
         if inserted == 0 {
-            let existing = read_order(&mut *tx, &new.order_id).await?.ok_or_else(|| StoreError::Corrupt {
+            let existing = read_order(&mut tx, &new.order_id).await?.ok_or_else(|| StoreError::Corrupt {
                 table: "orders",
                 why: format!("order {} conflicted but cannot be read", new.order_id),
             })?;
@@ -238,7 +238,7 @@ impl Store {
 
     pub async fn get_order(&self, order_id: &str) -> Result<Option<StoredOrder>, StoreError> {
         let mut conn = self.pool.acquire().await.map_err(NotCommitted)?;
-        read_order(&mut *conn, order_id).await
+        read_order(&mut conn, order_id).await
     }
 
     /// Leases up to `batch_size_max` visible messages for `visibility_timeout`.
@@ -389,9 +389,17 @@ impl Store {
         tokens.sort_unstable();
         tokens.dedup();
         for token in tokens {
-            let rows = sqlx::query(sql::HOLD_LEASE).bind(token).fetch_all(&mut *tx).await.map_err(NotCommitted)?;
-            for row in rows {
-                held.insert(row.try_get::<String, _>(0).map_err(corrupt("queue_messages"))?);
+            let ids: Vec<&str> =
+                batch.iter().filter(|(l, _)| l.lease_token == token).map(|(l, _)| l.message_id.as_str()).collect();
+            for chunk in ids.chunks(BATCH_ROWS_MAX) {
+                let text = sql::hold_lease(self.backend == Backend::Postgres, chunk.len());
+                let mut query = sqlx::query(sqlx::AssertSqlSafe(text)).bind(token);
+                for id in chunk {
+                    query = query.bind(*id);
+                }
+                for row in query.fetch_all(&mut *tx).await.map_err(NotCommitted)? {
+                    held.insert(row.try_get::<String, _>(0).map_err(corrupt("queue_messages"))?);
+                }
             }
         }
         let candidates: Vec<&OrderEvent> =

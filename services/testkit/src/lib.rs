@@ -34,7 +34,7 @@ pub struct TestDb {
 enum Cleanup {
     Sqlite(#[allow(dead_code)] tempfile::TempDir),
     Postgres { admin_url: String, name: String },
-    Container(Option<testcontainers::ContainerAsync<testcontainers::GenericImage>>),
+    Container(Option<Box<testcontainers::ContainerAsync<testcontainers::GenericImage>>>),
 }
 
 impl TestDb {
@@ -87,22 +87,22 @@ impl TestDb {
             });
         let port = container.get_host_port_ipv4(ContainerPort::Tcp(5432)).await.expect("the published port");
         let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
-        TestDb { url, kind: "postgres", cleanup: Cleanup::Container(Some(container)) }
+        TestDb { url, kind: "postgres", cleanup: Cleanup::Container(Some(Box::new(container))) }
     }
 }
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        if let Cleanup::Container(container) = &mut self.cleanup {
-            if let Some(container) = container.take() {
-                // Removed on a runtime of its own: this may run inside a test's
-                // runtime or outside any.
-                let _ = std::thread::spawn(move || {
-                    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
-                    rt.block_on(container.rm()).ok()
-                })
-                .join();
-            }
+        if let Cleanup::Container(container) = &mut self.cleanup
+            && let Some(container) = container.take()
+        {
+            // Removed on a runtime of its own: this may run inside a test's
+            // runtime or outside any.
+            let _ = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+                rt.block_on(container.rm()).ok()
+            })
+            .join();
         }
         if let Cleanup::Postgres { admin_url, name } = &self.cleanup {
             let (admin_url, name) = (admin_url.clone(), name.clone());
@@ -127,10 +127,10 @@ static SKIP_REPORTED: AtomicBool = AtomicBool::new(false);
 /// The server URL, `None` when skipping was asked for. Panics with directions
 /// when neither is set: a missing database must never pass silently.
 pub fn postgres_admin_url() -> Option<String> {
-    if let Ok(url) = std::env::var(POSTGRES_URL_VAR) {
-        if !url.is_empty() {
-            return Some(url);
-        }
+    if let Ok(url) = std::env::var(POSTGRES_URL_VAR)
+        && !url.is_empty()
+    {
+        return Some(url);
     }
     if std::env::var(SKIP_POSTGRES_VAR).as_deref() == Ok("1") {
         if !SKIP_REPORTED.swap(true, Ordering::Relaxed) {
