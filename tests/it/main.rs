@@ -1,5 +1,6 @@
 //! Tests of the `haunt` binary, run as a process.
 
+mod bench;
 mod check;
 mod docker;
 mod matrix;
