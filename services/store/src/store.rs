@@ -405,11 +405,13 @@ impl Store {
         let candidates: Vec<&OrderEvent> =
             batch.iter().filter(|(l, _)| held.contains(&l.message_id)).map(|(_, e)| e).collect();
 
-        // The inbox, all at once: RETURNING names the events that are new.
-        let mut fresh = std::collections::HashSet::new();
+        // The inbox, all at once: RETURNING names the events that are new, and
+        // when (the same clock, in the same transaction, as their ledger rows).
+        let mut fresh = std::collections::HashMap::new();
         for chunk in candidates.chunks(BATCH_ROWS_MAX) {
             let text = format!(
-                "INSERT INTO inbox_processed (event_id, processed_at_ms) VALUES {}                  ON CONFLICT (event_id) DO NOTHING RETURNING event_id",
+                "INSERT INTO inbox_processed (event_id, processed_at_ms) VALUES {} \
+                 ON CONFLICT (event_id) DO NOTHING RETURNING event_id, processed_at_ms",
                 sql::values(1, chunk.len(), 1, &format!(", {clock}"))
             );
             let mut query = sqlx::query(sqlx::AssertSqlSafe(text));
@@ -417,14 +419,15 @@ impl Store {
                 query = query.bind(event.event_id.as_str());
             }
             for row in query.fetch_all(&mut *tx).await.map_err(NotCommitted)? {
-                fresh.insert(row.try_get::<String, _>(0).map_err(corrupt("inbox_processed"))?);
+                let event_id: String = row.try_get(0).map_err(corrupt("inbox_processed"))?;
+                fresh.insert(event_id, row.try_get::<i64, _>(1).map_err(corrupt("inbox_processed"))?);
             }
         }
         // Each new event once, in batch order (a second copy in the batch is a duplicate).
         let mut first_copies = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for (leased, event) in batch {
-            if fresh.contains(&event.event_id) && seen.insert(event.event_id.as_str()) {
+            if fresh.contains_key(&event.event_id) && seen.insert(event.event_id.as_str()) {
                 first_copies.push((*leased, event));
             }
         }
@@ -437,7 +440,8 @@ impl Store {
         let items: Vec<(&str, i64)> = per_item.into_iter().collect();
         for chunk in items.chunks(BATCH_ROWS_MAX) {
             let text = format!(
-                "INSERT INTO inventory_projection (item_id, reserved_qty) VALUES {} ON CONFLICT (item_id)                  DO UPDATE SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty",
+                "INSERT INTO inventory_projection (item_id, reserved_qty) VALUES {} ON CONFLICT (item_id) \
+                 DO UPDATE SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty",
                 sql::values(1, chunk.len(), 2, "")
             );
             let mut query = sqlx::query(sqlx::AssertSqlSafe(text));
@@ -448,10 +452,10 @@ impl Store {
         }
 
         // The ledger: one row per new event.
-        let mut applied_at = std::collections::HashMap::new();
         for chunk in first_copies.chunks(BATCH_ROWS_MAX) {
             let text = format!(
-                "INSERT INTO projection_ledger                  (event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms) VALUES {}                  RETURNING event_id, applied_at_ms",
+                "INSERT INTO projection_ledger \
+                 (event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms) VALUES {}",
                 sql::values(1, chunk.len(), 6, &format!(", {clock}"))
             );
             let mut query = sqlx::query(sqlx::AssertSqlSafe(text));
@@ -464,10 +468,7 @@ impl Store {
                     .bind(leased.delivery_count)
                     .bind(worker_id);
             }
-            for row in query.fetch_all(&mut *tx).await.map_err(NotCommitted)? {
-                let event_id: String = row.try_get(0).map_err(corrupt("projection_ledger"))?;
-                applied_at.insert(event_id, row.try_get::<i64, _>(1).map_err(corrupt("projection_ledger"))?);
-            }
+            query.execute(&mut *tx).await.map_err(NotCommitted)?;
         }
         if self.injected.roll() {
             let _ = tx.rollback().await;
@@ -482,7 +483,7 @@ impl Store {
                 if !held.contains(&leased.message_id) {
                     return None;
                 }
-                match applied_at.get(&event.event_id) {
+                match fresh.get(&event.event_id) {
                     Some(at) if reported.insert(event.event_id.as_str()) => {
                         Some(Applied::Applied { applied_at_ms: *at })
                     }
