@@ -39,11 +39,12 @@ pub struct PipelineBench {
     /// Messages per batch for haunt's workers (their --batch-size-max).
     #[arg(long, default_value_t = 100)]
     pub batch_size: u32,
-    /// Also drain with every combination of these batch sizes and worker counts
-    /// (comma-separated), for the throughput plot.
-    #[arg(long, value_delimiter = ',')]
+    /// Also drain with each of these batch sizes (comma-separated) for each
+    /// count of --sweep-workers: the data of the throughput plot.
+    #[arg(long, value_delimiter = ',', requires = "sweep_workers")]
     pub sweep_batch_sizes: Vec<u32>,
-    #[arg(long, value_delimiter = ',')]
+    /// The worker counts of the sweep (comma-separated).
+    #[arg(long, value_delimiter = ',', requires = "sweep_batch_sizes")]
     pub sweep_workers: Vec<usize>,
     /// Write the results as JSON here too.
     #[arg(long)]
@@ -282,6 +283,10 @@ async fn http_ingest(
 
 pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
     anyhow::ensure!(args.events > 0 && args.workers > 0 && args.clients > 0, "--events, --workers, --clients > 0");
+    anyhow::ensure!(
+        args.batch_size > 0 && !args.sweep_batch_sizes.contains(&0) && !args.sweep_workers.contains(&0),
+        "batch sizes and worker counts must be positive"
+    );
     let postgres = args.db.starts_with("postgres");
     // Opening it migrates it; it must hold nothing the bench would delete.
     let store = Store::connect(&args.db, StoreOptions { max_connections: 32, ..StoreOptions::default() })
