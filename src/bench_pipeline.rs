@@ -37,7 +37,7 @@ pub struct PipelineBench {
     #[arg(long, default_value_t = 16)]
     pub clients: usize,
     /// Messages per batch for haunt's workers (their --batch-size-max).
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 500)]
     pub batch_size: u32,
     /// Also drain with each of these batch sizes (comma-separated) for each
     /// count of --sweep-workers: the data of the throughput plot.

@@ -59,7 +59,7 @@ pub struct WorkerArgs {
     pub visibility_timeout_ms: u64,
     /// Messages leased at once by one lease loop, applied in one transaction
     /// and acked in one statement (1: one transaction per message).
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 500)]
     pub batch_size_max: u32,
     /// Deliveries a message gets before it is dead-lettered.
     #[arg(long, default_value_t = 10)]

@@ -53,7 +53,7 @@ impl Default for WorkerConfig {
             visibility_timeout: Duration::from_secs(5),
             // Large enough that a transaction's fixed cost is spread thin, small
             // enough that one batch is milliseconds of work, far inside a lease.
-            batch_size_max: 100,
+            batch_size_max: 500,
             // Ten deliveries survive a long run of transient errors; a message that
             // fails ten times is poison, and keeping it blocks nothing but itself.
             delivery_attempts_max: 10,
