@@ -136,12 +136,14 @@ async fn verify_drained(pool: &AnyPool, n: usize, phase: &str) -> anyhow::Result
 const RAW_LEASE: &str = "SELECT message_id, event_id, payload FROM queue_messages \
      WHERE visible_at_ms <= CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) \
      ORDER BY visible_at_ms LIMIT $1 FOR UPDATE SKIP LOCKED";
+/// The projection is upserted in item order, as haunt's batches do, so that two
+/// batches never deadlock on its rows.
 const RAW_APPLY: &str = "WITH m AS (SELECT event_id, CAST(payload AS json) AS p FROM queue_messages \
        WHERE message_id IN (SELECT unnest(string_to_array($1, ',')))), \
      fresh AS (INSERT INTO inbox_processed (event_id, processed_at_ms) SELECT event_id, 0 FROM m \
        ON CONFLICT DO NOTHING RETURNING event_id), \
      agg AS (INSERT INTO inventory_projection (item_id, reserved_qty) \
-       SELECT m.p->>'item_id', SUM(CAST(m.p->>'qty' AS BIGINT)) FROM m JOIN fresh USING (event_id) GROUP BY 1 \
+       SELECT m.p->>'item_id', SUM(CAST(m.p->>'qty' AS BIGINT)) FROM m JOIN fresh USING (event_id) GROUP BY 1 ORDER BY 1 \
        ON CONFLICT (item_id) DO UPDATE SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty) \
      INSERT INTO projection_ledger (event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms) \
        SELECT m.event_id, m.p->>'order_id', m.p->>'item_id', CAST(m.p->>'qty' AS BIGINT), 1, 'raw', 0 \

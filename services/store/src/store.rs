@@ -402,8 +402,11 @@ impl Store {
                 }
             }
         }
-        let candidates: Vec<&OrderEvent> =
+        // In event order: two batches that share events (a redelivery racing its
+        // first delivery) wait on each other's inbox keys in one order, never in a cycle.
+        let mut candidates: Vec<&OrderEvent> =
             batch.iter().filter(|(l, _)| held.contains(&l.message_id)).map(|(_, e)| e).collect();
+        candidates.sort_unstable_by(|a, b| a.event_id.cmp(&b.event_id));
 
         // The inbox, all at once: RETURNING names the events that are new, and
         // when (the same clock, in the same transaction, as their ledger rows).
