@@ -149,6 +149,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         "--backend docker runs its own PostgreSQL container; leave out --db and --pg-data"
     );
     let nemesis = parse_nemesis(&args.nemesis, docker || (db_is_postgres && args.pg_data.is_some()), docker)?;
+    // Refused here, before a run directory exists, rather than when the faults are built.
+    anyhow::ensure!(
+        docker || !nemesis.iter().any(|n| n == "loss"),
+        "--nemesis loss drops packets with iptables in containers: it needs --backend docker"
+    );
+    anyhow::ensure!(
+        docker || args.pg_data.is_some() || !nemesis.iter().any(|n| n == "db-restart"),
+        "--nemesis db-restart needs --pg-data DIR (the data directory of the PostgreSQL server behind --db), \
+         or --backend docker"
+    );
     anyhow::ensure!(
         args.pg_data.is_none() || db_is_postgres,
         "--pg-data names the PostgreSQL server behind --db; give --db postgres://… too"

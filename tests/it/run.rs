@@ -252,6 +252,12 @@ fn bad_options_are_refused_before_anything_starts() {
         (vec!["--db", "mysql://x"], "unsupported database URL"),
         (vec!["--bug", "no-such"], "unknown bug mode"),
         (vec!["--rate", "0"], "--rate must be positive"),
+        (vec!["--nemesis", "loss"], "needs --backend docker"),
+        (vec!["--nemesis", "db-restart"], "needs --pg-data"),
+        (vec!["--backend", "docker", "--db", "sqlite://x.db"], "runs its own PostgreSQL container"),
+        // Without an engine the error names scripts/docker; without the image, scripts/images.
+        (vec!["--backend", "docker", "--image", "no-such-image:0"], "scripts/"),
+        (vec!["--backend", "podman"], "invalid value 'podman'"),
     ] {
         let out = haunt_run(tmp.path(), &args).output().unwrap();
         assert_ne!(out.status.code(), Some(0));
