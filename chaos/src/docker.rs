@@ -154,10 +154,6 @@ impl DockerBackend {
         Ok(())
     }
 
-    pub fn run_id(&self) -> &str {
-        &self.run_id
-    }
-
     /// The container's name, also its host name on the run's network.
     pub fn container(&self, node: &Node) -> String {
         format!("haunt-{}-{}", self.run_id, node.name)
@@ -325,7 +321,14 @@ impl Backend for DockerBackend {
     }
 
     fn is_running(&self, node: &Node) -> bool {
-        let out = docker_blocking(&["inspect", "--format", "{{.State.Running}}", &self.container(node)]);
+        let name = self.container(node);
+        let ask = || docker_blocking(&["inspect", "--format", "{{.State.Running}}", &name]);
+        // The trait is synchronous; on the harness's multi-threaded runtime the
+        // wait for the CLI moves off the worker thread, as the local backend's reap does.
+        let out = match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(ask),
+            _ => ask(),
+        };
         matches!(out.as_deref(), Ok("true"))
     }
 }

@@ -163,8 +163,11 @@ impl Worker {
         let outcomes = match self.store.apply_batch(&ready, &self.config.worker_id).await {
             Ok(outcomes) => outcomes,
             Err(e) => {
-                tracing::warn!(worker_id = %self.config.worker_id, error = ?e, size = ready.len(),
-                    "batch apply failed; processing its deliveries one by one");
+                // Each delivery's span ends with the failed attempt on record;
+                // the retry alone gets a span of its own.
+                for span in &spans {
+                    span.in_scope(|| tracing::warn!(error = ?e, "batch apply failed; retrying this delivery alone"));
+                }
                 drop(spans);
                 for (leased, _) in &ready {
                     self.process(leased, rng).await;
