@@ -6,7 +6,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::Context;
-use haunt_chaos::matrix::{Case, Needs, Row, RunRecord, ScratchDb, cases, markdown};
+use haunt_chaos::matrix::{Case, Expect, Needs, Row, RunRecord, ScratchDb, cases, markdown};
 
 #[derive(Debug, clap::Args)]
 pub struct MatrixArgs {
@@ -145,7 +145,12 @@ pub async fn matrix(args: MatrixArgs) -> anyhow::Result<i32> {
                 (Some(e), _, _) => format!("ERROR {e}"),
                 (None, true, None) => "valid".to_owned(),
                 (None, false, None) => format!("NOT VALID ({})", record.verdict),
-                (None, true, Some(_)) if case.masked.is_some() => format!("verdict {} (masked)", record.verdict),
+                (None, true, Some(_)) if matches!(case.expected, Expect::Masked(_)) => {
+                    format!("verdict {} (masked)", record.verdict)
+                }
+                (None, true, Some(_)) if case.expected == Expect::NotDrained => {
+                    format!("caught: not drained, {} orders pending", record.pending)
+                }
                 (None, true, Some(_)) => format!("caught {:?}", record.anomalies),
                 (None, false, Some(_)) => format!("MISSED (verdict {}, {:?})", record.verdict, record.anomalies),
             };

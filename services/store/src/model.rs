@@ -89,6 +89,9 @@ pub enum Applied {
     Applied { applied_at_ms: i64 },
     /// The inbox already held the event: nothing written.
     Duplicate,
+    /// The lease was gone (expired and taken, or the message settled) when the
+    /// transaction took the message: nothing written; its holder applies it.
+    LeaseLost,
 }
 
 /// What `fail` did with a delivery whose processing failed.

@@ -151,8 +151,6 @@ pub fn values(first: usize, rows: usize, columns: usize, extra: &str) -> String 
     out
 }
 
-pub const ACK: &str = "DELETE FROM queue_messages WHERE message_id = $1 AND lease_token = $2";
-pub const ACK_ANY_HOLDER: &str = "DELETE FROM queue_messages WHERE message_id = $1";
 pub const DELETE_MESSAGE_HELD: &str =
     "DELETE FROM queue_messages WHERE message_id = $1 AND ($2 IS NULL OR lease_token = $2)";
 pub const DELETE_DEAD_ALL: &str = "DELETE FROM dead_letters";

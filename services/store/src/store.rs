@@ -283,8 +283,21 @@ impl Store {
         Ok(leased)
     }
 
-    /// Applies one delivery in one transaction: the inbox row, and only when the
-    /// event is new, the projection upsert and one ledger row.
+    /// Whether an apply first makes sure its lease still holds the message. Not
+    /// without lease tokens, and not after an auto-ack (the message is gone).
+    fn fences_apply(&self) -> bool {
+        !matches!(self.bug, Some(Bug::NoLeaseToken) | Some(Bug::AckBeforeProcess))
+    }
+
+    /// The token a settling statement must match: none under `no-lease-token`.
+    fn holder<'a>(&self, lease_token: Option<&'a str>) -> Option<&'a str> {
+        // BUG MODE no-lease-token: ack, retry and dead-letter act on whoever holds the message.
+        if self.bug == Some(Bug::NoLeaseToken) { None } else { lease_token }
+    }
+
+    /// Applies one delivery in one transaction, if its lease still holds the
+    /// message: the inbox row, and only when the event is new, the projection
+    /// upsert and one ledger row.
     pub async fn apply(&self, leased: &Leased, event: &OrderEvent, worker_id: &str) -> Result<Applied, StoreError> {
         if self.bug == Some(Bug::InboxOutsideTxn) {
             // BUG MODE inbox-outside-txn: the event is marked processed in its own
@@ -300,6 +313,19 @@ impl Store {
             }
         }
         let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
+        if self.fences_apply() {
+            let text = sql::hold_lease(self.backend == Backend::Postgres, 1);
+            let held = sqlx::query(sqlx::AssertSqlSafe(text))
+                .bind(&leased.lease_token)
+                .bind(&leased.message_id)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(NotCommitted)?;
+            if held.is_none() {
+                let _ = tx.rollback().await;
+                return Ok(Applied::LeaseLost);
+            }
+        }
         match self.bug {
             // BUG MODE no-inbox: every delivery is applied.
             Some(Bug::NoInbox) | Some(Bug::InboxOutsideTxn) => {}
@@ -360,20 +386,19 @@ impl Store {
     /// still holds, inserts the whole batch into the inbox at once (conflicts
     /// are the duplicates, within the batch as across batches), then upserts
     /// the projection once per item with the sum of the new events and writes
-    /// their ledger rows. Returns, per delivery and in order, what happened:
-    /// `None` when the lease on that message was lost (nothing was written for
-    /// it; its new holder will apply it). With a bug mode switched on, each
+    /// their ledger rows. Returns, per delivery and in order, what happened
+    /// (`LeaseLost` for a message the lease no longer held). With a bug mode switched on, each
     /// delivery goes through [`Store::apply`] instead, so the bug paths stay
     /// the ones the matrix measures.
     pub async fn apply_batch(
         &self,
         batch: &[(&Leased, OrderEvent)],
         worker_id: &str,
-    ) -> Result<Vec<Option<Applied>>, StoreError> {
+    ) -> Result<Vec<Applied>, StoreError> {
         if self.bug.is_some() {
             let mut out = Vec::with_capacity(batch.len());
             for (leased, event) in batch {
-                out.push(Some(self.apply(leased, event, worker_id).await?));
+                out.push(self.apply(leased, event, worker_id).await?);
             }
             return Ok(out);
         }
@@ -484,13 +509,11 @@ impl Store {
             .iter()
             .map(|(leased, event)| {
                 if !held.contains(&leased.message_id) {
-                    return None;
+                    return Applied::LeaseLost;
                 }
                 match fresh.get(&event.event_id) {
-                    Some(at) if reported.insert(event.event_id.as_str()) => {
-                        Some(Applied::Applied { applied_at_ms: *at })
-                    }
-                    _ => Some(Applied::Duplicate),
+                    Some(at) if reported.insert(event.event_id.as_str()) => Applied::Applied { applied_at_ms: *at },
+                    _ => Applied::Duplicate,
                 }
             })
             .collect())
@@ -522,14 +545,13 @@ impl Store {
     /// Deletes the message if the caller still holds its lease. False when the
     /// lease expired and someone else (or no one) holds it now.
     pub async fn ack(&self, message_id: &str, lease_token: &str) -> Result<bool, StoreError> {
-        let query = if self.bug == Some(Bug::NoLeaseToken) {
-            // BUG MODE no-lease-token: a zombie deletes a message another worker
-            // is processing under a newer lease.
-            sqlx::query(sql::ACK_ANY_HOLDER).bind(message_id)
-        } else {
-            sqlx::query(sql::ACK).bind(message_id).bind(lease_token)
-        };
-        let deleted = query.execute(&self.pool).await.map_err(NotCommitted)?.rows_affected();
+        let deleted = sqlx::query(sql::DELETE_MESSAGE_HELD)
+            .bind(message_id)
+            .bind(self.holder(Some(lease_token)))
+            .execute(&self.pool)
+            .await
+            .map_err(NotCommitted)?
+            .rows_affected();
         Ok(deleted == 1)
     }
 
@@ -547,7 +569,7 @@ impl Store {
         }
         let updated = sqlx::query(self.dialect.retry_later)
             .bind(&leased.message_id)
-            .bind(Some(leased.lease_token.as_str()))
+            .bind(self.holder(Some(leased.lease_token.as_str())))
             .bind(backoff.as_millis() as i64)
             .bind(error)
             .execute(&self.pool)
@@ -565,6 +587,7 @@ impl Store {
         lease_token: Option<&str>,
         error: &str,
     ) -> Result<Failed, StoreError> {
+        let lease_token = self.holder(lease_token);
         let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
         if self.bug != Some(Bug::DlqDrop) {
             let parked = sqlx::query(self.dialect.dead_letter)

@@ -79,7 +79,7 @@ impl Default for ApiMetrics {
 #[derive(Debug)]
 pub struct WorkerMetrics {
     pub registry: Registry,
-    /// `outcome`: applied, duplicate, failed, dead_lettered.
+    /// `outcome`: applied, duplicate, failed, dead_lettered, lease_lost.
     pub deliveries: Family<OutcomeLabels, CounterWithExemplar<TraceExemplar>>,
     /// The delivery count of each message when it is processed.
     pub delivery_attempt: HistogramWithExemplars<TraceExemplar>,

@@ -181,19 +181,19 @@ impl Worker {
         for (((leased, _), outcome), span) in ready.iter().zip(outcomes).zip(&spans) {
             let exemplar = self.observe_delivery(leased, span);
             span.in_scope(|| match outcome {
-                Some(Applied::Applied { applied_at_ms }) => {
+                Applied::Applied { applied_at_ms } => {
                     self.count("applied", &exemplar);
                     let lag = (applied_at_ms - leased.enqueued_at_ms).max(0) as f64 / 1000.0;
                     m.effect_lag.observe(lag, Some(exemplar.clone()), None);
                     tracing::info!("applied");
                 }
-                Some(Applied::Duplicate) => {
+                Applied::Duplicate => {
                     self.count("duplicate", &exemplar);
                     tracing::info!("duplicate skipped");
                 }
-                None => tracing::warn!("lease lost before the batch committed: its new holder applies it"),
+                Applied::LeaseLost => self.lease_lost(&exemplar),
             });
-            if outcome.is_some() {
+            if outcome != Applied::LeaseLost {
                 if self.faults.drop_ack(rng) {
                     m.ack_failures.inc();
                     span.in_scope(|| tracing::warn!("ack dropped (ack-loss fault): expect a redelivery"));
@@ -258,6 +258,13 @@ impl Worker {
         exemplar
     }
 
+    /// A zombie's delivery: its lease expired and another worker took the
+    /// message, so this one writes and acks nothing.
+    fn lease_lost(&self, exemplar: &TraceExemplar) {
+        self.count("lease_lost", exemplar);
+        tracing::warn!("lease lost before the apply committed: the message's new holder applies it");
+    }
+
     fn count(&self, outcome: &'static str, exemplar: &TraceExemplar) {
         self.metrics.deliveries.get_or_create(&OutcomeLabels { outcome }).inc_by(1, Some(exemplar.clone()), None);
     }
@@ -314,6 +321,11 @@ impl Worker {
             Ok(Applied::Duplicate) => {
                 count("duplicate");
                 tracing::info!("duplicate skipped");
+            }
+            Ok(Applied::LeaseLost) => {
+                self.lease_lost(&exemplar);
+                m.processing_duration.observe(started.elapsed().as_secs_f64(), Some(exemplar), None);
+                return;
             }
             Err(error) => {
                 count("failed");

@@ -106,6 +106,43 @@ async fn bug_no_lease_token_lets_the_zombie_ack() {
     }
 }
 
+/// A worker paused past its lease wakes up and applies a message that its new
+/// holder has already parked as a dead letter (delivered past the limit).
+async fn zombie_applies_after_dead_letter(store: &haunt_store::Store) -> Applied {
+    store.place_order(&order("o1", "apple", 3)).await.unwrap();
+    let zombie = store.lease(1, SHORT_LEASE, LeaseClock::Database).await.unwrap().remove(0);
+    tokio::time::sleep(SHORT_LEASE + Duration::from_millis(100)).await;
+    let current = store.lease(1, Duration::from_secs(30), LeaseClock::Database).await.unwrap().remove(0);
+    assert_eq!(current.delivery_count, 2);
+    let parked = store.dead_letter(&current.message_id, Some(&current.lease_token), "past the limit").await.unwrap();
+    assert_eq!(parked, haunt_store::Failed::DeadLettered);
+    store.apply(&zombie, &zombie.event().unwrap(), "zombie").await.unwrap()
+}
+
+#[tokio::test]
+async fn a_zombie_cannot_apply_a_lease_it_lost() {
+    for db in databases().await {
+        let store = open(&db).await;
+        assert_eq!(zombie_applies_after_dead_letter(&store).await, Applied::LeaseLost, "{}", db.kind);
+        let lines = final_lines(&store).await;
+        assert_eq!(count_kind(&lines, "applied"), 0, "{}: the zombie wrote nothing", db.kind);
+        assert_eq!(count_kind(&lines, "dead_letter"), 1, "{}", db.kind);
+        assert_eq!(store.projection().await.unwrap(), vec![], "{}", db.kind);
+    }
+}
+
+#[tokio::test]
+async fn bug_no_lease_token_applies_a_dead_letter() {
+    for db in databases().await {
+        let store = crate::open_with_bug(&db, haunt_store::Bug::NoLeaseToken).await;
+        let outcome = zombie_applies_after_dead_letter(&store).await;
+        assert!(matches!(outcome, Applied::Applied { .. }), "{}: {outcome:?}", db.kind);
+        let lines = final_lines(&store).await;
+        assert_eq!(count_kind(&lines, "applied"), 1, "{}: applied and parked at once", db.kind);
+        assert_eq!(count_kind(&lines, "dead_letter"), 1, "{}", db.kind);
+    }
+}
+
 #[tokio::test]
 async fn bug_no_inbox_applies_every_delivery() {
     for db in databases().await {
