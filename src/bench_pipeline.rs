@@ -1,9 +1,10 @@
 //! `haunt bench pipeline`: the worker and the API against what the database can
 //! do, all measured in one run on one database.
 //!
-//! - the raw-SQL ceiling: the pipeline's tables driven by hand-written batched
-//!   SQL, one transaction per batch (lease 100, apply, delete), as a pgbench
-//!   script would (PostgreSQL only: it reads the JSON payload in SQL);
+//! - the raw-SQL ceiling: the pipeline's protocol in hand-written batched SQL
+//!   (lease 100, apply, delete: three statements), as a pgbench script would
+//!   (PostgreSQL only: it reads the JSON payload in SQL); and beside it a
+//!   lock-based variant with one transaction per batch and no lease;
 //! - the per-message design of the tutorial: lease one, apply it, ack it, three
 //!   transactions per event (haunt's store with batches of one);
 //! - haunt's workers draining the same pre-enqueued events;
@@ -132,28 +133,77 @@ async fn verify_drained(pool: &AnyPool, n: usize, phase: &str) -> anyhow::Result
     Ok(())
 }
 
-/// The ceiling: one transaction per batch of 100, every statement hand-written.
-const RAW_LEASE: &str = "SELECT message_id, event_id, payload FROM queue_messages \
+// The ceiling: the pipeline's protocol in hand-written SQL, a batch of 100 at a
+// time: lease (a committed lease token and visibility timeout, so that a crash
+// hands the batch on), apply (one statement, fenced by the token), delete.
+
+const RAW_LEASE: &str = "UPDATE queue_messages SET delivery_count = delivery_count + 1, lease_token = $2, \
+     lease_until_ms = CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) + 30000, \
+     visible_at_ms = CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) + 30000 \
+     WHERE message_id IN (SELECT message_id FROM queue_messages \
+       WHERE visible_at_ms <= CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) \
+       ORDER BY visible_at_ms LIMIT $1 FOR UPDATE SKIP LOCKED) \
+     RETURNING message_id";
+/// The apply of both raw variants: `m` names the batch's messages (event id
+/// and parsed payload). The inbox insert goes in event order and the projection
+/// upsert in item order, as haunt's batches do, so two batches never deadlock.
+macro_rules! raw_apply {
+    ($m:literal) => {
+        concat!(
+            "WITH m AS (", $m, "), ",
+            "fresh AS (INSERT INTO inbox_processed (event_id, processed_at_ms) SELECT event_id, 0 FROM m ",
+            "ORDER BY event_id ON CONFLICT DO NOTHING RETURNING event_id), ",
+            "agg AS (INSERT INTO inventory_projection (item_id, reserved_qty) ",
+            "SELECT m.p->>'item_id', SUM(CAST(m.p->>'qty' AS BIGINT)) FROM m JOIN fresh USING (event_id) ",
+            "GROUP BY 1 ORDER BY 1 ",
+            "ON CONFLICT (item_id) DO UPDATE SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty) ",
+            "INSERT INTO projection_ledger (event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms) ",
+            "SELECT m.event_id, m.p->>'order_id', m.p->>'item_id', CAST(m.p->>'qty' AS BIGINT), 1, 'raw', 0 ",
+            "FROM m JOIN fresh USING (event_id)"
+        )
+    };
+}
+
+/// Fenced by the lease token ($1) over the leased ids ($2).
+const RAW_APPLY_LEASED: &str = raw_apply!(
+    "SELECT event_id, CAST(payload AS json) AS p FROM queue_messages \
+     WHERE message_id = ANY(string_to_array($2, ',')) AND lease_token = $1 FOR UPDATE"
+);
+const RAW_ACK: &str =
+    "DELETE FROM queue_messages WHERE lease_token = $1 AND message_id = ANY(string_to_array($2, ','))";
+
+async fn raw_drain(pool: AnyPool, task: usize, batch_size: i64) -> anyhow::Result<()> {
+    for batch in 0.. {
+        let token = format!("raw-{task}-{batch}");
+        let ids: Vec<String> = sqlx::query_scalar(RAW_LEASE).bind(batch_size).bind(&token).fetch_all(&pool).await?;
+        if ids.is_empty() {
+            break;
+        }
+        let list = ids.join(",");
+        sqlx::query(RAW_APPLY_LEASED).bind(&token).bind(&list).execute(&pool).await?;
+        sqlx::query(RAW_ACK).bind(&token).bind(&list).execute(&pool).await?;
+    }
+    Ok(())
+}
+
+// A stronger baseline, shown beside it: no lease at all, the batch's rows locked
+// (FOR UPDATE SKIP LOCKED) from the read to the delete in one transaction. One
+// commit per batch instead of three, but a consumer that holds row locks while
+// it works, which is not the visibility-timeout protocol haunt tests.
+
+const RAW_LOCK: &str = "SELECT message_id, event_id, payload FROM queue_messages \
      WHERE visible_at_ms <= CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) \
      ORDER BY visible_at_ms LIMIT $1 FOR UPDATE SKIP LOCKED";
-/// The projection is upserted in item order, as haunt's batches do, so that two
-/// batches never deadlock on its rows.
-const RAW_APPLY: &str = "WITH m AS (SELECT event_id, CAST(payload AS json) AS p FROM queue_messages \
-       WHERE message_id IN (SELECT unnest(string_to_array($1, ',')))), \
-     fresh AS (INSERT INTO inbox_processed (event_id, processed_at_ms) SELECT event_id, 0 FROM m \
-       ON CONFLICT DO NOTHING RETURNING event_id), \
-     agg AS (INSERT INTO inventory_projection (item_id, reserved_qty) \
-       SELECT m.p->>'item_id', SUM(CAST(m.p->>'qty' AS BIGINT)) FROM m JOIN fresh USING (event_id) GROUP BY 1 ORDER BY 1 \
-       ON CONFLICT (item_id) DO UPDATE SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty) \
-     INSERT INTO projection_ledger (event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms) \
-       SELECT m.event_id, m.p->>'order_id', m.p->>'item_id', CAST(m.p->>'qty' AS BIGINT), 1, 'raw', 0 \
-       FROM m JOIN fresh USING (event_id)";
+const RAW_APPLY: &str = raw_apply!(
+    "SELECT event_id, CAST(payload AS json) AS p FROM queue_messages \
+     WHERE message_id IN (SELECT unnest(string_to_array($1, ',')))"
+);
 const RAW_DELETE: &str = "DELETE FROM queue_messages WHERE message_id IN (SELECT unnest(string_to_array($1, ',')))";
 
-async fn raw_drain(pool: AnyPool) -> anyhow::Result<()> {
+async fn raw_one_txn_drain(pool: AnyPool) -> anyhow::Result<()> {
     loop {
         let mut tx = pool.begin().await?;
-        let ids: Vec<String> = sqlx::query_scalar(RAW_LEASE).bind(RAW_BATCH).fetch_all(&mut *tx).await?;
+        let ids: Vec<String> = sqlx::query_scalar(RAW_LOCK).bind(RAW_BATCH).fetch_all(&mut *tx).await?;
         if ids.is_empty() {
             tx.commit().await?;
             return Ok(());
@@ -196,19 +246,7 @@ async fn haunt_drain(db: &str, workers: usize, batch_size: u32, n: usize) -> any
         running.push((stop, tokio::spawn(async move { worker.run(stopped).await })));
     }
     let watcher = Store::connect(db, StoreOptions::default()).await?;
-    // Drained when every event is in the ledger; polled at 20 ms, well inside
-    // the phase's seconds.
-    loop {
-        let s = watcher.queue_stats().await?;
-        if s.visible + s.leased + s.delayed == 0 {
-            break;
-        }
-        anyhow::ensure!(
-            started.elapsed() < Duration::from_secs(600),
-            "haunt's workers did not drain {n} events in 600 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_drained(&watcher, started, || Ok(())).await.with_context(|| format!("haunt's workers, {n} events"))?;
     let elapsed = started.elapsed().as_secs_f64();
     for (stop, task) in running {
         let _ = stop.send(true);
@@ -216,6 +254,55 @@ async fn haunt_drain(db: &str, workers: usize, batch_size: u32, n: usize) -> any
     }
     watcher.close().await;
     Ok(n as f64 / elapsed)
+}
+
+/// Returns once the queue is empty (every event applied: the phase's drain is
+/// verified after). Polled at 20 ms, well inside a phase's seconds; `alive`
+/// fails the wait early when the consumers died.
+async fn wait_drained(
+    watcher: &Store,
+    started: Instant,
+    mut alive: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    loop {
+        let s = watcher.queue_stats().await?;
+        if s.visible + s.leased + s.delayed == 0 {
+            return Ok(());
+        }
+        alive()?;
+        anyhow::ensure!(started.elapsed() < Duration::from_secs(600), "not drained in 600 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A `haunt worker` process (this executable) drains `n` pre-enqueued events
+/// with batches of `batch_size`; returns its peak resident set in MiB (VmHWM,
+/// read from /proc before it is stopped).
+async fn worker_peak_rss_mib(db: &str, batch_size: u32, n: usize, watcher: &Store) -> anyhow::Result<f64> {
+    let exe = std::env::current_exe()?;
+    let mut child = tokio::process::Command::new(exe)
+        .args(["worker", "--db", db, "--worker-id", "bench-memory", "--poll-interval-ms", "5"])
+        .args(["--batch-size-max", &batch_size.to_string()])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting a haunt worker")?;
+    let pid = child.id().context("the worker has no pid")?;
+    wait_drained(watcher, Instant::now(), || match child.try_wait()? {
+        Some(status) => anyhow::bail!("the worker exited with {status} before draining"),
+        None => Ok(()),
+    })
+    .await
+    .with_context(|| format!("a worker process, {n} events"))?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).context("reading the worker's /proc status")?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no VmHWM in /proc/PID/status")?;
+    child.kill().await?;
+    Ok(kib / 1024.0)
 }
 
 /// Runs `tasks` copies of `f` side by side and returns the events per second.
@@ -307,16 +394,29 @@ pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
     report.insert("clients".into(), json!(args.clients));
     report.insert("batch_size".into(), json!(args.batch_size));
 
-    let raw = if postgres {
+    let (raw, raw_same_batch, raw_one_txn) = if postgres {
         enqueue(&pool, n, items).await?;
         let p = pool.clone();
-        let rate = timed(n, args.workers, move |_| raw_drain(p.clone())).await?;
+        let rate = timed(n, args.workers, move |t| raw_drain(p.clone(), t, RAW_BATCH)).await?;
         verify_drained(&pool, n, "raw ceiling").await?;
         reset(&pool, postgres).await?;
-        eprintln!("raw batched SQL (ceiling)   {rate:>10.0} events/s");
-        Some(rate)
+        eprintln!("raw lease/apply/delete (ceiling) {rate:>10.0} events/s");
+        // The same protocol at haunt's batch size, for the like-for-like ratio.
+        enqueue(&pool, n, items).await?;
+        let (p, b) = (pool.clone(), i64::from(args.batch_size));
+        let same_batch = timed(n, args.workers, move |t| raw_drain(p.clone(), t, b)).await?;
+        verify_drained(&pool, n, "raw ceiling at haunt's batch size").await?;
+        reset(&pool, postgres).await?;
+        eprintln!("raw lease/apply/delete, batch {:<4} {same_batch:>8.0} events/s", args.batch_size);
+        enqueue(&pool, n, items).await?;
+        let p = pool.clone();
+        let one_txn = timed(n, args.workers, move |_| raw_one_txn_drain(p.clone())).await?;
+        verify_drained(&pool, n, "raw one transaction").await?;
+        reset(&pool, postgres).await?;
+        eprintln!("raw locked, one txn per batch    {one_txn:>10.0} events/s");
+        (Some(rate), Some(same_batch), Some(one_txn))
     } else {
-        None
+        (None, None, None)
     };
 
     enqueue(&pool, n, items).await?;
@@ -331,6 +431,13 @@ pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
     verify_drained(&pool, n, "haunt workers").await?;
     reset(&pool, postgres).await?;
     eprintln!("haunt workers (batch {:>4})  {haunt:>10.0} events/s", args.batch_size);
+
+    // Memory: a worker process of its own, at the batch size measured above.
+    enqueue(&pool, n, items).await?;
+    let rss_mib = worker_peak_rss_mib(&args.db, args.batch_size, n, &store).await?;
+    verify_drained(&pool, n, "worker memory").await?;
+    reset(&pool, postgres).await?;
+    eprintln!("haunt worker process, batch {:>4}: peak RSS {rss_mib:.1} MiB", args.batch_size);
 
     let p = pool.clone();
     let clients = args.clients;
@@ -361,13 +468,24 @@ pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
         }
     }
 
-    report
-        .insert("events_per_s".into(), json!({"raw_ceiling": raw, "per_message": per_message, "haunt_workers": haunt}));
+    report.insert(
+        "events_per_s".into(),
+        json!({
+            "raw_ceiling": raw,
+            "raw_ceiling_same_batch": raw_same_batch,
+            "raw_one_txn": raw_one_txn,
+            "per_message": per_message,
+            "haunt_workers": haunt,
+        }),
+    );
+    report.insert("worker_peak_rss_mib".into(), json!(rss_mib));
     report.insert("orders_per_s".into(), json!({"raw_insert_txn": raw_insert, "api_http": api}));
     report.insert(
         "ratios".into(),
         json!({
             "haunt_vs_raw_ceiling": raw.map(|r| haunt / r),
+            "haunt_vs_raw_ceiling_same_batch": raw_same_batch.map(|r| haunt / r),
+            "haunt_vs_raw_one_txn": raw_one_txn.map(|r| haunt / r),
             "haunt_vs_per_message": haunt / per_message,
             "api_vs_raw_insert": api / raw_insert,
         }),

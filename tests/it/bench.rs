@@ -27,7 +27,32 @@ fn the_pipeline_bench_measures_every_phase_on_sqlite() {
         assert!(rate.as_f64().is_some_and(|r| r > 0.0), "{report:#}");
     }
     assert!(report["events_per_s"]["raw_ceiling"].is_null(), "the raw ceiling is PostgreSQL's only");
+    assert!(report["worker_peak_rss_mib"].as_f64().is_some_and(|m| m > 1.0), "{report:#}");
     assert_eq!(report["sweep"].as_array().map(Vec::len), Some(2));
+}
+
+#[test]
+fn the_pipeline_bench_measures_the_raw_baselines_on_postgres() {
+    let Some(admin) = haunt_testkit::postgres_admin_url() else { return };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let name = format!("haunt_bench_test_{}", std::process::id());
+    let db = rt.block_on(haunt_chaos::matrix::ScratchDb::create(&admin, &name)).unwrap();
+    let out = bench(&db.url);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    rt.block_on(db.drop_now());
+    assert!(out.status.success(), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for rate in [
+        &report["events_per_s"]["raw_ceiling"],
+        &report["events_per_s"]["raw_ceiling_same_batch"],
+        &report["events_per_s"]["raw_one_txn"],
+        &report["events_per_s"]["haunt_workers"],
+        &report["orders_per_s"]["api_http"],
+        &report["ratios"]["haunt_vs_raw_ceiling"],
+    ] {
+        assert!(rate.as_f64().is_some_and(|r| r > 0.0), "{report:#}");
+    }
+    assert!(report["worker_peak_rss_mib"].as_f64().is_some_and(|m| m > 1.0), "{report:#}");
 }
 
 #[test]

@@ -96,6 +96,17 @@ pub const POSTGRES: Dialect = dialect!(
     "LOCK TABLE inventory_projection IN EXCLUSIVE MODE"
 );
 
+/// PostgreSQL only: the order and its message in one statement (one round trip,
+/// atomic like any statement). The message is written only if the order was:
+/// a retried order id inserts nothing. $1 order id, $2 item, $3 qty, $4 event
+/// id, $5 correlation id, $6 message id, $7 payload, $8 headers.
+pub const PLACE_ORDER_AND_ENQUEUE_POSTGRES: &str = "WITH o AS (\
+     INSERT INTO orders (order_id, item_id, qty, event_id, correlation_id, created_at_ms) \
+     VALUES ($1, $2, $3, $4, $5, CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)) \
+     ON CONFLICT (order_id) DO NOTHING RETURNING event_id, created_at_ms) \
+     INSERT INTO queue_messages (message_id, event_id, payload, headers, enqueued_at_ms, visible_at_ms) \
+     SELECT $6, event_id, $7, $8, created_at_ms, created_at_ms FROM o";
+
 /// SQLite has one writer at a time, so leasing needs no row locks. Its
 /// reconcile lock is a write that matches nothing: it takes the database's write
 /// lock at once, as `BEGIN IMMEDIATE` would, so the reads that follow cannot be
