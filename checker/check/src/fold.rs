@@ -14,7 +14,7 @@ use std::hash::BuildHasher;
 use std::path::Path;
 
 use hashbrown::HashTable;
-use haunt_format::{FinalRef, FormatError, JsonlReader, OpRef, OpType, Process};
+use haunt_format::{FinalRef, FormatError, JsonlReader, OpRef, OpType, OrderRef, Process};
 
 use crate::results::FaultWindow;
 
@@ -169,7 +169,15 @@ enum WindowState {
 pub struct Fold {
     pub orders: Vec<Order>,
     by_id: HashTable<u32>,
+    /// Orders by their row's event: built on the first lookup that the
+    /// final state's own order does not answer, kept up to date after.
     by_event: HashTable<u32>,
+    by_event_built: bool,
+    /// The order the next `order` line most likely names (lines come in the
+    /// order the orders were created, close to the history's), and the order
+    /// of the last row read (its `applied` lines usually follow it).
+    next_row_guess: u32,
+    last_row: Option<u32>,
     hasher: hashbrown::DefaultHashBuilder,
     pub strings: Interner,
     // History.
@@ -224,7 +232,7 @@ fn fault_family(f: &str) -> (&str, bool) {
     }
 }
 
-fn fault_target(value: &serde_json::value::RawValue) -> String {
+fn fault_target(value: &str) -> String {
     #[derive(serde::Deserialize)]
     struct Target {
         #[serde(default)]
@@ -232,7 +240,7 @@ fn fault_target(value: &serde_json::value::RawValue) -> String {
         #[serde(default)]
         targets: Option<serde_json::Value>,
     }
-    match serde_json::from_str::<Target>(value.get()).ok().and_then(|t| t.target.or(t.targets)) {
+    match serde_json::from_str::<Target>(value).ok().and_then(|t| t.target.or(t.targets)) {
         Some(serde_json::Value::String(s)) => s,
         Some(other) => other.to_string(),
         None => String::new(),
@@ -246,8 +254,6 @@ impl Fold {
         self.orders.reserve(orders);
         let (orders_vec, hasher) = (&self.orders, &self.hasher);
         self.by_id.reserve(orders, |&j| hasher.hash_one(&*orders_vec[j as usize].id));
-        self.by_event
-            .reserve(orders, |&j| hasher.hash_one(orders_vec[j as usize].row.as_ref().map_or("", |r| &*r.event)));
     }
 
     pub fn order(&self, id: &str) -> Option<&Order> {
@@ -268,12 +274,54 @@ impl Fold {
         i
     }
 
-    fn event_index(&self, event: &str) -> Option<u32> {
-        let hash = self.hasher.hash_one(event);
-        self.by_event.find(hash, |&i| self.orders[i as usize].row.as_ref().is_some_and(|r| &*r.event == event)).copied()
+    fn row_event(&self, i: u32) -> Option<&str> {
+        self.orders[i as usize].row.as_ref().map(|r| &*r.event)
     }
 
-    pub fn push_op(&mut self, file: &Path, line: u64, op: OpRef<'_>) -> Result<(), FormatError> {
+    fn event_index(&mut self, event: &str) -> Option<u32> {
+        if let Some(i) = self.last_row.filter(|&i| self.row_event(i) == Some(event)) {
+            return Some(i);
+        }
+        if !self.by_event_built {
+            self.by_event_built = true;
+            let (orders, hasher) = (&self.orders, &self.hasher);
+            self.by_event
+                .reserve(orders.len(), |&j| hasher.hash_one(orders[j as usize].row.as_ref().map_or("", |r| &*r.event)));
+            for i in 0..self.orders.len() as u32 {
+                if self.orders[i as usize].row.is_some() {
+                    self.index_event(i);
+                }
+            }
+        }
+        let hash = self.hasher.hash_one(event);
+        self.by_event.find(hash, |&i| self.row_event(i) == Some(event)).copied()
+    }
+
+    fn index_event(&mut self, i: u32) {
+        let (orders, hasher) = (&self.orders, &self.hasher);
+        let event = |j: u32| orders[j as usize].row.as_ref().map_or("", |r| &*r.event);
+        self.by_event.insert_unique(hasher.hash_one(event(i)), i, |&j| hasher.hash_one(event(j)));
+    }
+
+    /// The order an `order` line names: usually the next one in the table.
+    fn row_order_index(&mut self, id: &str) -> u32 {
+        let guess = self.next_row_guess;
+        let i = match self.orders.get(guess as usize) {
+            Some(o) if &*o.id == id => guess,
+            _ => self.order_index(id),
+        };
+        self.next_row_guess = i + 1;
+        i
+    }
+
+    /// One op; `order` is its value when the fast path already read it.
+    pub fn push_op(
+        &mut self,
+        file: &Path,
+        line: u64,
+        op: OpRef<'_>,
+        order: Option<OrderRef<'_>>,
+    ) -> Result<(), FormatError> {
         let err = |message: String| FormatError::line(file, line, message);
         if let Some((last_index, last_time)) = self.last {
             if op.index <= last_index {
@@ -292,7 +340,11 @@ impl Fold {
             return Ok(());
         }
         self.client_ops += 1;
-        let order_fields = if op.is_client_order() { Some(op.order().map_err(err)?) } else { None };
+        let order_fields = match order {
+            Some(order) => Some(order),
+            None if op.is_client_order() => Some(op.order().map_err(err)?),
+            None => None,
+        };
         if order_fields.is_none() {
             op.check_other_value().map_err(err)?;
         }
@@ -443,19 +495,18 @@ impl Fold {
             "order" => {
                 let id = l.order_id.as_deref().unwrap_or_default();
                 let item = self.strings.id(l.item_id.as_deref().unwrap_or_default());
-                let i = self.order_index(id);
+                let i = self.row_order_index(id);
                 let o = &mut self.orders[i as usize];
                 if o.row.is_some() {
                     o.extra_rows += 1;
                     return Ok(());
                 }
                 let event: Box<str> = l.event_id.as_deref().unwrap_or_default().into();
-                let hash = self.hasher.hash_one(&*event);
                 o.row = Some(Row { item, qty: l.qty.unwrap_or_default(), event });
-                let (orders, hasher) = (&self.orders, &self.hasher);
-                self.by_event.insert_unique(hash, i, |&j| {
-                    hasher.hash_one(orders[j as usize].row.as_ref().map_or("", |r| &*r.event))
-                });
+                self.last_row = Some(i);
+                if self.by_event_built {
+                    self.index_event(i);
+                }
             }
             "applied" => {
                 self.applied_lines += 1;
@@ -582,10 +633,24 @@ impl Fold {
 }
 
 /// Parses one line, validating its UTF-8 once for the whole line (vectorized)
-/// rather than string by string as `serde_json::from_slice` does.
-fn parse<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, String> {
+/// rather than string by string as `serde_json::from_slice` does; `fast` reads
+/// the common shapes, serde the rest.
+fn parse<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8], fast: impl FnOnce(&'a str) -> Option<T>) -> Result<T, String> {
     let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
-    serde_json::from_str(text).map_err(|e| e.to_string())
+    match fast(text) {
+        Some(parsed) => Ok(parsed),
+        None => serde_json::from_str(text).map_err(|e| e.to_string()),
+    }
+}
+
+/// A history line: a client order op with its value read by the fast path, or
+/// any op through serde (its value read later, if it is an order).
+struct ParsedOp<'a>(OpRef<'a>, Option<OrderRef<'a>>);
+
+impl<'de> serde::Deserialize<'de> for ParsedOp<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(ParsedOp(OpRef::deserialize(d)?, None))
+    }
 }
 
 /// Folds `history.jsonl`.
@@ -597,8 +662,9 @@ pub fn fold_history<R: std::io::BufRead>(
     while let Some(raw) = reader.next_raw() {
         let raw = raw?;
         let (line, complete) = (raw.line, raw.complete);
-        match parse::<OpRef<'_>>(raw.bytes) {
-            Ok(op) => fold.push_op(file, line, op)?,
+        let fast = |text| haunt_format::fast::client_order_op(text).map(|(op, order)| ParsedOp(op, Some(order)));
+        match parse::<ParsedOp<'_>>(raw.bytes, fast) {
+            Ok(ParsedOp(op, order)) => fold.push_op(file, line, op, order)?,
             Err(_) if !complete => {
                 fold.history_truncated = true;
                 break;
@@ -620,7 +686,7 @@ pub fn fold_final<R: std::io::BufRead>(
     while let Some(raw) = reader.next_raw() {
         let raw = raw?;
         let (line, complete) = (raw.line, raw.complete);
-        match parse::<FinalRef<'_>>(raw.bytes) {
+        match parse::<FinalRef<'_>>(raw.bytes, haunt_format::fast::final_line) {
             Ok(l) => {
                 if let Err(e) = fold.push_final(file, line, l) {
                     if !complete {

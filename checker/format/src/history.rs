@@ -153,7 +153,7 @@ impl<'de> Deserialize<'de> for Op {
             })
         } else {
             raw.check_other_value().map_err(D::Error::custom)?;
-            OpValue::Other(serde_json::from_str(raw.value.get()).map_err(D::Error::custom)?)
+            OpValue::Other(serde_json::from_str(raw.value).map_err(D::Error::custom)?)
         };
         Ok(Op {
             index: raw.index,
@@ -210,12 +210,19 @@ pub struct OpRef<'a> {
     pub kind: OpType,
     #[serde(borrow)]
     pub f: std::borrow::Cow<'a, str>,
-    #[serde(borrow)]
-    pub value: &'a RawValue,
+    /// The value's JSON text, as it stands in the line.
+    #[serde(borrow, deserialize_with = "raw_json")]
+    pub value: &'a str,
     #[serde(default, borrow)]
     pub correlation_id: Option<std::borrow::Cow<'a, str>>,
     #[serde(default, borrow)]
     pub error: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// Any JSON value, kept as its text.
+fn raw_json<'de, D: serde::Deserializer<'de>>(d: D) -> Result<&'de str, D::Error> {
+    let raw: &'de RawValue = Deserialize::deserialize(d)?;
+    Ok(raw.get())
 }
 
 /// The order fields of a client op's value, borrowed. On an invoke all three
@@ -241,8 +248,7 @@ impl<'a> OpRef<'a> {
     /// `order_id`, `item_id` and an integer `qty`.
     pub fn order(&self) -> Result<OrderRef<'a>, String> {
         let what = if self.kind == OpType::Invoke { "order invoke" } else { "order completion" };
-        let order: OrderRef<'a> =
-            serde_json::from_str(self.value.get()).map_err(|e| format!("value of an {what}: {e}"))?;
+        let order: OrderRef<'a> = serde_json::from_str(self.value).map_err(|e| format!("value of an {what}: {e}"))?;
         if self.kind == OpType::Invoke {
             for (field, present) in [
                 ("order_id", order.order_id.is_some()),
@@ -259,7 +265,7 @@ impl<'a> OpRef<'a> {
 
     /// A non-order value must be a JSON object.
     pub fn check_other_value(&self) -> Result<(), String> {
-        match self.value.get().trim_start().as_bytes().first() {
+        match self.value.trim_start().as_bytes().first() {
             Some(b'{') => Ok(()),
             _ => Err("value must be a JSON object".into()),
         }

@@ -42,7 +42,11 @@ pub struct JsonlReader<R, T> {
     inner: R,
     file: PathBuf,
     line: u64,
+    /// A line that did not fit in what the reader had buffered, copied.
     buf: Vec<u8>,
+    /// Bytes of the reader's buffer lent out as the last line, consumed on the
+    /// next call.
+    lent: usize,
     done: bool,
     _item: std::marker::PhantomData<fn() -> T>,
 }
@@ -56,6 +60,7 @@ impl<R: BufRead, T> JsonlReader<R, T> {
             line: 0,
             // Lines of a history are short; this avoids regrowing for most of them.
             buf: Vec::with_capacity(512),
+            lent: 0,
             done: false,
             _item: std::marker::PhantomData,
         }
@@ -87,22 +92,40 @@ pub struct RawLine<'a> {
 }
 
 impl<R: BufRead, T> JsonlReader<R, T> {
-    /// The next non-blank line, borrowed from the reader's buffer.
+    /// The next non-blank line: borrowed from the reader's buffer when it lies
+    /// whole inside it (no copy), else copied out.
     pub fn next_raw(&mut self) -> Option<Result<RawLine<'_>, FormatError>> {
+        self.inner.consume(std::mem::take(&mut self.lent));
         while !self.done {
-            self.buf.clear();
-            let n = match self.inner.read_until(b'\n', &mut self.buf) {
-                Ok(n) => n,
+            let io = |file: &Path, source| Some(Err(FormatError::Io { file: file.to_owned(), source }));
+            let available = match self.inner.fill_buf() {
+                Ok(available) => available,
                 Err(source) => {
                     self.done = true;
-                    return Some(Err(FormatError::Io { file: self.file.clone(), source }));
+                    return io(&self.file, source);
                 }
             };
-            if n == 0 {
+            if available.is_empty() {
                 self.done = true;
                 return None;
             }
             self.line += 1;
+            if let Some(newline) = memchr::memchr(b'\n', available) {
+                let len = newline + 1;
+                if available[..len].iter().all(u8::is_ascii_whitespace) {
+                    self.inner.consume(len);
+                    continue;
+                }
+                self.lent = len;
+                let bytes = &self.inner.fill_buf().expect("buffered above")[..len];
+                return Some(Ok(RawLine { line: self.line, bytes, complete: true }));
+            }
+            // The line runs past the buffered bytes (or is the last, without a newline).
+            self.buf.clear();
+            if let Err(source) = self.inner.read_until(b'\n', &mut self.buf) {
+                self.done = true;
+                return io(&self.file, source);
+            }
             if self.buf.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }

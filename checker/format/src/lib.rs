@@ -10,7 +10,9 @@
 //! - [`history`]: the ops of `history.jsonl` (client ops and nemesis ops).
 //! - [`final_state`]: the lines of `final-state.jsonl`.
 //! - [`jsonl`]: the streaming reader and the writer, and [`FormatError`].
+//! - [`fast`]: a fast path for the common lines, with serde behind it.
 
+pub mod fast;
 pub mod final_state;
 pub mod history;
 pub mod jsonl;

@@ -1,0 +1,434 @@
+//! A fast path for the lines a long run is made of: client `order` ops and
+//! final-state lines with plain strings and integers.
+//!
+//! It accepts only what serde accepts, with the same result: strings without
+//! escapes, integers without fraction or exponent, each known key at most once.
+//! Anything else (an escape, an unknown key, a nemesis op, a malformed line)
+//! answers `None`, and the caller parses the line with serde, which also words
+//! the errors. The tests below hold the two paths to the same answers.
+
+use std::borrow::Cow;
+
+use crate::final_state::FinalRef;
+use crate::history::{OpRef, OpType, OrderRef, Process};
+
+/// The bytes that end a plain string: its closing quote, or what makes it not
+/// plain (an escape, a control character).
+const STRING_STOP: [bool; 256] = {
+    let mut stop = [false; 256];
+    let mut c = 0;
+    while c < 0x20 {
+        stop[c] = true;
+        c += 1;
+    }
+    stop[b'"' as usize] = true;
+    stop[b'\\' as usize] = true;
+    stop
+};
+
+/// A cursor over one line's text.
+struct Scan<'a> {
+    text: &'a str,
+    at: usize,
+}
+
+impl<'a> Scan<'a> {
+    fn new(text: &'a str) -> Self {
+        Scan { text, at: 0 }
+    }
+
+    fn bytes(&self) -> &'a [u8] {
+        self.text.as_bytes()
+    }
+
+    fn skip_ws(&mut self) {
+        let b = self.bytes();
+        while self.at < b.len() && matches!(b[self.at], b' ' | b'\t' | b'\n' | b'\r') {
+            self.at += 1;
+        }
+    }
+
+    fn peek(&mut self) -> Option<u8> {
+        self.skip_ws();
+        self.bytes().get(self.at).copied()
+    }
+
+    fn eat(&mut self, c: u8) -> Option<()> {
+        (self.peek()? == c).then(|| self.at += 1)
+    }
+
+    /// A string without escapes or control characters, borrowed.
+    fn str(&mut self) -> Option<&'a str> {
+        self.eat(b'"')?;
+        let b = self.bytes();
+        let start = self.at;
+        let mut end = start;
+        while !STRING_STOP[usize::from(*b.get(end)?)] {
+            end += 1;
+        }
+        (b[end] == b'"').then_some(())?;
+        self.at = end + 1;
+        // Both ends sit on ASCII bytes of valid UTF-8: char boundaries.
+        Some(&self.text[start..end])
+    }
+
+    /// The digits of a non-negative integer as JSON writes it (no leading zero,
+    /// no fraction, no exponent).
+    fn digits(&mut self) -> Option<u64> {
+        let b = self.bytes();
+        let start = self.at;
+        let mut n: u64 = 0;
+        while let Some(&c) = b.get(self.at) {
+            if !c.is_ascii_digit() {
+                break;
+            }
+            n = n.checked_mul(10)?.checked_add(u64::from(c - b'0'))?;
+            self.at += 1;
+        }
+        let len = self.at - start;
+        if len == 0 || (len > 1 && b[start] == b'0') || matches!(b.get(self.at), Some(b'.' | b'e' | b'E')) {
+            return None;
+        }
+        Some(n)
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        self.skip_ws();
+        self.digits()
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        u32::try_from(self.u64()?).ok()
+    }
+
+    fn i64(&mut self) -> Option<i64> {
+        if self.peek()? == b'-' {
+            self.at += 1;
+            let n = self.digits()?;
+            // -0 and i64::MIN are left to serde.
+            return (n != 0 && n < 1 << 63).then(|| -(n as i64));
+        }
+        i64::try_from(self.digits()?).ok()
+    }
+
+    fn bool(&mut self) -> Option<bool> {
+        self.skip_ws();
+        let rest = &self.bytes()[self.at..];
+        let (value, len) = if rest.starts_with(b"true") {
+            (true, 4)
+        } else if rest.starts_with(b"false") {
+            (false, 5)
+        } else {
+            return None;
+        };
+        self.at += len;
+        Some(value)
+    }
+
+    /// `null` (an absent optional field, as serde reads it) or the value.
+    fn nullable<T>(&mut self, value: impl FnOnce(&mut Self) -> Option<T>) -> Option<Option<T>> {
+        self.skip_ws();
+        if self.bytes()[self.at..].starts_with(b"null") {
+            self.at += 4;
+            return Some(None);
+        }
+        value(self).map(Some)
+    }
+
+    /// An object whose every key `field` knows; `field` answers the key's bit
+    /// (each key at most once) after reading its value.
+    fn object(&mut self, mut field: impl FnMut(&mut Self, &'a str) -> Option<u32>) -> Option<()> {
+        self.eat(b'{')?;
+        if self.peek()? == b'}' {
+            self.at += 1;
+            return Some(());
+        }
+        let mut seen = 0u32;
+        loop {
+            let key = self.str()?;
+            self.eat(b':')?;
+            let bit = field(self, key)?;
+            if seen & bit != 0 {
+                return None;
+            }
+            seen |= bit;
+            match self.peek()? {
+                b',' => self.at += 1,
+                b'}' => {
+                    self.at += 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// Only whitespace left.
+    fn end(&mut self) -> Option<()> {
+        self.skip_ws();
+        (self.at == self.text.len()).then_some(())
+    }
+}
+
+fn borrowed(s: &str) -> Cow<'_, str> {
+    Cow::Borrowed(s)
+}
+
+/// The value of a client `order` op.
+fn order_value<'a>(scan: &mut Scan<'a>) -> Option<OrderRef<'a>> {
+    let mut v = OrderRef { order_id: None, item_id: None, qty: None, event_id: None };
+    scan.object(|s, key| {
+        Some(match key {
+            "order_id" => {
+                v.order_id = s.nullable(|s| s.str().map(borrowed))?;
+                1
+            }
+            "item_id" => {
+                v.item_id = s.nullable(|s| s.str().map(borrowed))?;
+                2
+            }
+            "qty" => {
+                v.qty = s.nullable(Scan::i64)?;
+                4
+            }
+            "event_id" => {
+                v.event_id = s.nullable(|s| s.str().map(borrowed))?;
+                8
+            }
+            _ => return None,
+        })
+    })?;
+    Some(v)
+}
+
+/// A client `order` op with its value already read, or `None` for serde.
+pub fn client_order_op(line: &str) -> Option<(OpRef<'_>, OrderRef<'_>)> {
+    let mut scan = Scan::new(line);
+    let (mut index, mut time_ns, mut process, mut kind, mut f) = (None, None, None, None, None);
+    let (mut value, mut order, mut correlation_id, mut error) = (None, None, None, None);
+    scan.object(|s, key| {
+        Some(match key {
+            "index" => {
+                index = Some(s.u64()?);
+                1
+            }
+            "time_ns" => {
+                time_ns = Some(s.u64()?);
+                2
+            }
+            "process" => {
+                process = Some(Process::Client(s.u64()?));
+                4
+            }
+            "type" => {
+                kind = Some(match s.str()? {
+                    "invoke" => OpType::Invoke,
+                    "ok" => OpType::Ok,
+                    "fail" => OpType::Fail,
+                    "info" => OpType::Info,
+                    _ => return None,
+                });
+                8
+            }
+            "f" => {
+                f = Some(s.str()?);
+                16
+            }
+            "value" => {
+                s.skip_ws();
+                let start = s.at;
+                order = Some(order_value(s)?);
+                value = Some(&s.text[start..s.at]);
+                32
+            }
+            "correlation_id" => {
+                correlation_id = s.nullable(|s| s.str().map(borrowed))?;
+                64
+            }
+            "error" => {
+                error = s.nullable(|s| s.str().map(borrowed))?;
+                128
+            }
+            _ => return None,
+        })
+    })?;
+    scan.end()?;
+    let f = f.filter(|&f| f == "order")?;
+    let op = OpRef {
+        index: index?,
+        time_ns: time_ns?,
+        process: process?,
+        kind: kind?,
+        f: borrowed(f),
+        value: value?,
+        correlation_id,
+        error,
+    };
+    let order = order?;
+    if op.kind == OpType::Invoke && (order.order_id.is_none() || order.item_id.is_none() || order.qty.is_none()) {
+        // serde words the missing field.
+        return None;
+    }
+    Some((op, order))
+}
+
+/// A final-state line, or `None` for serde.
+pub fn final_line(line: &str) -> Option<FinalRef<'_>> {
+    let mut scan = Scan::new(line);
+    let mut l = FinalRef::default();
+    let mut kind = None;
+    scan.object(|s, key| {
+        Some(match key {
+            "kind" => {
+                kind = Some(s.str()?);
+                1
+            }
+            "order_id" => {
+                l.order_id = s.nullable(|s| s.str().map(borrowed))?;
+                1 << 1
+            }
+            "item_id" => {
+                l.item_id = s.nullable(|s| s.str().map(borrowed))?;
+                1 << 2
+            }
+            "qty" => {
+                l.qty = s.nullable(Scan::i64)?;
+                1 << 3
+            }
+            "event_id" => {
+                l.event_id = s.nullable(|s| s.str().map(borrowed))?;
+                1 << 4
+            }
+            "delivery_attempt" => {
+                l.delivery_attempt = s.nullable(Scan::u32)?;
+                1 << 5
+            }
+            "worker_id" => {
+                l.worker_id = s.nullable(|s| s.str().map(borrowed))?;
+                1 << 6
+            }
+            "applied_at_ms" => {
+                l.applied_at_ms = s.nullable(Scan::i64)?;
+                1 << 7
+            }
+            "reserved_qty" => {
+                l.reserved_qty = s.nullable(Scan::i64)?;
+                1 << 8
+            }
+            "message_id" => {
+                l.message_id = s.nullable(|s| s.str().map(borrowed))?;
+                1 << 9
+            }
+            "delivery_count" => {
+                l.delivery_count = s.nullable(Scan::u32)?;
+                1 << 10
+            }
+            "last_error" => {
+                l.last_error = s.nullable(|s| s.str().map(borrowed))?;
+                1 << 11
+            }
+            "quiesced" => {
+                l.quiesced = s.nullable(Scan::bool)?;
+                1 << 12
+            }
+            "read_at_ns" => {
+                l.read_at_ns = s.nullable(Scan::u64)?;
+                1 << 13
+            }
+            "run_started_at_ms" => {
+                l.run_started_at_ms = s.nullable(Scan::i64)?;
+                1 << 14
+            }
+            _ => return None,
+        })
+    })?;
+    scan.end()?;
+    l.kind = borrowed(kind?);
+    Some(l)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every line either takes the fast path with serde's answer, or is left
+    /// to serde.
+    fn same_as_serde_op(line: &str) -> bool {
+        let Some((op, order)) = client_order_op(line) else { return false };
+        let slow: OpRef<'_> = serde_json::from_str(line).expect("the fast path accepted what serde rejects");
+        let slow_order = slow.order().expect("the fast path accepted an order serde rejects");
+        assert_eq!(
+            (op.index, op.time_ns, &op.process, op.kind, &*op.f, op.value),
+            (slow.index, slow.time_ns, &slow.process, slow.kind, &*slow.f, slow.value),
+            "{line}"
+        );
+        assert_eq!((&op.correlation_id, &op.error), (&slow.correlation_id, &slow.error), "{line}");
+        assert_eq!(
+            (&order.order_id, &order.item_id, order.qty, &order.event_id),
+            (&slow_order.order_id, &slow_order.item_id, slow_order.qty, &slow_order.event_id),
+            "{line}"
+        );
+        true
+    }
+
+    #[test]
+    fn common_op_lines_take_the_fast_path() {
+        for line in [
+            r#"{"index":0,"time_ns":0,"process":1,"type":"invoke","f":"order","value":{"order_id":"o-1","item_id":"i","qty":1},"correlation_id":"c"}"#,
+            r#"{"index":2,"time_ns":130000,"process":1,"type":"ok","f":"order","value":{"order_id":"o-1","item_id":"i","qty":-3,"event_id":"e"}}"#,
+            r#" { "value" : { "qty" : 2 , "item_id" : "é", "order_id" : "o" } , "f" : "order", "type" : "fail", "process" : 7, "time_ns" : 9, "index" : 1, "error" : "no" } "#,
+            r#"{"index":3,"time_ns":1,"process":2,"type":"info","f":"order","value":{},"correlation_id":null}"#,
+        ] {
+            assert!(same_as_serde_op(line), "{line}");
+        }
+    }
+
+    #[test]
+    fn anything_unusual_is_left_to_serde() {
+        for line in [
+            // escapes, unknown keys, duplicates, other numbers, other ops
+            r#"{"index":0,"time_ns":0,"process":1,"type":"invoke","f":"order","value":{"order_id":"o\"1","item_id":"i","qty":1}}"#,
+            r#"{"index":0,"time_ns":0,"process":1,"type":"invoke","f":"order","value":{"order_id":"o","item_id":"i","qty":1},"extra":1}"#,
+            r#"{"index":0,"index":1,"time_ns":0,"process":1,"type":"invoke","f":"order","value":{"order_id":"o","item_id":"i","qty":1}}"#,
+            r#"{"index":01,"time_ns":0,"process":1,"type":"invoke","f":"order","value":{"order_id":"o","item_id":"i","qty":1}}"#,
+            r#"{"index":1.0,"time_ns":0,"process":1,"type":"invoke","f":"order","value":{"order_id":"o","item_id":"i","qty":1}}"#,
+            r#"{"index":1,"time_ns":0,"process":1,"type":"invoke","f":"order","value":{"order_id":"o","item_id":"i","qty":1e2}}"#,
+            r#"{"index":1,"time_ns":0,"process":-1,"type":"invoke","f":"order","value":{"order_id":"o","item_id":"i","qty":1}}"#,
+            r#"{"index":1,"time_ns":0,"process":"w1","type":"invoke","f":"order","value":{"order_id":"o","item_id":"i","qty":1}}"#,
+            r#"{"index":1,"time_ns":0,"process":"nemesis","type":"info","f":"kill","value":{"target":"api"}}"#,
+            r#"{"index":1,"time_ns":0,"process":1,"type":"invoke","f":"read","value":{}}"#,
+            r#"{"index":1,"time_ns":0,"process":1,"type":"invoke","f":"order","value":{"order_id":"o","item_id":"i"}}"#,
+            r#"{"index":1,"time_ns":0,"process":1,"type":"invoke","f":"order","value":{"order_id":"o","item_id":"i","qty":1},}"#,
+            r#"{"index":1,"time_ns":0,"process":1,"type":"invoke","f":"order","value":{"order_id":"o","item_id":"i","qty":1}} x"#,
+            r#"{"index":1,"time_ns":0,"process":1,"type":"invoke","f":"order","value":{"order_id":"o","item_id":"i","qty":1}"#,
+            r#"{"index":18446744073709551616,"time_ns":0,"process":1,"type":"invoke","f":"order","value":{"order_id":"o","item_id":"i","qty":1}}"#,
+            "{\"index\":1,\"time_ns\":0,\"process\":1,\"type\":\"invoke\",\"f\":\"order\",\"value\":{\"order_id\":\"o\t\",\"item_id\":\"i\",\"qty\":1}}",
+        ] {
+            assert!(client_order_op(line).is_none(), "{line}");
+        }
+    }
+
+    #[test]
+    fn final_lines_match_serde() {
+        for line in [
+            r#"{"kind":"order","order_id":"o-1","item_id":"item-14","qty":1,"event_id":"e-o-1"}"#,
+            r#"{"kind":"applied","event_id":"e","order_id":"o","item_id":"i","qty":1,"delivery_attempt":2,"worker_id":"w","applied_at_ms":-5}"#,
+            r#"{"kind":"dead_letter","message_id":"m","event_id":"e","delivery_count":5,"last_error":null}"#,
+            r#"{"kind":"meta","quiesced":true,"read_at_ns":12,"run_started_at_ms":1795980031695}"#,
+            r#"{"kind":"projection","item_id":"i","reserved_qty":0}"#,
+        ] {
+            let fast = final_line(line).unwrap_or_else(|| panic!("slow path for {line}"));
+            let slow: FinalRef<'_> = serde_json::from_str(line).unwrap();
+            assert_eq!(format!("{fast:?}"), format!("{slow:?}"), "{line}");
+        }
+        for line in [
+            r#"{"kind":"order","order_id":"o\u0031","item_id":"i","qty":1,"event_id":"e"}"#,
+            r#"{"kind":"applied","delivery_attempt":4294967296}"#,
+            r#"{"kind":"order","kind":"applied"}"#,
+            r#"{"kind":"order","other":1}"#,
+            r#"{"kind":"meta","quiesced":1}"#,
+        ] {
+            assert!(final_line(line).is_none(), "{line}");
+        }
+    }
+}
