@@ -92,10 +92,10 @@ impl Recorder {
             error,
         };
         inner.next_index += 1;
-        if inner.error.is_none() {
-            if let Err(e) = inner.writer.write(&op) {
-                inner.error = Some(e);
-            }
+        if inner.error.is_none()
+            && let Err(e) = inner.writer.write(&op)
+        {
+            inner.error = Some(e);
         }
         op
     }

@@ -15,7 +15,7 @@
 //! - [`nemesis`]: the faults and their seeded schedule.
 //! - [`postgres`]: a PostgreSQL server the harness crashes and restarts.
 //! - [`run`]: one run from start to verdict, and the run directory.
-//! - [`report`]: `report.html`.
+//! - [`report`], which writes `report.html`.
 //! - [`synthetic`]: large synthetic run directories, for benchmarking the checker.
 
 pub mod docker;

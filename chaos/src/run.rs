@@ -189,10 +189,10 @@ async fn wait_http_ok(url: &str, limit: Duration) -> anyhow::Result<()> {
     let http = reqwest::Client::builder().timeout(Duration::from_secs(1)).build()?;
     let deadline = Instant::now() + limit;
     loop {
-        if let Ok(r) = http.get(url).send().await {
-            if r.status().is_success() {
-                return Ok(());
-            }
+        if let Ok(r) = http.get(url).send().await
+            && r.status().is_success()
+        {
+            return Ok(());
         }
         anyhow::ensure!(Instant::now() < deadline, "{url} did not answer within {limit:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -410,13 +410,14 @@ impl Fold {
         }
         if let (Some(i), Some(v)) = (invoke.order, order_fields) {
             let o = &mut self.orders[i as usize];
-            if let Some(id) = v.order_id.as_deref() {
-                if !id.is_empty() && id != &*o.id {
-                    return Err(err(format!(
-                        "completion names order_id \"{id}\" but its invoke at line {} names \"{}\"",
-                        invoke.line, o.id
-                    )));
-                }
+            if let Some(id) = v.order_id.as_deref()
+                && !id.is_empty()
+                && id != &*o.id
+            {
+                return Err(err(format!(
+                    "completion names order_id \"{id}\" but its invoke at line {} names \"{}\"",
+                    invoke.line, o.id
+                )));
             }
             match op.kind {
                 OpType::Ok => {

@@ -12,7 +12,7 @@
 //!   Jepsen's op rules on the way, with latencies and fault windows.
 //! - [`rules`]: the anomaly definitions and the verdict.
 //! - [`results`]: the results as data (`results.json`).
-//! - [`stats`]: quantiles.
+//! - [`stats`], the quantiles by nearest rank.
 //! - [`summary`]: the human summary printed by `haunt check`.
 
 pub mod fold;

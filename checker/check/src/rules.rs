@@ -95,10 +95,10 @@ pub fn check(fold: &Fold) -> Results {
                 );
                 anomalies.add("double-applied", example(o, Some(&row.event), why));
             }
-            if let Some(why) = &o.applied.mismatch {
-                if unexpected.insert(&o.id) {
-                    anomalies.add("unexpected-effect", example(o, Some(&row.event), why.clone()));
-                }
+            if let Some(why) = &o.applied.mismatch
+                && unexpected.insert(&o.id)
+            {
+                anomalies.add("unexpected-effect", example(o, Some(&row.event), why.clone()));
             }
         }
     }
@@ -137,17 +137,17 @@ pub fn check(fold: &Fold) -> Results {
                     o.row.as_ref().map_or("", |r| &*r.event)
                 )),
             };
-            if let Some(why) = why {
-                if unexpected.insert(&a.order_id) {
-                    let ex = Example {
-                        order_id: Some(a.order_id.to_string()),
-                        event_id: Some(a.event.to_string()),
-                        item_id: None,
-                        time_ns: fold.order(&a.order_id).filter(|o| o.invoked).map(|o| o.first_invoke_ns),
-                        why,
-                    };
-                    anomalies.add("unexpected-effect", ex);
-                }
+            if let Some(why) = why
+                && unexpected.insert(&a.order_id)
+            {
+                let ex = Example {
+                    order_id: Some(a.order_id.to_string()),
+                    event_id: Some(a.event.to_string()),
+                    item_id: None,
+                    time_ns: fold.order(&a.order_id).filter(|o| o.invoked).map(|o| o.first_invoke_ns),
+                    why,
+                };
+                anomalies.add("unexpected-effect", ex);
             }
         }
     }

@@ -59,10 +59,10 @@ impl Faults {
 
     /// Applies `settings`, or changes nothing if any value is out of range.
     pub fn set(&self, settings: &FaultSettings) -> Result<(), String> {
-        if let Some(rate) = settings.ack_fail_rate {
-            if !(0.0..=1.0).contains(&rate) {
-                return Err(format!("ack_fail_rate must be within 0..=1, got {rate}"));
-            }
+        if let Some(rate) = settings.ack_fail_rate
+            && !(0.0..=1.0).contains(&rate)
+        {
+            return Err(format!("ack_fail_rate must be within 0..=1, got {rate}"));
         }
         if let Some(rate) = settings.db_error_rate {
             if !(0.0..=1.0).contains(&rate) {

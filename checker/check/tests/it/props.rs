@@ -258,11 +258,11 @@ fn item_of(run: &Run, order: &str) -> String {
 
 fn add_to_projection(run: &mut Run, item: &str, delta: i64) {
     for line in &mut run.final_state {
-        if let FinalLine::Projection(p) = line {
-            if p.item_id == item {
-                p.reserved_qty += delta;
-                return;
-            }
+        if let FinalLine::Projection(p) = line
+            && p.item_id == item
+        {
+            p.reserved_qty += delta;
+            return;
         }
     }
     panic!("no projection line for {item}");

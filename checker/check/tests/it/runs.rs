@@ -23,10 +23,10 @@ fn cases() -> Vec<PathBuf> {
 
 fn check_expectation(dir: &Path, expect: &Value, results: &Results) -> Result<(), String> {
     let json = serde_json::to_value(results).unwrap();
-    if let Some(valid) = expect.get("valid") {
-        if &json["valid"] != valid {
-            return Err(format!("valid: expected {valid}, got {}", json["valid"]));
-        }
+    if let Some(valid) = expect.get("valid")
+        && &json["valid"] != valid
+    {
+        return Err(format!("valid: expected {valid}, got {}", json["valid"]));
     }
     if let Some(want) = expect.get("anomalies").and_then(Value::as_object) {
         for name in haunt_checker::ANOMALIES {
@@ -54,16 +54,16 @@ fn check_expectation(dir: &Path, expect: &Value, results: &Results) -> Result<()
         }
     }
     for field in ["recovered", "dead_lettered", "pending"] {
-        if let Some(n) = expect.get(field) {
-            if &json[field] != n {
-                return Err(format!("{field}: expected {n}, got {}", json[field]));
-            }
+        if let Some(n) = expect.get(field)
+            && &json[field] != n
+        {
+            return Err(format!("{field}: expected {n}, got {}", json[field]));
         }
     }
-    if let Some(want) = expect.get("delivery") {
-        if &json["delivery"]["histogram"] != want {
-            return Err(format!("delivery histogram: expected {want}, got {}", json["delivery"]["histogram"]));
-        }
+    if let Some(want) = expect.get("delivery")
+        && &json["delivery"]["histogram"] != want
+    {
+        return Err(format!("delivery histogram: expected {want}, got {}", json["delivery"]["histogram"]));
     }
     if let Some(want) = expect.get("fault_windows") {
         let got: Vec<Value> =

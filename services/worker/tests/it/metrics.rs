@@ -44,10 +44,10 @@ fn check_openmetrics(text: &str) -> Result<(), String> {
         }
         let value = sample.rsplit(' ').next().unwrap();
         value.parse::<f64>().map_err(|_| format!("line {n}: bad value {value}"))?;
-        if let Some(ex) = exemplar {
-            if !ex.starts_with('{') || !ex.contains("} ") {
-                return Err(format!("line {n}: bad exemplar {ex}"));
-            }
+        if let Some(ex) = exemplar
+            && (!ex.starts_with('{') || !ex.contains("} "))
+        {
+            return Err(format!("line {n}: bad exemplar {ex}"));
         }
     }
     Ok(())
