@@ -152,23 +152,26 @@ pub fn check(fold: &Fold) -> Results {
         }
     }
 
-    // The projection against both of its sources.
-    let mut items: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
+    // The projection against both of its sources. Summed by interned item
+    // (one array slot each, no lookup per order), then named.
+    let mut sums: Vec<Option<(i64, i64)>> = vec![None; fold.strings.names.len()];
     for (&item, &sum) in &fold.applied_sum {
-        items.entry(fold.strings.name(item)).or_default().0 += sum;
+        sums[item as usize].get_or_insert_default().0 += sum;
     }
     for o in &fold.orders {
         if let Some(row) = &o.row {
             let parked = o.pending || o.dead;
-            let entry = items.entry(fold.strings.name(row.item)).or_default();
+            let entry = sums[row.item as usize].get_or_insert_default();
             if !parked || o.applied.count > 0 {
                 entry.1 += row.qty;
             }
         }
     }
     for &item in fold.projection.keys() {
-        items.entry(fold.strings.name(item)).or_default();
+        sums[item as usize].get_or_insert_default();
     }
+    let items: BTreeMap<&str, (i64, i64)> =
+        sums.iter().enumerate().filter_map(|(i, s)| Some((fold.strings.name(i as u32), (*s)?))).collect();
     let projection: HashMap<&str, i64> = fold.projection.iter().map(|(&i, &q)| (fold.strings.name(i), q)).collect();
     for (item, (applied_sum, orders_sum)) in items {
         let reserved = projection.get(item).copied().unwrap_or(0);

@@ -58,6 +58,7 @@ impl<'a> Scan<'a> {
     }
 
     /// A string without escapes or control characters, borrowed.
+    #[inline]
     fn str(&mut self) -> Option<&'a str> {
         self.eat(b'"')?;
         let b = self.bytes();
@@ -163,6 +164,14 @@ impl<'a> Scan<'a> {
         }
     }
 
+    /// These exact bytes next (no whitespace skipped). A fixed length compiles
+    /// to a few loads and compares, not a call to memcmp.
+    #[inline(always)]
+    fn lit<const N: usize>(&mut self, expected: &[u8; N]) -> Option<()> {
+        let next = self.bytes().get(self.at..self.at + N)?;
+        (next == expected).then(|| self.at += N)
+    }
+
     /// Only whitespace left.
     fn end(&mut self) -> Option<()> {
         self.skip_ws();
@@ -201,8 +210,80 @@ fn order_value<'a>(scan: &mut Scan<'a>) -> Option<OrderRef<'a>> {
     Some(v)
 }
 
+fn op_type(word: &str) -> Option<OpType> {
+    Some(match word {
+        "invoke" => OpType::Invoke,
+        "ok" => OpType::Ok,
+        "fail" => OpType::Fail,
+        "info" => OpType::Info,
+        _ => return None,
+    })
+}
+
 /// A client `order` op with its value already read, or `None` for serde.
+#[inline]
 pub fn client_order_op(line: &str) -> Option<(OpRef<'_>, OrderRef<'_>)> {
+    as_haunt_writes_it(line).or_else(|| any_key_order(line))
+}
+
+/// The layout haunt's recorder writes (keys in its order, no whitespace, the
+/// order's three fields on every op), matched literally: no key is scanned.
+#[inline]
+fn as_haunt_writes_it(line: &str) -> Option<(OpRef<'_>, OrderRef<'_>)> {
+    let mut s = Scan::new(line);
+    s.lit(br#"{"index":"#)?;
+    let index = s.digits()?;
+    s.lit(br#","time_ns":"#)?;
+    let time_ns = s.digits()?;
+    s.lit(br#","process":"#)?;
+    let process = s.digits()?;
+    s.lit(br#","type":"#)?;
+    let kind = op_type(s.str()?)?;
+    s.lit(br#","f":"order","value":"#)?;
+    let start = s.at;
+    s.lit(br#"{"order_id":"#)?;
+    let order_id = s.str()?;
+    s.lit(br#","item_id":"#)?;
+    let item_id = s.str()?;
+    s.lit(br#","qty":"#)?;
+    let qty = s.i64()?;
+    let event_id = match s.lit(br#","event_id":"#) {
+        Some(()) => Some(s.str()?),
+        None => None,
+    };
+    s.lit(b"}")?;
+    let value = &line[start..s.at];
+    let correlation_id = match s.lit(br#","correlation_id":"#) {
+        Some(()) => Some(s.str()?),
+        None => None,
+    };
+    let error = match s.lit(br#","error":"#) {
+        Some(()) => Some(s.str()?),
+        None => None,
+    };
+    s.lit(b"}")?;
+    s.end()?;
+    let op = OpRef {
+        index,
+        time_ns,
+        process: Process::Client(process),
+        kind,
+        f: borrowed("order"),
+        value,
+        correlation_id: correlation_id.map(borrowed),
+        error: error.map(borrowed),
+    };
+    let order = OrderRef {
+        order_id: Some(borrowed(order_id)),
+        item_id: Some(borrowed(item_id)),
+        qty: Some(qty),
+        event_id: event_id.map(borrowed),
+    };
+    Some((op, order))
+}
+
+/// Any key order and spacing, each known key at most once.
+fn any_key_order(line: &str) -> Option<(OpRef<'_>, OrderRef<'_>)> {
     let mut scan = Scan::new(line);
     let (mut index, mut time_ns, mut process, mut kind, mut f) = (None, None, None, None, None);
     let (mut value, mut order, mut correlation_id, mut error) = (None, None, None, None);
@@ -221,13 +302,7 @@ pub fn client_order_op(line: &str) -> Option<(OpRef<'_>, OrderRef<'_>)> {
                 4
             }
             "type" => {
-                kind = Some(match s.str()? {
-                    "invoke" => OpType::Invoke,
-                    "ok" => OpType::Ok,
-                    "fail" => OpType::Fail,
-                    "info" => OpType::Info,
-                    _ => return None,
-                });
+                kind = Some(op_type(s.str()?)?);
                 8
             }
             "f" => {
@@ -273,7 +348,50 @@ pub fn client_order_op(line: &str) -> Option<(OpRef<'_>, OrderRef<'_>)> {
 }
 
 /// A final-state line, or `None` for serde.
+#[inline]
 pub fn final_line(line: &str) -> Option<FinalRef<'_>> {
+    final_row_as_haunt_writes_it(line).or_else(|| final_line_any_key_order(line))
+}
+
+/// The `order` and `applied` lines as haunt's store writes them, matched
+/// literally.
+#[inline]
+fn final_row_as_haunt_writes_it(line: &str) -> Option<FinalRef<'_>> {
+    let mut s = Scan::new(line);
+    let mut l = FinalRef::default();
+    if s.lit(br#"{"kind":"order","order_id":"#).is_some() {
+        l.kind = borrowed("order");
+        l.order_id = Some(borrowed(s.str()?));
+        s.lit(br#","item_id":"#)?;
+        l.item_id = Some(borrowed(s.str()?));
+        s.lit(br#","qty":"#)?;
+        l.qty = Some(s.i64()?);
+        s.lit(br#","event_id":"#)?;
+        l.event_id = Some(borrowed(s.str()?));
+    } else {
+        s.lit(br#"{"kind":"applied","event_id":"#)?;
+        l.kind = borrowed("applied");
+        l.event_id = Some(borrowed(s.str()?));
+        s.lit(br#","order_id":"#)?;
+        l.order_id = Some(borrowed(s.str()?));
+        s.lit(br#","item_id":"#)?;
+        l.item_id = Some(borrowed(s.str()?));
+        s.lit(br#","qty":"#)?;
+        l.qty = Some(s.i64()?);
+        s.lit(br#","delivery_attempt":"#)?;
+        l.delivery_attempt = Some(s.u32()?);
+        s.lit(br#","worker_id":"#)?;
+        l.worker_id = Some(borrowed(s.str()?));
+        s.lit(br#","applied_at_ms":"#)?;
+        l.applied_at_ms = Some(s.i64()?);
+    }
+    s.lit(b"}")?;
+    s.end()?;
+    Some(l)
+}
+
+/// Any key order and spacing, each known key at most once.
+fn final_line_any_key_order(line: &str) -> Option<FinalRef<'_>> {
     let mut scan = Scan::new(line);
     let mut l = FinalRef::default();
     let mut kind = None;
@@ -352,9 +470,11 @@ mod tests {
     use super::*;
 
     /// Every line either takes the fast path with serde's answer, or is left
-    /// to serde.
+    /// to serde; the literal layout and the scanner agree where both read.
     fn same_as_serde_op(line: &str) -> bool {
         let Some((op, order)) = client_order_op(line) else { return false };
+        let scanned = any_key_order(line).expect("the scanner reads whatever the literal layout reads");
+        assert_eq!(format!("{:?}", (&op, &order)), format!("{scanned:?}"), "{line}");
         let slow: OpRef<'_> = serde_json::from_str(line).expect("the fast path accepted what serde rejects");
         let slow_order = slow.order().expect("the fast path accepted an order serde rejects");
         assert_eq!(
@@ -378,9 +498,21 @@ mod tests {
             r#"{"index":2,"time_ns":130000,"process":1,"type":"ok","f":"order","value":{"order_id":"o-1","item_id":"i","qty":-3,"event_id":"e"}}"#,
             r#" { "value" : { "qty" : 2 , "item_id" : "é", "order_id" : "o" } , "f" : "order", "type" : "fail", "process" : 7, "time_ns" : 9, "index" : 1, "error" : "no" } "#,
             r#"{"index":3,"time_ns":1,"process":2,"type":"info","f":"order","value":{},"correlation_id":null}"#,
+            r#"{"index":4,"time_ns":2,"process":2,"type":"info","f":"order","value":{"order_id":"o","item_id":"i","qty":0},"correlation_id":"c","error":"timeout"}"#,
         ] {
             assert!(same_as_serde_op(line), "{line}");
         }
+    }
+
+    #[test]
+    fn the_recorder_layout_is_read_literally() {
+        let line = r#"{"index":2,"time_ns":130000,"process":1,"type":"ok","f":"order","value":{"order_id":"o-1","item_id":"item-14","qty":1,"event_id":"e-o-1"},"correlation_id":"o-1-c"}"#;
+        assert!(as_haunt_writes_it(line).is_some());
+        assert!(same_as_serde_op(line));
+        // One space, and the literal layout gives way to the scanner.
+        let spaced = line.replacen(",\"f\"", ", \"f\"", 1);
+        assert!(as_haunt_writes_it(&spaced).is_none());
+        assert!(same_as_serde_op(&spaced));
     }
 
     #[test]
@@ -420,6 +552,8 @@ mod tests {
             let fast = final_line(line).unwrap_or_else(|| panic!("slow path for {line}"));
             let slow: FinalRef<'_> = serde_json::from_str(line).unwrap();
             assert_eq!(format!("{fast:?}"), format!("{slow:?}"), "{line}");
+            let scanned = final_line_any_key_order(line).unwrap();
+            assert_eq!(format!("{fast:?}"), format!("{scanned:?}"), "{line}");
         }
         for line in [
             r#"{"kind":"order","order_id":"o\u0031","item_id":"i","qty":1,"event_id":"e"}"#,
