@@ -565,4 +565,98 @@ mod tests {
             assert!(final_line(line).is_none(), "{line}");
         }
     }
+
+    mod agreement {
+        use proptest::prelude::*;
+
+        use super::super::*;
+        use super::same_as_serde_op;
+
+        /// Strings with the characters that need care: quotes, backslashes,
+        /// control characters, non-ASCII.
+        fn text() -> impl Strategy<Value = String> {
+            prop::collection::vec(
+                prop_oneof![Just('a'), Just('-'), Just('"'), Just('\\'), Just('\t'), Just('é'), Just('7')],
+                0..6,
+            )
+            .prop_map(|chars| chars.into_iter().collect())
+        }
+
+        fn op_line() -> impl Strategy<Value = String> {
+            (
+                (
+                    any::<u64>(),
+                    any::<u64>(),
+                    any::<u64>(),
+                    prop::sample::select(vec!["invoke", "ok", "fail", "info", "x"]),
+                ),
+                (text(), text(), any::<i64>(), prop::option::of(text())),
+                (prop::option::of(text()), prop::option::of(text()), any::<bool>(), any::<bool>()),
+            )
+                .prop_map(
+                    |(
+                        (index, time_ns, process, kind),
+                        (order_id, item_id, qty, event_id),
+                        (correlation, error, pretty, reorder),
+                    )| {
+                        let mut value = serde_json::json!({"order_id": order_id, "item_id": item_id, "qty": qty});
+                        if let Some(e) = event_id {
+                            value["event_id"] = e.into();
+                        }
+                        let mut fields = vec![
+                            ("index", serde_json::json!(index)),
+                            ("time_ns", serde_json::json!(time_ns)),
+                            ("process", serde_json::json!(process)),
+                            ("type", serde_json::json!(kind)),
+                            ("f", serde_json::json!("order")),
+                            ("value", value),
+                        ];
+                        if let Some(c) = correlation {
+                            fields.push(("correlation_id", c.into()));
+                        }
+                        if let Some(e) = error {
+                            fields.push(("error", e.into()));
+                        }
+                        if reorder {
+                            fields.reverse();
+                        }
+                        let body: Vec<String> = fields
+                            .iter()
+                            .map(|(k, v)| {
+                                let v = if pretty { serde_json::to_string_pretty(v) } else { serde_json::to_string(v) };
+                                format!("\"{k}\":{}", v.unwrap())
+                            })
+                            .collect();
+                        format!("{{{}}}", body.join(if pretty { ", " } else { "," }))
+                    },
+                )
+        }
+
+        proptest! {
+            /// Whatever the fast path reads, serde reads the same way; and the
+            /// plain lines it must read, it does.
+            #[test]
+            fn the_fast_path_agrees_with_serde(line in op_line(), cut in any::<prop::sample::Index>(), byte in any::<u8>()) {
+                let plain = !line.contains('\\') && !line.contains('\t');
+                let read = client_order_op(&line).is_some();
+                if read {
+                    prop_assert!(same_as_serde_op(&line));
+                }
+                let kind_ok = ["invoke", "ok", "fail", "info"].iter().any(|k| line.contains(&format!("\"type\":\"{k}\"")) || line.contains(&format!("\"type\": \"{k}\"")));
+                if plain && kind_ok {
+                    prop_assert!(read, "a plain line left to serde: {}", line);
+                }
+                // One byte changed: still either the same answer as serde, or serde's turn.
+                let mut bytes = line.into_bytes();
+                let at = cut.index(bytes.len());
+                bytes[at] = byte;
+                if let Ok(mutated) = String::from_utf8(bytes)
+                    && client_order_op(&mutated).is_some()
+                {
+                    prop_assert!(serde_json::from_str::<OpRef<'_>>(&mutated).is_ok(), "{}", mutated);
+                    prop_assert!(same_as_serde_op(&mutated));
+                }
+            }
+        }
+    }
 }
