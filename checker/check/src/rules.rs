@@ -47,6 +47,42 @@ fn example(order: &Order, event_id: Option<&str>, why: String) -> Example {
     }
 }
 
+/// Per-order counts, gathered in the one pass over the orders.
+#[derive(Debug, Default)]
+struct Tally {
+    attempted: u64,
+    acknowledged: u64,
+    failed: u64,
+    indeterminate: u64,
+    present: u64,
+    applied_events: u64,
+    redelivered: u64,
+    recovered: u64,
+    dead_lettered: u64,
+    pending: u64,
+}
+
+impl Tally {
+    fn count(&mut self, o: &Order) {
+        if o.invoked {
+            self.attempted += 1;
+            self.acknowledged += u64::from(o.acknowledged());
+            self.failed += u64::from(o.failed());
+            self.indeterminate += u64::from(o.indeterminate());
+        }
+        if o.applied.count > 0 {
+            self.applied_events += 1;
+            self.redelivered += u64::from(o.applied.min_attempt > 1);
+        }
+        if o.row.is_some() {
+            self.present += 1;
+            self.dead_lettered += u64::from(o.dead);
+            self.pending += u64::from(o.pending);
+            self.recovered += u64::from(o.indeterminate() && o.applied.count == 1);
+        }
+    }
+}
+
 /// Decides the run.
 pub fn check(fold: &Fold) -> Results {
     let mut anomalies = Anomalies::new();
@@ -59,8 +95,19 @@ pub fn check(fold: &Fold) -> Results {
         stray_by_order.entry(&*a.order_id).or_default().push(n);
     }
 
+    // One pass over the orders (millions of them, a gigabyte at 10M ops) does
+    // the anomalies, the counts and the projection's order sums together.
     let mut unexpected: HashSet<&str> = HashSet::new();
+    let mut tally = Tally::default();
+    let mut sums: Vec<Option<(i64, i64)>> = vec![None; fold.strings.names.len()];
     for (i, o) in fold.orders.iter().enumerate() {
+        tally.count(o);
+        if let Some(row) = &o.row {
+            let entry = sums[row.item as usize].get_or_insert_default();
+            if !(o.pending || o.dead) || o.applied.count > 0 {
+                entry.1 += row.qty;
+            }
+        }
         let has_stray = stray_by_order.contains_key(&*o.id);
         if final_present && o.acknowledged() && o.row.is_none() {
             let why = format!("acknowledged ({} ok of {} attempts) but absent from the final orders", o.ok, o.attempts);
@@ -152,20 +199,10 @@ pub fn check(fold: &Fold) -> Results {
         }
     }
 
-    // The projection against both of its sources. Summed by interned item
-    // (one array slot each, no lookup per order), then named.
-    let mut sums: Vec<Option<(i64, i64)>> = vec![None; fold.strings.names.len()];
+    // The projection against both of its sources, summed by interned item (one
+    // array slot each, no lookup per order), then named.
     for (&item, &sum) in &fold.applied_sum {
         sums[item as usize].get_or_insert_default().0 += sum;
-    }
-    for o in &fold.orders {
-        if let Some(row) = &o.row {
-            let parked = o.pending || o.dead;
-            let entry = sums[row.item as usize].get_or_insert_default();
-            if !parked || o.applied.count > 0 {
-                entry.1 += row.qty;
-            }
-        }
     }
     for &item in fold.projection.keys() {
         sums[item as usize].get_or_insert_default();
@@ -189,40 +226,31 @@ pub fn check(fold: &Fold) -> Results {
         }
     }
 
-    // Reported, not failures.
-    let (mut recovered, mut dead_lettered, mut pending) = (0, 0, 0);
-    for o in fold.orders.iter().filter(|o| o.row.is_some()) {
-        dead_lettered += u64::from(o.dead);
-        pending += u64::from(o.pending);
-        recovered += u64::from(o.indeterminate() && o.applied.count == 1);
-    }
-
-    let invoked = || fold.orders.iter().filter(|o| o.invoked);
-    let applied_events = fold.orders.iter().filter(|o| o.applied.count > 0).count() + stray_events.len();
+    // Reported, not failures: recovered, dead_lettered and pending, in the tally.
     let counts = Counts {
         ops: fold.ops,
         client_ops: fold.client_ops,
         nemesis_ops: fold.nemesis_ops,
-        attempted: invoked().count() as u64,
-        acknowledged: invoked().filter(|o| o.acknowledged()).count() as u64,
-        failed: invoked().filter(|o| o.failed()).count() as u64,
-        indeterminate: invoked().filter(|o| o.indeterminate()).count() as u64,
+        attempted: tally.attempted,
+        acknowledged: tally.acknowledged,
+        failed: tally.failed,
+        indeterminate: tally.indeterminate,
         open_invokes: fold.open_invokes,
-        present: fold.orders.iter().filter(|o| o.row.is_some()).count() as u64,
-        applied_events: applied_events as u64,
+        present: tally.present,
+        applied_events: tally.applied_events + stray_events.len() as u64,
         applied_lines: fold.applied_lines,
         pending_messages: fold.pending_lines,
         dead_letters: fold.dead_letter_lines,
     };
 
-    let redelivered_joined = fold.orders.iter().filter(|o| o.applied.count > 0 && o.applied.min_attempt > 1).count();
+    let redelivered_joined = tally.redelivered;
     let redelivered_stray = stray_events
         .values()
         .filter(|lines| lines.iter().map(|&n| fold.stray_applied[n].application.attempt).min().unwrap_or(1) > 1)
         .count();
     let delivery = Delivery {
         histogram: fold.delivery_histogram.clone(),
-        redelivered_events: (redelivered_joined + redelivered_stray) as u64,
+        redelivered_events: redelivered_joined + redelivered_stray as u64,
     };
 
     let latency_ms = latency(fold);
@@ -263,9 +291,9 @@ pub fn check(fold: &Fold) -> Results {
         unknown_reasons,
         counts,
         anomalies: anomalies.reports,
-        recovered,
-        dead_lettered,
-        pending,
+        recovered: tally.recovered,
+        dead_lettered: tally.dead_lettered,
+        pending: tally.pending,
         delivery,
         latency_ms,
         faults: fold.faults.clone(),
