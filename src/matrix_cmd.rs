@@ -145,9 +145,6 @@ pub async fn matrix(args: MatrixArgs) -> anyhow::Result<i32> {
                 (Some(e), _, _) => format!("ERROR {e}"),
                 (None, true, None) => "valid".to_owned(),
                 (None, false, None) => format!("NOT VALID ({})", record.verdict),
-                (None, true, Some(_)) if matches!(case.expected, Expect::Masked(_)) => {
-                    format!("verdict {} (masked)", record.verdict)
-                }
                 (None, true, Some(_)) if case.expected == Expect::NotDrained => {
                     format!("caught: not drained, {} orders pending", record.pending)
                 }

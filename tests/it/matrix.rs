@@ -37,7 +37,6 @@ fn the_reduced_matrix_catches_every_bug_mode_and_passes_the_correct_build() {
                 assert_eq!(expected, "valid");
                 assert_eq!(runs[0]["verdict"], "true", "{name}: {row}")
             }
-            (_, "masked") => {}
             (_, "not-drained") => {
                 assert_eq!(runs[0]["verdict"], "unknown", "{name}: {row}");
                 assert!(runs[0]["pending"].as_u64().unwrap() > 0, "{name}: {row}");

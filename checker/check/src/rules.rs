@@ -3,10 +3,13 @@
 //!
 //! One reading of the contract needs stating. `projection-mismatch` compares the
 //! projection with the orders "that are neither pending nor dead_letter"; an
-//! order whose event was applied but whose message is still queued or parked (an
-//! ack lost on the last allowed delivery) has its effect in the projection, so it
-//! is counted with the applied orders. Reading the rule literally would fail a
-//! correct system whose acks were lost.
+//! order whose event was applied but whose message is still queued (its ack was
+//! lost and the run ended before the redelivery) has its effect in the
+//! projection, so it is counted with the applied orders: reading the rule
+//! literally would fail a correct system whose acks were lost. A dead letter is
+//! read literally: a message is parked because its event could not be applied,
+//! so an applied event that is also parked is a mismatch (a correct consumer
+//! acks a message whose event its inbox already holds instead of parking it).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
@@ -104,7 +107,8 @@ pub fn check(fold: &Fold) -> Results {
         tally.count(o);
         if let Some(row) = &o.row {
             let entry = sums[row.item as usize].get_or_insert_default();
-            if !(o.pending || o.dead) || o.applied.count > 0 {
+            // Pending but applied (its ack lost): its effect is in; parked: it must not be.
+            if !o.dead && (!o.pending || o.applied.count > 0) {
                 entry.1 += row.qty;
             }
         }

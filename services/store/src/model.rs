@@ -103,6 +103,9 @@ pub enum Failed {
     DeadLettered,
     /// The caller no longer held the lease: nothing changed.
     LeaseLost,
+    /// Past its last delivery, but the inbox already held its event (an ack
+    /// was lost after the effect): deleted as acked, not parked.
+    Settled,
 }
 
 /// The difference reconcile found for one item.

@@ -65,7 +65,8 @@ macro_rules! dialect {
             dead_letter: concat!(
                 "INSERT INTO dead_letters (message_id, event_id, payload, headers, enqueued_at_ms, delivery_count, last_error, dead_at_ms) ",
                 "SELECT message_id, event_id, payload, headers, enqueued_at_ms, delivery_count, $3, ", $now, " ",
-                "FROM queue_messages WHERE message_id = $1 AND ($2 IS NULL OR lease_token = $2)"
+                "FROM queue_messages WHERE message_id = $1 AND ($2 IS NULL OR lease_token = $2) ",
+                "AND NOT EXISTS (SELECT 1 FROM inbox_processed i WHERE i.event_id = queue_messages.event_id)"
             ),
             redrive_all: concat!(
                 "INSERT INTO queue_messages (message_id, event_id, payload, headers, enqueued_at_ms, visible_at_ms, last_error) ",

@@ -627,7 +627,9 @@ impl Store {
     }
 
     /// Moves a message to the dead-letter table, if `lease_token` (when given)
-    /// still holds it.
+    /// still holds it; or, when the inbox already holds its event, deletes it
+    /// as acked (a message whose effect happened is not poison, and parking it
+    /// would leave a dead letter for an applied event).
     pub async fn dead_letter(
         &self,
         message_id: &str,
@@ -636,21 +638,21 @@ impl Store {
     ) -> Result<Failed, StoreError> {
         let lease_token = self.holder(lease_token);
         let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
-        if self.bug != Some(Bug::DlqDrop) {
-            let parked = sqlx::query(self.dialect.dead_letter)
+        // Parked only if held and its event is not in the inbox.
+        let parked = if self.bug == Some(Bug::DlqDrop) {
+            // BUG MODE dlq-drop: the insert is skipped, so the message is simply deleted.
+            true
+        } else {
+            sqlx::query(self.dialect.dead_letter)
                 .bind(message_id)
                 .bind(lease_token)
                 .bind(error)
                 .execute(&mut *tx)
                 .await
                 .map_err(NotCommitted)?
-                .rows_affected();
-            if parked == 0 {
-                let _ = tx.rollback().await;
-                return Ok(Failed::LeaseLost);
-            }
-        }
-        // BUG MODE dlq-drop: with the insert above skipped, the message is simply deleted.
+                .rows_affected()
+                == 1
+        };
         let deleted = sqlx::query(sql::DELETE_MESSAGE_HELD)
             .bind(message_id)
             .bind(lease_token)
@@ -663,7 +665,8 @@ impl Store {
             return Ok(Failed::LeaseLost);
         }
         tx.commit().await.map_err(CommitUnknown)?;
-        Ok(Failed::DeadLettered)
+        // Held but not parked: the inbox had its event.
+        Ok(if parked { Failed::DeadLettered } else { Failed::Settled })
     }
 
     /// Moves dead letters back to the queue (all of them, or one), with a fresh

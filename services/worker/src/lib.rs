@@ -288,11 +288,16 @@ impl Worker {
             // Delivered past the limit without ever failing cleanly: the workers
             // holding it died. Park it rather than loop forever.
             let why = format!("exceeded {} deliveries", self.config.delivery_attempts_max);
-            if let Ok(Failed::DeadLettered) =
-                self.store.dead_letter(&leased.message_id, Some(&leased.lease_token), &why).await
-            {
-                count("dead_lettered");
-                tracing::warn!("dead-lettered: {why}");
+            match self.store.dead_letter(&leased.message_id, Some(&leased.lease_token), &why).await {
+                Ok(Failed::DeadLettered) => {
+                    count("dead_lettered");
+                    tracing::warn!("dead-lettered: {why}");
+                }
+                Ok(Failed::Settled) => {
+                    count("duplicate");
+                    tracing::info!("{why}, but its event was applied (an ack was lost): acked, not parked");
+                }
+                _ => {}
             }
             return;
         }
@@ -340,6 +345,9 @@ impl Worker {
                     }
                     Ok(Failed::LeaseLost) => {
                         tracing::warn!(%error, "apply failed and the lease was lost")
+                    }
+                    Ok(Failed::Settled) => {
+                        tracing::info!(%error, "apply failed on the last delivery, but an earlier one applied it: acked")
                     }
                     Err(e) => {
                         tracing::warn!(%error, fail_error = ?e, "apply failed; the lease will expire")

@@ -69,3 +69,23 @@ async fn a_lost_lease_cannot_be_failed_or_dead_lettered() {
         assert_eq!((stats.leased, stats.dead_letter), (1, 0), "{}", db.kind);
     }
 }
+
+#[tokio::test]
+async fn a_message_whose_event_was_applied_is_acked_not_parked() {
+    for db in databases().await {
+        let store = open(&db).await;
+        store.place_order(&order("o1", "apple", 2)).await.unwrap();
+        // Applied on its first delivery, and the ack lost.
+        let first = store.lease(1, Duration::from_millis(100), LeaseClock::Database).await.unwrap().remove(0);
+        let applied = store.apply(&first, &first.event().unwrap(), "w1").await.unwrap();
+        assert!(matches!(applied, haunt_store::Applied::Applied { .. }), "{}", db.kind);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Delivered again, past the limit: settled, not parked.
+        let again = store.lease(1, Duration::from_secs(30), LeaseClock::Database).await.unwrap().remove(0);
+        let outcome = store.dead_letter(&again.message_id, Some(&again.lease_token), "past the limit").await.unwrap();
+        assert_eq!(outcome, Failed::Settled, "{}", db.kind);
+        let lines = final_lines(&store).await;
+        assert_eq!((count_kind(&lines, "dead_letter"), count_kind(&lines, "pending")), (0, 0), "{}", db.kind);
+        assert_eq!(count_kind(&lines, "applied"), 1, "{}", db.kind);
+    }
+}
