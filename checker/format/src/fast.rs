@@ -136,6 +136,11 @@ impl<'a> Scan<'a> {
         value(self).map(Some)
     }
 
+    /// A plain string or `null`, as an optional field.
+    fn nullable_str(&mut self) -> Option<Option<Cow<'a, str>>> {
+        self.nullable(|s| s.str().map(borrowed))
+    }
+
     /// An object whose every key `field` knows; `field` answers the key's bit
     /// (each key at most once) after reading its value.
     fn object(&mut self, mut field: impl FnMut(&mut Self, &'a str) -> Option<u32>) -> Option<()> {
@@ -189,11 +194,11 @@ fn order_value<'a>(scan: &mut Scan<'a>) -> Option<OrderRef<'a>> {
     scan.object(|s, key| {
         Some(match key {
             "order_id" => {
-                v.order_id = s.nullable(|s| s.str().map(borrowed))?;
+                v.order_id = s.nullable_str()?;
                 1
             }
             "item_id" => {
-                v.item_id = s.nullable(|s| s.str().map(borrowed))?;
+                v.item_id = s.nullable_str()?;
                 2
             }
             "qty" => {
@@ -201,7 +206,7 @@ fn order_value<'a>(scan: &mut Scan<'a>) -> Option<OrderRef<'a>> {
                 4
             }
             "event_id" => {
-                v.event_id = s.nullable(|s| s.str().map(borrowed))?;
+                v.event_id = s.nullable_str()?;
                 8
             }
             _ => return None,
@@ -317,11 +322,11 @@ fn any_key_order(line: &str) -> Option<(OpRef<'_>, OrderRef<'_>)> {
                 32
             }
             "correlation_id" => {
-                correlation_id = s.nullable(|s| s.str().map(borrowed))?;
+                correlation_id = s.nullable_str()?;
                 64
             }
             "error" => {
-                error = s.nullable(|s| s.str().map(borrowed))?;
+                error = s.nullable_str()?;
                 128
             }
             _ => return None,
@@ -402,11 +407,11 @@ fn final_line_any_key_order(line: &str) -> Option<FinalRef<'_>> {
                 1
             }
             "order_id" => {
-                l.order_id = s.nullable(|s| s.str().map(borrowed))?;
+                l.order_id = s.nullable_str()?;
                 1 << 1
             }
             "item_id" => {
-                l.item_id = s.nullable(|s| s.str().map(borrowed))?;
+                l.item_id = s.nullable_str()?;
                 1 << 2
             }
             "qty" => {
@@ -414,7 +419,7 @@ fn final_line_any_key_order(line: &str) -> Option<FinalRef<'_>> {
                 1 << 3
             }
             "event_id" => {
-                l.event_id = s.nullable(|s| s.str().map(borrowed))?;
+                l.event_id = s.nullable_str()?;
                 1 << 4
             }
             "delivery_attempt" => {
@@ -422,7 +427,7 @@ fn final_line_any_key_order(line: &str) -> Option<FinalRef<'_>> {
                 1 << 5
             }
             "worker_id" => {
-                l.worker_id = s.nullable(|s| s.str().map(borrowed))?;
+                l.worker_id = s.nullable_str()?;
                 1 << 6
             }
             "applied_at_ms" => {
@@ -434,7 +439,7 @@ fn final_line_any_key_order(line: &str) -> Option<FinalRef<'_>> {
                 1 << 8
             }
             "message_id" => {
-                l.message_id = s.nullable(|s| s.str().map(borrowed))?;
+                l.message_id = s.nullable_str()?;
                 1 << 9
             }
             "delivery_count" => {
@@ -442,7 +447,7 @@ fn final_line_any_key_order(line: &str) -> Option<FinalRef<'_>> {
                 1 << 10
             }
             "last_error" => {
-                l.last_error = s.nullable(|s| s.str().map(borrowed))?;
+                l.last_error = s.nullable_str()?;
                 1 << 11
             }
             "quiesced" => {
