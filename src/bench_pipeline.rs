@@ -256,6 +256,25 @@ async fn haunt_drain(db: &str, workers: usize, batch_size: u32, n: usize) -> any
     Ok(n as f64 / elapsed)
 }
 
+/// One drain phase: `n` events enqueued, `measure` run, every event checked
+/// applied once, the tables emptied for the next phase.
+async fn drain_phase<T, Fut>(
+    pool: &AnyPool,
+    postgres: bool,
+    (n, items): (usize, usize),
+    phase: &str,
+    measure: impl FnOnce() -> Fut,
+) -> anyhow::Result<T>
+where
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    enqueue(pool, n, items).await?;
+    let value = measure().await?;
+    verify_drained(pool, n, phase).await?;
+    reset(pool, postgres).await?;
+    Ok(value)
+}
+
 /// Returns once the queue is empty (every event applied: the phase's drain is
 /// verified after). Polled at 20 ms, well inside a phase's seconds; `alive`
 /// fails the wait early when the consumers died.
@@ -394,49 +413,48 @@ pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
     report.insert("clients".into(), json!(args.clients));
     report.insert("batch_size".into(), json!(args.batch_size));
 
+    let size = (n, items);
     let (raw, raw_same_batch, raw_one_txn) = if postgres {
-        enqueue(&pool, n, items).await?;
-        let p = pool.clone();
-        let rate = timed(n, args.workers, move |t| raw_drain(p.clone(), t, RAW_BATCH)).await?;
-        verify_drained(&pool, n, "raw ceiling").await?;
-        reset(&pool, postgres).await?;
+        let raw_at = |batch: i64| {
+            let p = pool.clone();
+            timed(n, args.workers, move |t| raw_drain(p.clone(), t, batch))
+        };
+        let rate = drain_phase(&pool, postgres, size, "raw ceiling", || raw_at(RAW_BATCH)).await?;
         eprintln!("raw lease/apply/delete (ceiling) {rate:>10.0} events/s");
         // The same protocol at haunt's batch size, for the like-for-like ratio.
-        enqueue(&pool, n, items).await?;
-        let (p, b) = (pool.clone(), i64::from(args.batch_size));
-        let same_batch = timed(n, args.workers, move |t| raw_drain(p.clone(), t, b)).await?;
-        verify_drained(&pool, n, "raw ceiling at haunt's batch size").await?;
-        reset(&pool, postgres).await?;
+        let same_batch = drain_phase(&pool, postgres, size, "raw ceiling at haunt's batch size", || {
+            raw_at(i64::from(args.batch_size))
+        })
+        .await?;
         eprintln!("raw lease/apply/delete, batch {:<4} {same_batch:>8.0} events/s", args.batch_size);
-        enqueue(&pool, n, items).await?;
         let p = pool.clone();
-        let one_txn = timed(n, args.workers, move |_| raw_one_txn_drain(p.clone())).await?;
-        verify_drained(&pool, n, "raw one transaction").await?;
-        reset(&pool, postgres).await?;
+        let one_txn = drain_phase(&pool, postgres, size, "raw one transaction", || {
+            timed(n, args.workers, move |_| raw_one_txn_drain(p.clone()))
+        })
+        .await?;
         eprintln!("raw locked, one txn per batch    {one_txn:>10.0} events/s");
         (Some(rate), Some(same_batch), Some(one_txn))
     } else {
         (None, None, None)
     };
 
-    enqueue(&pool, n, items).await?;
     let s = store.clone();
-    let per_message = timed(n, args.workers, move |_| per_message_drain(s.clone())).await?;
-    verify_drained(&pool, n, "per-message").await?;
-    reset(&pool, postgres).await?;
+    let per_message = drain_phase(&pool, postgres, size, "per-message", || {
+        timed(n, args.workers, move |_| per_message_drain(s.clone()))
+    })
+    .await?;
     eprintln!("per-message (3 txn/event)   {per_message:>10.0} events/s");
 
-    enqueue(&pool, n, items).await?;
-    let haunt = haunt_drain(&args.db, args.workers, args.batch_size, n).await?;
-    verify_drained(&pool, n, "haunt workers").await?;
-    reset(&pool, postgres).await?;
+    let haunt =
+        drain_phase(&pool, postgres, size, "haunt workers", || haunt_drain(&args.db, args.workers, args.batch_size, n))
+            .await?;
     eprintln!("haunt workers (batch {:>4})  {haunt:>10.0} events/s", args.batch_size);
 
     // Memory: a worker process of its own, at the batch size measured above.
-    enqueue(&pool, n, items).await?;
-    let rss_mib = worker_peak_rss_mib(&args.db, args.batch_size, n, &store).await?;
-    verify_drained(&pool, n, "worker memory").await?;
-    reset(&pool, postgres).await?;
+    let rss_mib = drain_phase(&pool, postgres, size, "worker memory", || {
+        worker_peak_rss_mib(&args.db, args.batch_size, n, &store)
+    })
+    .await?;
     eprintln!("haunt worker process, batch {:>4}: peak RSS {rss_mib:.1} MiB", args.batch_size);
 
     let p = pool.clone();
@@ -459,10 +477,7 @@ pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
     let mut sweep = Vec::new();
     for &batch in &args.sweep_batch_sizes {
         for &workers in &args.sweep_workers {
-            enqueue(&pool, n, items).await?;
-            let rate = haunt_drain(&args.db, workers, batch, n).await?;
-            verify_drained(&pool, n, "sweep").await?;
-            reset(&pool, postgres).await?;
+            let rate = drain_phase(&pool, postgres, size, "sweep", || haunt_drain(&args.db, workers, batch, n)).await?;
             eprintln!("sweep: batch {batch:>4}, {workers} workers  {rate:>10.0} events/s");
             sweep.push(json!({"batch_size": batch, "workers": workers, "events_per_s": rate}));
         }
