@@ -1,9 +1,10 @@
 //! Fault switches inside the worker, flipped by flag at start or at run time
 //! through the admin endpoint.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-
+use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
 
 use haunt_store::{InjectedErrors, Rng};
 use serde::{Deserialize, Serialize};
@@ -21,6 +22,39 @@ pub struct Faults {
     ack_fail_next: AtomicU64,
     /// The store's injected database errors (`db_error_rate`).
     db_errors: Arc<InjectedErrors>,
+    /// Armed by the `stall` fault: the next lease that returns messages stalls
+    /// this long before applying them (0: disarmed). One shot, so that one
+    /// fault makes exactly one zombie.
+    stall_after_lease_ms: AtomicU64,
+}
+
+/// A rejected setting, naming its field (the admin endpoint's 422 body).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FaultError {
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl fmt::Display for FaultError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for FaultError {}
+
+/// The longest stall the `stall` fault may ask for. A stall stands for a GC
+/// pause or a swapped-out process at the worst moment: seconds past a lease,
+/// never long enough to outlast a run's drain.
+pub const STALL_MS_MAX: u64 = 120_000;
+
+fn rate(field: &'static str, value: Option<f64>) -> Result<(), FaultError> {
+    match value {
+        Some(r) if !(0.0..=1.0).contains(&r) => {
+            Err(FaultError { field, message: format!("{field} must be within 0..=1, got {r}") })
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The switches as JSON (`GET`/`POST /admin/faults`); absent fields are left as they are.
@@ -38,10 +72,15 @@ pub struct FaultSettings {
     /// Drop exactly the next N acks (on top of the rate).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ack_fail_next: Option<u64>,
+    /// Stall the next lease that returns messages for this many ms before
+    /// applying them (0 disarms): the worker becomes a zombie holding an
+    /// expired lease when this is longer than the visibility timeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stall_after_lease_ms: Option<u64>,
 }
 
 impl Faults {
-    pub fn new(ack_fail_rate: f64, clock_offset_ms: i64) -> Result<Faults, String> {
+    pub fn new(ack_fail_rate: f64, clock_offset_ms: i64) -> Result<Faults, FaultError> {
         let faults = Faults::default();
         faults.set(&FaultSettings {
             ack_fail_rate: Some(ack_fail_rate),
@@ -58,17 +97,23 @@ impl Faults {
     }
 
     /// Applies `settings`, or changes nothing if any value is out of range.
-    pub fn set(&self, settings: &FaultSettings) -> Result<(), String> {
-        if let Some(rate) = settings.ack_fail_rate
-            && !(0.0..=1.0).contains(&rate)
+    pub fn set(&self, settings: &FaultSettings) -> Result<(), FaultError> {
+        rate("ack_fail_rate", settings.ack_fail_rate)?;
+        rate("db_error_rate", settings.db_error_rate)?;
+        if let Some(ms) = settings.stall_after_lease_ms
+            && ms > STALL_MS_MAX
         {
-            return Err(format!("ack_fail_rate must be within 0..=1, got {rate}"));
+            return Err(FaultError {
+                field: "stall_after_lease_ms",
+                message: format!("stall_after_lease_ms must be at most {STALL_MS_MAX}, got {ms}"),
+            });
         }
+        // Every value is checked: from here on nothing can fail halfway.
         if let Some(rate) = settings.db_error_rate {
-            if !(0.0..=1.0).contains(&rate) {
-                return Err(format!("db_error_rate must be within 0..=1, got {rate}"));
-            }
-            self.db_errors.set_rate(rate)?;
+            self.db_errors.set_rate(rate).map_err(|message| FaultError { field: "db_error_rate", message })?;
+        }
+        if let Some(ms) = settings.stall_after_lease_ms {
+            self.stall_after_lease_ms.store(ms, Ordering::Relaxed);
         }
         if let Some(rate) = settings.ack_fail_rate {
             self.ack_fail_rate.store(rate.to_bits(), Ordering::Relaxed);
@@ -88,6 +133,15 @@ impl Faults {
             clock_offset_ms: Some(self.clock_offset_ms.load(Ordering::Relaxed)),
             ack_fail_next: Some(self.ack_fail_next.load(Ordering::Relaxed)),
             db_error_rate: Some(self.db_errors.rate()),
+            stall_after_lease_ms: Some(self.stall_after_lease_ms.load(Ordering::Relaxed)),
+        }
+    }
+
+    /// The stall armed for this lease, if any; disarms it.
+    pub fn take_stall(&self) -> Option<Duration> {
+        match self.stall_after_lease_ms.swap(0, Ordering::Relaxed) {
+            0 => None,
+            ms => Some(Duration::from_millis(ms)),
         }
     }
 
@@ -118,22 +172,39 @@ mod tests {
     #[test]
     fn an_out_of_range_rate_changes_nothing() {
         let f = Faults::new(0.25, 0).unwrap();
-        let bad = FaultSettings {
-            ack_fail_rate: Some(1.5),
+        let untouched = FaultSettings {
+            ack_fail_rate: Some(0.25),
+            clock_offset_ms: Some(0),
+            ack_fail_next: Some(0),
+            db_error_rate: Some(0.0),
+            stall_after_lease_ms: Some(0),
+        };
+        let good = FaultSettings {
+            ack_fail_rate: Some(0.5),
             clock_offset_ms: Some(9),
             ack_fail_next: Some(3),
             db_error_rate: Some(0.5),
+            stall_after_lease_ms: Some(1000),
         };
-        assert!(f.set(&bad).is_err());
-        assert_eq!(
-            f.get(),
-            FaultSettings {
-                ack_fail_rate: Some(0.25),
-                clock_offset_ms: Some(0),
-                ack_fail_next: Some(0),
-                db_error_rate: Some(0.0)
-            }
-        );
+        for (field, bad) in [
+            ("ack_fail_rate", FaultSettings { ack_fail_rate: Some(1.5), ..good.clone() }),
+            ("db_error_rate", FaultSettings { db_error_rate: Some(-0.1), ..good.clone() }),
+            ("stall_after_lease_ms", FaultSettings { stall_after_lease_ms: Some(STALL_MS_MAX + 1), ..good.clone() }),
+        ] {
+            let e = f.set(&bad).unwrap_err();
+            assert_eq!(e.field, field, "{e}");
+            assert!(e.message.contains(field), "{e}");
+            assert_eq!(f.get(), untouched, "a bad {field} changes nothing");
+        }
+    }
+
+    #[test]
+    fn a_stall_is_one_shot() {
+        let f = Faults::new(0.0, 0).unwrap();
+        assert_eq!(f.take_stall(), None);
+        f.set(&FaultSettings { stall_after_lease_ms: Some(1500), ..FaultSettings::default() }).unwrap();
+        assert_eq!(f.take_stall(), Some(Duration::from_millis(1500)));
+        assert_eq!(f.take_stall(), None, "one stall per arming");
     }
 
     #[test]

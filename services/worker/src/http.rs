@@ -79,7 +79,7 @@ async fn set_faults(State(state): State<Arc<HttpState>>, headers: HeaderMap, bod
             tracing::info!(?settings, "fault switches changed");
             axum::Json(state.faults.get()).into_response()
         }
-        Err(e) => (StatusCode::UNPROCESSABLE_ENTITY, axum::Json(json!({"error": e, "field": "ack_fail_rate"})))
+        Err(e) => (StatusCode::UNPROCESSABLE_ENTITY, axum::Json(json!({"error": e.message, "field": e.field})))
             .into_response(),
     }
 }

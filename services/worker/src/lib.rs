@@ -18,7 +18,7 @@ pub mod http;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use haunt_store::{Applied, Backoff, Bug, Failed, LeaseClock, Leased, Rng, Store};
+use haunt_store::{Applied, Backoff, Bug, Failed, LeaseClock, Leased, OrderEvent, Rng, Store, StoreError};
 use haunt_telemetry::metrics::{OutcomeLabels, TraceExemplar, WorkerMetrics};
 use haunt_telemetry::tracing_context;
 use tokio::sync::watch;
@@ -116,6 +116,17 @@ impl Worker {
                 }
                 Ok(batch) => {
                     error_wait = self.config.poll_interval;
+                    if let Some(stall) = self.faults.take_stall() {
+                        // The `stall` fault: a pause at the worst moment, with a
+                        // lease in hand. Past the visibility timeout this loop is a
+                        // zombie: another worker holds its messages when it wakes.
+                        tracing::warn!(worker_id = %self.config.worker_id, slot, messages = batch.len(),
+                            stall_ms = stall.as_millis() as u64, "stalling after a lease (stall fault)");
+                        tokio::select! {
+                            _ = tokio::time::sleep(stall) => {}
+                            _ = shutdown.changed() => continue,
+                        }
+                    }
                     self.process_batch(&batch, &mut rng).await;
                     Duration::ZERO
                 }
@@ -135,48 +146,76 @@ impl Worker {
     }
 
     /// A leased batch: applied in one transaction and acked in one statement.
-    /// Deliveries that need handling of their own (past the delivery limit,
-    /// unreadable), every delivery of a batch whose transaction failed, and all
-    /// deliveries under a bug mode go one by one through [`Worker::process`],
-    /// which retries, backs off and dead-letters each on its own.
+    /// Deliveries past the delivery limit and unreadable ones are settled one
+    /// by one; if the batch's transaction fails, each delivery is tried again
+    /// alone (a batch of one, through the same path), and one that fails alone
+    /// is retried later with backoff or dead-lettered.
     async fn process_batch(&self, batch: &[Leased], rng: &mut Rng) {
         let max = i64::from(self.config.delivery_attempts_max);
-        if batch.len() == 1 || self.config.bug.is_some() {
-            for leased in batch {
-                self.process(leased, rng).await;
-            }
-            return;
-        }
         let mut ready = Vec::with_capacity(batch.len());
         for leased in batch {
             match leased.event() {
                 Ok(event) if leased.delivery_count <= max => ready.push((leased, event)),
-                _ => self.process(leased, rng).await,
+                Ok(_) => {
+                    let span = self.delivery_span(leased);
+                    self.park_past_limit(leased, &span).instrument(span.clone()).await
+                }
+                Err(e) => {
+                    let span = self.delivery_span(leased);
+                    let error = format!("unreadable payload: {e}");
+                    self.retry_or_park(leased, &error, rng, Instant::now(), &span).instrument(span.clone()).await
+                }
             }
         }
         if ready.is_empty() {
             return;
         }
+        let Err(e) = self.apply_and_ack(&ready, rng).await else { return };
+        if ready.len() == 1 {
+            let (leased, _) = ready[0];
+            let span = self.delivery_span(leased);
+            let error = format!("{e}: {:?}", std::error::Error::source(&e));
+            self.retry_or_park(leased, &error, rng, Instant::now(), &span).instrument(span.clone()).await;
+            return;
+        }
+        for one in ready.chunks(1) {
+            if let Err(e) = self.apply_and_ack(one, rng).await {
+                let (leased, _) = one[0];
+                let span = self.delivery_span(leased);
+                let error = format!("{e}: {:?}", std::error::Error::source(&e));
+                self.retry_or_park(leased, &error, rng, Instant::now(), &span).instrument(span.clone()).await;
+            }
+        }
+    }
+
+    /// Applies deliveries of one lease in one transaction, then acks those that
+    /// were applied or duplicates in one statement. On a failed transaction it
+    /// records the failure on each delivery's span and returns the error;
+    /// nothing was written and nothing is acked.
+    async fn apply_and_ack(&self, ready: &[(&Leased, OrderEvent)], rng: &mut Rng) -> Result<(), StoreError> {
         let started = Instant::now();
+        let token = ready[0].0.lease_token.as_str();
         // One span per delivery, open across the batch's transaction and ack.
         let spans: Vec<tracing::Span> = ready.iter().map(|(leased, _)| self.delivery_span(leased)).collect();
-        let outcomes = match self.store.apply_batch(&ready, &self.config.worker_id).await {
+        let m = &self.metrics;
+        let auto_ack = self.config.bug == Some(Bug::AckBeforeProcess);
+        if auto_ack {
+            // BUG MODE ack-before-process: auto-ack on receipt. If this worker dies
+            // or fails before the effect commits, the events are gone.
+            let acks = self.acks_kept(ready.iter().map(|(l, _)| *l), &spans, rng);
+            self.ack_all(&acks, token).await;
+        }
+        let outcomes = match self.store.apply_batch(ready, &self.config.worker_id).await {
             Ok(outcomes) => outcomes,
             Err(e) => {
-                // Each delivery's span ends with the failed attempt on record;
-                // the retry alone gets a span of its own.
                 for span in &spans {
-                    span.in_scope(|| tracing::warn!(error = ?e, "batch apply failed; retrying this delivery alone"));
+                    span.in_scope(|| tracing::warn!(error = ?e, "apply failed"));
                 }
-                drop(spans);
-                for (leased, _) in &ready {
-                    self.process(leased, rng).await;
-                }
-                return;
+                return Err(e);
             }
         };
-        let m = &self.metrics;
-        let mut acks: Vec<&str> = Vec::with_capacity(ready.len());
+        assert_eq!(outcomes.len(), ready.len(), "one outcome per delivery");
+        let mut settled = Vec::with_capacity(ready.len());
         let mut exemplars = Vec::with_capacity(ready.len());
         for (((leased, _), outcome), span) in ready.iter().zip(outcomes).zip(&spans) {
             let exemplar = self.observe_delivery(leased, span);
@@ -194,30 +233,58 @@ impl Worker {
                 Applied::LeaseLost => self.lease_lost(&exemplar),
             });
             if outcome != Applied::LeaseLost {
-                if self.faults.drop_ack(rng) {
-                    m.ack_failures.inc();
-                    span.in_scope(|| tracing::warn!("ack dropped (ack-loss fault): expect a redelivery"));
-                } else {
-                    acks.push(leased.message_id.as_str());
-                }
+                settled.push((*leased, span));
             }
             exemplars.push(exemplar);
         }
-        let token = ready[0].0.lease_token.as_str();
-        match self.store.ack_batch(&acks, token).await {
-            Ok(deleted) if deleted < acks.len() as u64 => {
-                m.ack_failures.inc_by(acks.len() as u64 - deleted);
-                tracing::warn!(lost = acks.len() as u64 - deleted, "acks found their lease gone");
-            }
-            Ok(_) => {}
-            Err(e) => {
-                m.ack_failures.inc_by(acks.len() as u64);
-                tracing::warn!(error = ?e, "batch ack failed: expect redeliveries");
-            }
+        if !auto_ack {
+            let (leased, spans): (Vec<&Leased>, Vec<&tracing::Span>) = settled.into_iter().unzip();
+            let acks = self.acks_kept(leased.into_iter(), spans, rng);
+            self.ack_all(&acks, token).await;
         }
         let elapsed = started.elapsed().as_secs_f64();
         for exemplar in exemplars {
             m.processing_duration.observe(elapsed, Some(exemplar), None);
+        }
+        Ok(())
+    }
+
+    /// The message ids to ack, less those whose ack the `ack-loss` fault drops.
+    fn acks_kept<'a, S: std::borrow::Borrow<tracing::Span>>(
+        &self,
+        leased: impl Iterator<Item = &'a Leased>,
+        spans: impl IntoIterator<Item = S>,
+        rng: &mut Rng,
+    ) -> Vec<&'a str> {
+        let mut acks = Vec::new();
+        for (leased, span) in leased.zip(spans) {
+            if self.faults.drop_ack(rng) {
+                self.metrics.ack_failures.inc();
+                span.borrow().in_scope(|| tracing::warn!("ack dropped (ack-loss fault): expect a redelivery"));
+            } else {
+                acks.push(leased.message_id.as_str());
+            }
+        }
+        acks
+    }
+
+    /// Acks the messages of one lease; an ack that finds its lease gone, or a
+    /// failed statement, means redeliveries (which the inbox absorbs).
+    async fn ack_all(&self, acks: &[&str], token: &str) {
+        if acks.is_empty() {
+            return;
+        }
+        let m = &self.metrics;
+        match self.store.ack_batch(acks, token).await {
+            Ok(deleted) if deleted < acks.len() as u64 => {
+                m.ack_failures.inc_by(acks.len() as u64 - deleted);
+                tracing::warn!(lost = acks.len() as u64 - deleted, "acks found their lease gone");
+            }
+            Ok(_) => tracing::debug!(acked = acks.len(), "acked"),
+            Err(e) => {
+                m.ack_failures.inc_by(acks.len() as u64);
+                tracing::warn!(error = ?e, "ack failed: expect redeliveries");
+            }
         }
     }
 
@@ -269,116 +336,46 @@ impl Worker {
         self.metrics.deliveries.get_or_create(&OutcomeLabels { outcome }).inc_by(1, Some(exemplar.clone()), None);
     }
 
-    /// One delivery: apply through the inbox, then ack; or retry later.
-    async fn process(&self, leased: &Leased, rng: &mut Rng) {
-        let started = Instant::now();
-        let span = self.delivery_span(leased);
-        // Instrumented, not entered: an entered guard held across an await would
-        // leave the span (and its OpenTelemetry context) on whichever thread
-        // resumes the task.
-        self.deliver(leased, rng, started, &span).instrument(span.clone()).await;
-    }
-
-    async fn deliver(&self, leased: &Leased, rng: &mut Rng, started: Instant, span: &tracing::Span) {
-        let worker_id = self.config.worker_id.as_str();
+    /// A message delivered past the limit without ever failing cleanly (the
+    /// workers holding it died): parked rather than looped forever; or, when
+    /// the inbox holds its event (an ack was lost), acked.
+    async fn park_past_limit(&self, leased: &Leased, span: &tracing::Span) {
         let exemplar = self.observe_delivery(leased, span);
-        let m = &self.metrics;
-        let count = |outcome: &'static str| self.count(outcome, &exemplar);
-        if leased.delivery_count > i64::from(self.config.delivery_attempts_max) {
-            // Delivered past the limit without ever failing cleanly: the workers
-            // holding it died. Park it rather than loop forever.
-            let why = format!("exceeded {} deliveries", self.config.delivery_attempts_max);
-            match self.store.dead_letter(&leased.message_id, Some(&leased.lease_token), &why).await {
-                Ok(Failed::DeadLettered) => {
-                    count("dead_lettered");
-                    tracing::warn!("dead-lettered: {why}");
-                }
-                Ok(Failed::Settled) => {
-                    count("duplicate");
-                    tracing::info!("{why}, but its event was applied (an ack was lost): acked, not parked");
-                }
-                _ => {}
+        let why = format!("exceeded {} deliveries", self.config.delivery_attempts_max);
+        match self.store.dead_letter(&leased.message_id, Some(&leased.lease_token), &why).await {
+            Ok(Failed::DeadLettered) => {
+                self.count("dead_lettered", &exemplar);
+                tracing::warn!("dead-lettered: {why}");
             }
-            return;
+            Ok(Failed::Settled) => {
+                self.count("duplicate", &exemplar);
+                tracing::info!("{why}, but its event was applied (an ack was lost): acked, not parked");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = ?e, "dead-lettering failed; the lease will expire"),
         }
-
-        if self.config.bug == Some(Bug::AckBeforeProcess) {
-            // BUG MODE ack-before-process: auto-ack on receipt. If this worker dies
-            // or fails before the effect commits, the event is gone.
-            self.ack(leased, rng).await;
-        }
-
-        let outcome = match leased.event() {
-            Ok(event) => self
-                .store
-                .apply(leased, &event, worker_id)
-                .await
-                .map_err(|e| format!("{e}: {:?}", std::error::Error::source(&e))),
-            Err(e) => Err(format!("unreadable payload: {e}")),
-        };
-        match outcome {
-            Ok(Applied::Applied { applied_at_ms }) => {
-                count("applied");
-                let lag = (applied_at_ms - leased.enqueued_at_ms).max(0) as f64 / 1000.0;
-                m.effect_lag.observe(lag, Some(exemplar.clone()), None);
-                tracing::info!("applied");
-            }
-            Ok(Applied::Duplicate) => {
-                count("duplicate");
-                tracing::info!("duplicate skipped");
-            }
-            Ok(Applied::LeaseLost) => {
-                self.lease_lost(&exemplar);
-                m.processing_duration.observe(started.elapsed().as_secs_f64(), Some(exemplar), None);
-                return;
-            }
-            Err(error) => {
-                count("failed");
-                let delay = self.config.backoff.delay(leased.delivery_count as u32, rng.unit());
-                match self.store.fail(leased, &error, delay, self.config.delivery_attempts_max).await {
-                    Ok(Failed::DeadLettered) => {
-                        count("dead_lettered");
-                        tracing::warn!(%error, "dead-lettered");
-                    }
-                    Ok(Failed::Retrying) => {
-                        tracing::warn!(%error, retry_in_ms = delay.as_millis() as u64, "apply failed")
-                    }
-                    Ok(Failed::LeaseLost) => {
-                        tracing::warn!(%error, "apply failed and the lease was lost")
-                    }
-                    Ok(Failed::Settled) => {
-                        tracing::info!(%error, "apply failed on the last delivery, but an earlier one applied it: acked")
-                    }
-                    Err(e) => {
-                        tracing::warn!(%error, fail_error = ?e, "apply failed; the lease will expire")
-                    }
-                }
-                m.processing_duration.observe(started.elapsed().as_secs_f64(), Some(exemplar), None);
-                return;
-            }
-        }
-        if self.config.bug != Some(Bug::AckBeforeProcess) {
-            self.ack(leased, rng).await;
-        }
-        m.processing_duration.observe(started.elapsed().as_secs_f64(), Some(exemplar), None);
     }
 
-    async fn ack(&self, leased: &Leased, rng: &mut Rng) {
-        if self.faults.drop_ack(rng) {
-            self.metrics.ack_failures.inc();
-            tracing::warn!("ack dropped (ack-loss fault): expect a redelivery");
-            return;
-        }
-        match self.store.ack(&leased.message_id, &leased.lease_token).await {
-            Ok(true) => tracing::debug!("acked"),
-            Ok(false) => {
-                self.metrics.ack_failures.inc();
-                tracing::warn!("ack found the lease gone: another worker holds the message now");
+    /// A delivery that failed: retried later with backoff, or dead-lettered
+    /// after its last delivery.
+    async fn retry_or_park(&self, leased: &Leased, error: &str, rng: &mut Rng, started: Instant, span: &tracing::Span) {
+        let exemplar = self.observe_delivery(leased, span);
+        self.count("failed", &exemplar);
+        let delay = self.config.backoff.delay(leased.delivery_count as u32, rng.unit());
+        match self.store.fail(leased, error, delay, self.config.delivery_attempts_max).await {
+            Ok(Failed::DeadLettered) => {
+                self.count("dead_lettered", &exemplar);
+                tracing::warn!(%error, "dead-lettered");
             }
-            Err(e) => {
-                self.metrics.ack_failures.inc();
-                tracing::warn!(error = ?e, "ack failed: expect a redelivery");
+            Ok(Failed::Retrying) => {
+                tracing::warn!(%error, retry_in_ms = delay.as_millis() as u64, "apply failed")
             }
+            Ok(Failed::LeaseLost) => tracing::warn!(%error, "apply failed and the lease was lost"),
+            Ok(Failed::Settled) => {
+                tracing::info!(%error, "apply failed on the last delivery, but an earlier one applied it: acked")
+            }
+            Err(e) => tracing::warn!(%error, fail_error = ?e, "apply failed; the lease will expire"),
         }
+        self.metrics.processing_duration.observe(started.elapsed().as_secs_f64(), Some(exemplar), None);
     }
 }

@@ -86,8 +86,18 @@ async fn metrics_are_openmetrics_with_exemplars_on_delivery_attempt() {
     // The fault endpoint: token required, bad values rejected and nothing changed.
     let faults = format!("http://{addr}/admin/faults");
     assert_eq!(client.post(&faults).body(r#"{"ack_fail_rate":0.5}"#).send().await.unwrap().status(), 401);
-    let bad = client.post(&faults).bearer_auth("t0k").body(r#"{"ack_fail_rate":2}"#).send().await.unwrap();
-    assert_eq!(bad.status(), 422);
+    // Each rejection names the field that was wrong, not always the same one.
+    for (body, field) in [
+        (r#"{"ack_fail_rate":2}"#, "ack_fail_rate"),
+        (r#"{"db_error_rate":1.5}"#, "db_error_rate"),
+        (r#"{"ack_fail_rate":0.5,"stall_after_lease_ms":99999999}"#, "stall_after_lease_ms"),
+    ] {
+        let bad = client.post(&faults).bearer_auth("t0k").body(body).send().await.unwrap();
+        assert_eq!(bad.status(), 422, "{body}");
+        let answer: serde_json::Value = bad.json().await.unwrap();
+        assert_eq!(answer["field"], field, "{body}: {answer}");
+        assert_eq!(w.faults.get().ack_fail_rate, Some(0.0), "{body} changed nothing");
+    }
     let unknown = client.post(&faults).bearer_auth("t0k").body(r#"{"ack_rate":0.5}"#).send().await.unwrap();
     assert_eq!(unknown.status(), 422);
     let ok = client
