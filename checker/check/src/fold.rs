@@ -14,6 +14,7 @@ use std::hash::BuildHasher;
 use std::path::Path;
 
 use hashbrown::HashTable;
+use haunt_format::jsonl::is_cut_off;
 use haunt_format::{FinalRef, FormatError, JsonlReader, OpRef, OpType, OrderRef, Process};
 
 use crate::results::FaultWindow;
@@ -197,13 +198,15 @@ pub struct Fold {
     // Final state.
     pub final_present: bool,
     pub final_truncated: bool,
+    /// The cut line of a truncated final state (1-based).
+    pub final_truncated_line: u64,
     pub stray_applied: Vec<StrayApplied>,
     /// Pending and dead-letter lines whose event is not an order row's.
     unjoined_pending: Vec<Box<str>>,
     unjoined_dead: Vec<Box<str>>,
     pub applied_lines: u64,
-    /// Applied qty by item, over every applied line.
-    pub applied_sum: HashMap<u32, i64, hashbrown::DefaultHashBuilder>,
+    /// Applied qty by item, over every applied line (i128: no sum of i64s wraps).
+    pub applied_sum: HashMap<u32, i128, hashbrown::DefaultHashBuilder>,
     pub projection: HashMap<u32, i64, hashbrown::DefaultHashBuilder>,
     pub delivery_histogram: std::collections::BTreeMap<u32, u64>,
     pub pending_lines: u64,
@@ -514,7 +517,7 @@ impl Fold {
                 let item = self.strings.id(l.item_id.as_deref().unwrap_or_default());
                 let qty = l.qty.unwrap_or_default();
                 let attempt = l.delivery_attempt.unwrap_or_default();
-                *self.applied_sum.entry(item).or_default() += qty;
+                *self.applied_sum.entry(item).or_default() += i128::from(qty);
                 *self.delivery_histogram.entry(attempt).or_default() += 1;
                 let application = Application {
                     attempt,
@@ -666,7 +669,7 @@ pub fn fold_history<R: std::io::BufRead>(
         let fast = |text| haunt_format::fast::client_order_op(text).map(|(op, order)| ParsedOp(op, Some(order)));
         match parse::<ParsedOp<'_>>(raw.bytes, fast) {
             Ok(ParsedOp(op, order)) => fold.push_op(file, line, op, order)?,
-            Err(_) if !complete => {
+            Err(_) if !complete && is_cut_off(raw.bytes) => {
                 fold.history_truncated = true;
                 break;
             }
@@ -688,17 +691,11 @@ pub fn fold_final<R: std::io::BufRead>(
         let raw = raw?;
         let (line, complete) = (raw.line, raw.complete);
         match parse::<FinalRef<'_>>(raw.bytes, haunt_format::fast::final_line) {
-            Ok(l) => {
-                if let Err(e) = fold.push_final(file, line, l) {
-                    if !complete {
-                        fold.final_truncated = true;
-                        break;
-                    }
-                    return Err(e);
-                }
-            }
-            Err(_) if !complete => {
+            // A line that parses is whole, newline or not: what it lacks is an error.
+            Ok(l) => fold.push_final(file, line, l)?,
+            Err(_) if !complete && is_cut_off(raw.bytes) => {
                 fold.final_truncated = true;
+                fold.final_truncated_line = line;
                 break;
             }
             Err(e) => return Err(FormatError::line(file, line, e)),

@@ -66,6 +66,10 @@ pub struct Results {
     pub valid: Verdict,
     /// Why the verdict is `"unknown"` (empty otherwise).
     pub unknown_reasons: Vec<String>,
+    /// Anomalies that were not evaluated, whatever the verdict: the rules that
+    /// rest on absence when the final state is truncated. Their count is 0.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_evaluated: Vec<String>,
     pub counts: Counts,
     /// Every anomaly of [`ANOMALIES`], with a count of zero when absent.
     pub anomalies: BTreeMap<String, AnomalyReport>,

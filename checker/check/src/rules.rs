@@ -1,15 +1,18 @@
-//! The anomaly definitions of `RUN-FORMAT.md` and the verdict rules, over the
-//! folded run.
+//! The anomaly definitions of `docs/run-format.md` and the verdict rules, over
+//! the folded run.
 //!
-//! One reading of the contract needs stating. `projection-mismatch` compares the
-//! projection with the orders "that are neither pending nor dead_letter"; an
-//! order whose event was applied but whose message is still queued (its ack was
-//! lost and the run ended before the redelivery) has its effect in the
-//! projection, so it is counted with the applied orders: reading the rule
-//! literally would fail a correct system whose acks were lost. A dead letter is
-//! read literally: a message is parked because its event could not be applied,
-//! so an applied event that is also parked is a mismatch (a correct consumer
-//! acks a message whose event its inbox already holds instead of parking it).
+//! `projection-mismatch` compares the projection with the present orders that
+//! are not dead letters and are either not pending or already applied. The
+//! second half is for an order whose event was applied but whose message is
+//! still queued (its ack was lost and the run ended before the redelivery): its
+//! effect is in the projection, and leaving it out would fail a correct system
+//! whose acks were lost. A dead letter is left out even when applied: a message
+//! is parked because its event could not be applied, so an applied event that
+//! is also parked is a mismatch (a correct consumer acks a message whose event
+//! its inbox already holds instead of parking it).
+//!
+//! A truncated final state proves nothing by absence: the rules that rest on a
+//! line being absent ([`ABSENCE_RULES`]) are not evaluated, the others are.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
@@ -86,10 +89,17 @@ impl Tally {
     }
 }
 
+/// The anomalies that rest on a line being absent from the final state, which
+/// a truncated final state cannot show.
+pub const ABSENCE_RULES: [&str; 3] = ["lost-order", "lost-effect", "projection-mismatch"];
+
 /// Decides the run.
 pub fn check(fold: &Fold) -> Results {
     let mut anomalies = Anomalies::new();
     let final_present = fold.final_present;
+    // A cut final state proves nothing by absence: a row not read may simply
+    // not have been written. The rules that rest on absence wait for a whole one.
+    let absence_proves = final_present && !fold.final_truncated;
 
     // Applied lines that joined no order row name their order by id only; an
     // order with such a line is present as an effect.
@@ -102,18 +112,21 @@ pub fn check(fold: &Fold) -> Results {
     // the anomalies, the counts and the projection's order sums together.
     let mut unexpected: HashSet<&str> = HashSet::new();
     let mut tally = Tally::default();
-    let mut sums: Vec<Option<(i64, i64)>> = vec![None; fold.strings.names.len()];
+    // Sums in i128: the qty of a foreign run can be anything an i64 holds, and
+    // an i64 sum that wraps could turn a mismatch into a match. i128 holds the
+    // sum of up to 2^64 of them.
+    let mut sums: Vec<Option<(i128, i128)>> = vec![None; fold.strings.names.len()];
     for (i, o) in fold.orders.iter().enumerate() {
         tally.count(o);
         if let Some(row) = &o.row {
             let entry = sums[row.item as usize].get_or_insert_default();
             // Pending but applied (its ack lost): its effect is in; parked: it must not be.
             if !o.dead && (!o.pending || o.applied.count > 0) {
-                entry.1 += row.qty;
+                entry.1 += i128::from(row.qty);
             }
         }
         let has_stray = stray_by_order.contains_key(&*o.id);
-        if final_present && o.acknowledged() && o.row.is_none() {
+        if absence_proves && o.acknowledged() && o.row.is_none() {
             let why = format!("acknowledged ({} ok of {} attempts) but absent from the final orders", o.ok, o.attempts);
             anomalies.add("lost-order", example(o, o.ack_event.as_deref(), why));
         }
@@ -129,7 +142,7 @@ pub fn check(fold: &Fold) -> Results {
             } else if o.extra_rows > 0 && unexpected.insert(&o.id) {
                 anomalies.add("unexpected-effect", example(o, Some(&row.event), "order present more than once".into()));
             }
-            if o.applied.count == 0 && !o.pending && !o.dead {
+            if absence_proves && o.applied.count == 0 && !o.pending && !o.dead {
                 let why = "order present but its event was never applied, is not queued and not dead-lettered";
                 anomalies.add("lost-effect", example(o, Some(&row.event), why.into()));
             }
@@ -181,6 +194,8 @@ pub fn check(fold: &Fold) -> Results {
                 Some(o) if !o.invoked => Some("applied for an order that was never invoked".to_owned()),
                 // Reported as lost-order or failed-but-present; not counted again.
                 Some(o) if o.row.is_none() && !o.indeterminate() => None,
+                // Its row may be in the part of a cut final state never written.
+                Some(o) if o.row.is_none() && !absence_proves => None,
                 Some(o) if o.row.is_none() => Some("applied, but the order is absent from the final orders".to_owned()),
                 Some(o) => Some(format!(
                     "applied line does not match its order: event_id {} (order has {})",
@@ -211,11 +226,14 @@ pub fn check(fold: &Fold) -> Results {
     for &item in fold.projection.keys() {
         sums[item as usize].get_or_insert_default();
     }
-    let items: BTreeMap<&str, (i64, i64)> =
-        sums.iter().enumerate().filter_map(|(i, s)| Some((fold.strings.name(i as u32), (*s)?))).collect();
+    let items: BTreeMap<&str, (i128, i128)> = if absence_proves {
+        sums.iter().enumerate().filter_map(|(i, s)| Some((fold.strings.name(i as u32), (*s)?))).collect()
+    } else {
+        BTreeMap::new()
+    };
     let projection: HashMap<&str, i64> = fold.projection.iter().map(|(&i, &q)| (fold.strings.name(i), q)).collect();
     for (item, (applied_sum, orders_sum)) in items {
-        let reserved = projection.get(item).copied().unwrap_or(0);
+        let reserved = i128::from(projection.get(item).copied().unwrap_or(0));
         if reserved != applied_sum || reserved != orders_sum {
             let ex = Example {
                 order_id: None,
@@ -264,7 +282,11 @@ pub fn check(fold: &Fold) -> Results {
     if !final_present {
         unknown_reasons.push("the final state is missing".to_owned());
     } else if fold.final_truncated {
-        unknown_reasons.push("the final state is truncated".to_owned());
+        unknown_reasons.push(format!(
+            "the final state is truncated (line {} is cut off), so {} were not evaluated",
+            fold.final_truncated_line,
+            ABSENCE_RULES.join(", ")
+        ));
     }
     if fold.history_truncated {
         unknown_reasons.push("the history is truncated".to_owned());
@@ -290,9 +312,13 @@ pub fn check(fold: &Fold) -> Results {
         unknown_reasons.clear();
     }
 
+    let not_evaluated =
+        if final_present && !absence_proves { ABSENCE_RULES.map(str::to_owned).to_vec() } else { Vec::new() };
+
     Results {
         valid,
         unknown_reasons,
+        not_evaluated,
         counts,
         anomalies: anomalies.reports,
         recovered: tally.recovered,
@@ -317,7 +343,8 @@ fn latency(fold: &Fold) -> Latency {
     if let Some(meta) = &fold.meta {
         for o in &fold.orders {
             if let (Some(ok_ns), true) = (o.first_ok_ns, o.row.is_some() && o.applied.count > 0) {
-                let applied_ms = (o.applied.min_applied_at_ms - meta.run_started_at_ms) as f64;
+                // i128: a foreign run's clocks can be anything an i64 holds.
+                let applied_ms = (i128::from(o.applied.min_applied_at_ms) - i128::from(meta.run_started_at_ms)) as f64;
                 lags.push(applied_ms - ok_ns as f64 / NS_PER_MS);
             }
         }

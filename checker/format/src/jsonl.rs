@@ -31,9 +31,16 @@ impl FormatError {
 pub enum Line<T> {
     /// A parsed line with its 1-based line number.
     Item { line: u64, value: T },
-    /// The last line of the file has no newline and does not parse: the writer
-    /// was interrupted mid-line. The reader stops here.
+    /// The last line of the file has no newline and is not a complete JSON
+    /// value: the writer was interrupted mid-line. The reader stops here.
     Truncated { line: u64 },
+}
+
+/// Whether a last line without a newline that did not parse was cut off by
+/// its writer: true unless it is a complete JSON value (a complete line that
+/// breaks the format is an error, not truncation).
+pub fn is_cut_off(bytes: &[u8]) -> bool {
+    serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_err()
 }
 
 /// Reads one JSON value a line. Blank lines are skipped.
@@ -86,8 +93,9 @@ pub struct RawLine<'a> {
     /// 1-based.
     pub line: u64,
     pub bytes: &'a [u8],
-    /// False for a last line without a newline: if it does not parse, the
-    /// writer was cut off, which is truncation rather than an error.
+    /// False for a last line without a newline: if it does not parse and is
+    /// not a complete JSON value ([`is_cut_off`]), the writer was cut off,
+    /// which is truncation rather than an error.
     pub complete: bool,
 }
 
@@ -150,11 +158,11 @@ impl<R: BufRead, T: DeserializeOwned> Iterator for JsonlReader<R, T> {
             Ok(raw) => raw,
             Err(e) => return Some(Err(e)),
         };
-        let (line, complete) = (raw.line, raw.complete);
+        let (line, cut) = (raw.line, !raw.complete && is_cut_off(raw.bytes));
         let parsed = serde_json::from_slice::<T>(raw.bytes);
         Some(match parsed {
             Ok(value) => Ok(Line::Item { line, value }),
-            Err(_) if !complete => {
+            Err(_) if cut => {
                 self.stop();
                 Ok(Line::Truncated { line })
             }
@@ -216,6 +224,15 @@ mod tests {
     fn a_cut_last_line_is_truncation_not_an_error() {
         let got = read("{\"a\":1}\n{\"a\":");
         assert_eq!(got[1], Ok(Line::Truncated { line: 2 }));
+    }
+
+    #[test]
+    fn a_whole_last_line_without_newline_that_breaks_the_format_is_an_error() {
+        let got: Vec<_> = JsonlReader::<_, Vec<u8>>::new("[1]\n{\"a\":2}".as_bytes(), "t.jsonl")
+            .map(|r| r.map_err(|e| e.to_string()))
+            .collect();
+        let err = got[1].clone().unwrap_err();
+        assert!(err.starts_with("t.jsonl:2:"), "{err}");
     }
 
     #[test]

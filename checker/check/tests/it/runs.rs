@@ -1,6 +1,7 @@
 //! Data driven: every folder under `tests/runs/` is a run directory with an
 //! `expect.json` that states what the checker must conclude (or which input
-//! error it must report, with file and line). The full results of every case are
+//! error it must report, with file and line; `at` checks any figure by JSON
+//! pointer). The full results of every case are
 //! also kept as insta snapshots, so a change in wording or statistics is reviewed.
 
 use std::path::{Path, PathBuf};
@@ -70,6 +71,16 @@ fn check_expectation(dir: &Path, expect: &Value, results: &Results) -> Result<()
             results.faults.iter().map(|w| serde_json::json!([w.fault, w.target, w.start_ns, w.end_ns])).collect();
         if &Value::Array(got.clone()) != want {
             return Err(format!("fault windows: expected {want}, got {got:?}"));
+        }
+    }
+    // Any other figure, by JSON pointer into results.json: `null` stands for
+    // absent as well as null.
+    if let Some(want) = expect.get("at").and_then(Value::as_object) {
+        for (pointer, value) in want {
+            let got = json.pointer(pointer).unwrap_or(&Value::Null);
+            if got != value {
+                return Err(format!("{pointer}: expected {value}, got {got}"));
+            }
         }
     }
     let _ = dir;
