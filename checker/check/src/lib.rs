@@ -1,7 +1,7 @@
 //! The checker: a history and a final state in, [`Results`] out.
 //!
 //! It knows nothing of the services: it reads a run directory that follows
-//! `RUN-FORMAT.md`, whoever wrote it, and decides from the client ops and the final
+//! `docs/run-format.md`, whoever wrote it, and decides from the client ops and the final
 //! read whether an acknowledged order was lost, an event applied twice, or the
 //! projection left wrong. Anomalies are data in the results, never an `Err`; an
 //! `Err` means the input does not follow the format.

@@ -1,6 +1,7 @@
 //! The run directory: the contract between the harness, which writes one, and the
 //! checker, which reads one. Other tools and people write run directories too, so
-//! this crate follows `RUN-FORMAT.md` to the letter and depends on serde alone.
+//! this crate follows the contract of `docs/run-format.md` to the letter, and
+//! depends on serde (and memchr, to find line ends) alone.
 //!
 //! Reading is streaming (a history can hold tens of millions of ops) and every
 //! line that does not follow the format is reported with its file and line number.
