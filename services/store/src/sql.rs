@@ -16,8 +16,6 @@ pub struct Dialect {
     pub ledger: &'static str,
     pub retry_later: &'static str,
     pub dead_letter: &'static str,
-    pub redrive_all: &'static str,
-    pub redrive_one: &'static str,
     pub queue_stats: &'static str,
     pub dead_letter_count: &'static str,
     /// Takes the write lock that keeps appliers out while reconcile recomputes.
@@ -68,15 +66,6 @@ macro_rules! dialect {
                 "FROM queue_messages WHERE message_id = $1 AND ($2 IS NULL OR lease_token = $2) ",
                 "AND NOT EXISTS (SELECT 1 FROM inbox_processed i WHERE i.event_id = queue_messages.event_id)"
             ),
-            redrive_all: concat!(
-                "INSERT INTO queue_messages (message_id, event_id, payload, headers, enqueued_at_ms, visible_at_ms, last_error) ",
-                "SELECT message_id, event_id, payload, headers, enqueued_at_ms, ", $now, ", last_error FROM dead_letters"
-            ),
-            redrive_one: concat!(
-                "INSERT INTO queue_messages (message_id, event_id, payload, headers, enqueued_at_ms, visible_at_ms, last_error) ",
-                "SELECT message_id, event_id, payload, headers, enqueued_at_ms, ", $now, ", last_error FROM dead_letters ",
-                "WHERE message_id = $1"
-            ),
             queue_stats: concat!(
                 "SELECT ",
                 "CAST(COALESCE(SUM(CASE WHEN visible_at_ms <= ", $now, " THEN 1 ELSE 0 END), 0) AS BIGINT), ",
@@ -107,6 +96,28 @@ pub const PLACE_ORDER_AND_ENQUEUE_POSTGRES: &str = "WITH o AS (\
      ON CONFLICT (order_id) DO NOTHING RETURNING event_id, created_at_ms) \
      INSERT INTO queue_messages (message_id, event_id, payload, headers, enqueued_at_ms, visible_at_ms) \
      SELECT $6, event_id, $7, $8, created_at_ms, created_at_ms FROM o";
+
+/// PostgreSQL only: moves dead letters back to the queue in one statement, so
+/// that exactly the rows deleted are the rows inserted. Two statements (copy,
+/// then delete) each read their own snapshot at READ COMMITTED, and a message
+/// parked between them was deleted without having been copied (issue 13). A
+/// concurrent redrive of the same row waits on the row lock of the DELETE and
+/// then finds it gone, so no message is copied twice either. The message comes
+/// back visible now, with a fresh delivery count and its last error.
+macro_rules! redrive_postgres {
+    ($where:literal) => {
+        concat!(
+            "WITH moved AS (DELETE FROM dead_letters ", $where,
+            "RETURNING message_id, event_id, payload, headers, enqueued_at_ms, last_error) ",
+            "INSERT INTO queue_messages (message_id, event_id, payload, headers, enqueued_at_ms, visible_at_ms, last_error) ",
+            "SELECT message_id, event_id, payload, headers, enqueued_at_ms, ",
+            "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT), last_error FROM moved"
+        )
+    };
+}
+pub const REDRIVE_ALL_POSTGRES: &str = redrive_postgres!("");
+/// $1 message.
+pub const REDRIVE_ONE_POSTGRES: &str = redrive_postgres!("WHERE message_id = $1 ");
 
 /// SQLite has one writer at a time, so leasing needs no row locks. Its
 /// reconcile lock is a write that matches nothing: it takes the database's write
@@ -165,8 +176,27 @@ pub fn values(first: usize, rows: usize, columns: usize, extra: &str) -> String 
 
 pub const DELETE_MESSAGE_HELD: &str =
     "DELETE FROM queue_messages WHERE message_id = $1 AND ($2 IS NULL OR lease_token = $2)";
-pub const DELETE_DEAD_ALL: &str = "DELETE FROM dead_letters";
-pub const DELETE_DEAD_ONE: &str = "DELETE FROM dead_letters WHERE message_id = $1";
+/// SQLite's redrive, first half: the dead letters deleted and named (SQLite
+/// has `DELETE … RETURNING` but no data-modifying CTE); the second half,
+/// [`redrive_insert_sqlite`], inserts exactly the rows returned, in the same
+/// transaction.
+pub const DELETE_DEAD_ALL: &str =
+    "DELETE FROM dead_letters RETURNING message_id, event_id, payload, headers, enqueued_at_ms, last_error";
+/// $1 message.
+pub const DELETE_DEAD_ONE: &str = "DELETE FROM dead_letters WHERE message_id = $1 \
+     RETURNING message_id, event_id, payload, headers, enqueued_at_ms, last_error";
+/// Columns bound per row of [`redrive_insert_sqlite`].
+pub const REDRIVE_COLUMNS: usize = 6;
+/// SQLite's redrive, second half: `rows` dead letters back in the queue, each
+/// bound as the six columns [`DELETE_DEAD_ALL`] returns, visible now, with a
+/// fresh delivery count.
+pub fn redrive_insert_sqlite(rows: usize) -> String {
+    format!(
+        "INSERT INTO queue_messages (message_id, event_id, payload, headers, enqueued_at_ms, last_error, visible_at_ms) \
+         VALUES {}",
+        values(1, rows, REDRIVE_COLUMNS, &format!(", {}", SQLITE.clock))
+    )
+}
 pub const PROJECTION: &str = "SELECT item_id, reserved_qty FROM inventory_projection ORDER BY item_id";
 pub const EXPECTED_PROJECTION: &str = "SELECT o.item_id, CAST(SUM(o.qty) AS BIGINT) FROM orders o \
      JOIN inbox_processed i ON i.event_id = o.event_id GROUP BY o.item_id";

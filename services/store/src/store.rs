@@ -669,21 +669,60 @@ impl Store {
         Ok(if parked { Failed::DeadLettered } else { Failed::Settled })
     }
 
-    /// Moves dead letters back to the queue (all of them, or one), with a fresh
-    /// delivery count. Returns how many moved.
+    /// Moves dead letters back to the queue (all of them, or one), visible
+    /// now, with a fresh delivery count and their last error. Returns how many
+    /// moved. The rows inserted are exactly the rows deleted, whatever parks
+    /// or redrives run beside it: a message is never in neither table, nor
+    /// copied twice.
     pub async fn redrive(&self, message_id: Option<&str>) -> Result<u64, StoreError> {
-        let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
-        let moved = match message_id {
-            None => sqlx::query(self.dialect.redrive_all).execute(&mut *tx).await,
-            Some(id) => sqlx::query(self.dialect.redrive_one).bind(id).execute(&mut *tx).await,
+        if self.backend == Backend::Postgres {
+            // One statement, a data-modifying CTE: atomic on its own, and one
+            // snapshot for the delete and the insert.
+            let query = match message_id {
+                None => sqlx::query(sql::REDRIVE_ALL_POSTGRES),
+                Some(id) => sqlx::query(sql::REDRIVE_ONE_POSTGRES).bind(id),
+            };
+            let moved = query
+                .execute(&self.pool)
+                .await
+                // An error the server answered with means it rolled back; a
+                // connection lost on the way leaves unknown whether it committed.
+                .map_err(|e| match e {
+                    sqlx::Error::Database(_) => NotCommitted(e),
+                    _ => CommitUnknown(e),
+                })?
+                .rows_affected();
+            return Ok(moved);
         }
-        .map_err(NotCommitted)?
-        .rows_affected();
-        match message_id {
-            None => sqlx::query(sql::DELETE_DEAD_ALL).execute(&mut *tx).await,
-            Some(id) => sqlx::query(sql::DELETE_DEAD_ONE).bind(id).execute(&mut *tx).await,
+        // SQLite: DELETE … RETURNING, then an insert of exactly the rows it
+        // returned, in one transaction. Correct whatever runs beside it: the
+        // deleted rows are held by this transaction until it commits, so no one
+        // else can move them, and what is inserted is what was deleted, not a
+        // second read of the table. SQLite serializes writers besides: the
+        // DELETE, a write first, takes the database's write lock, so nothing
+        // is parked or redriven between the two statements.
+        let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
+        let rows = match message_id {
+            None => sqlx::query(sql::DELETE_DEAD_ALL).fetch_all(&mut *tx).await,
+            Some(id) => sqlx::query(sql::DELETE_DEAD_ONE).bind(id).fetch_all(&mut *tx).await,
         }
         .map_err(NotCommitted)?;
+        let mut moved = 0;
+        for chunk in rows.chunks(BATCH_ROWS_MAX) {
+            let text = sql::redrive_insert_sqlite(chunk.len());
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(text));
+            for row in chunk {
+                let c = corrupt("dead_letters");
+                query = query
+                    .bind(row.try_get::<String, _>(0).map_err(&c)?)
+                    .bind(row.try_get::<String, _>(1).map_err(&c)?)
+                    .bind(row.try_get::<String, _>(2).map_err(&c)?)
+                    .bind(row.try_get::<String, _>(3).map_err(&c)?)
+                    .bind(row.try_get::<i64, _>(4).map_err(&c)?)
+                    .bind(row.try_get::<Option<String>, _>(5).map_err(&c)?);
+            }
+            moved += query.execute(&mut *tx).await.map_err(NotCommitted)?.rows_affected();
+        }
         tx.commit().await.map_err(CommitUnknown)?;
         Ok(moved)
     }

@@ -5,6 +5,7 @@ mod dead_letters;
 mod leasing;
 mod orders;
 mod reconcile;
+mod redrive;
 
 use haunt_store::{NewOrder, Store, StoreOptions};
 use haunt_testkit::TestDb;
