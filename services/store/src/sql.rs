@@ -12,8 +12,6 @@ pub struct Dialect {
     pub lease: &'static str,
     pub place_order: &'static str,
     pub enqueue: &'static str,
-    pub mark_inbox: &'static str,
-    pub ledger: &'static str,
     pub retry_later: &'static str,
     pub dead_letter: &'static str,
     pub queue_stats: &'static str,
@@ -45,14 +43,6 @@ macro_rules! dialect {
             enqueue: concat!(
                 "INSERT INTO queue_messages (message_id, event_id, payload, headers, enqueued_at_ms, visible_at_ms) ",
                 "VALUES ($1, $2, $3, $4, ", $now, ", ", $now, ")"
-            ),
-            mark_inbox: concat!(
-                "INSERT INTO inbox_processed (event_id, processed_at_ms) VALUES ($1, ", $now, ") ",
-                "ON CONFLICT (event_id) DO NOTHING"
-            ),
-            ledger: concat!(
-                "INSERT INTO projection_ledger (event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms) ",
-                "VALUES ($1, $2, $3, $4, $5, $6, ", $now, ") RETURNING applied_at_ms"
             ),
             // $1 message, $2 token (NULL: any holder), $3 backoff ms, $4 error.
             retry_later: concat!(
@@ -174,6 +164,14 @@ pub fn values(first: usize, rows: usize, columns: usize, extra: &str) -> String 
     out
 }
 
+/// A delivery the inbox refused: $1 event, $2 the delivery count it came with.
+pub const COUNT_DUPLICATE: &str = "UPDATE inbox_processed SET duplicates = duplicates + 1, \
+     deliveries = CASE WHEN deliveries < $2 THEN $2 ELSE deliveries END WHERE event_id = $1";
+/// The same for a message settled past its last delivery: $1 message.
+pub const COUNT_SETTLED_DUPLICATE: &str = "UPDATE inbox_processed SET duplicates = duplicates + 1, \
+     deliveries = CASE WHEN deliveries < q.delivery_count THEN q.delivery_count ELSE deliveries END \
+     FROM (SELECT event_id, delivery_count FROM queue_messages WHERE message_id = $1) q \
+     WHERE inbox_processed.event_id = q.event_id";
 pub const DELETE_MESSAGE_HELD: &str =
     "DELETE FROM queue_messages WHERE message_id = $1 AND ($2 IS NULL OR lease_token = $2)";
 /// SQLite's redrive, first half: the dead letters deleted and named (SQLite

@@ -1,5 +1,6 @@
 //! [`Store`]: the operations of the pipeline, each one transaction.
 
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -342,191 +343,131 @@ impl Store {
         if self.bug == Some(Bug::NoLeaseToken) { None } else { lease_token }
     }
 
-    /// Applies one delivery in one transaction, if its lease still holds the
-    /// message: the inbox row, and only when the event is new, the projection
-    /// upsert and one ledger row.
+    /// Applies one delivery: a batch of one (see [`Store::apply_batch`]).
     pub async fn apply(&self, leased: &Leased, event: &OrderEvent, worker_id: &str) -> Result<Applied, StoreError> {
-        if self.bug == Some(Bug::InboxOutsideTxn) {
-            // BUG MODE inbox-outside-txn: the event is marked processed in its own
-            // transaction; a crash or error before the effect commits loses it.
-            let marked = sqlx::query(self.dialect.mark_inbox)
-                .bind(&event.event_id)
-                .execute(&self.pool)
-                .await
-                .map_err(NotCommitted)?
-                .rows_affected();
-            if marked == 0 {
-                return Ok(Applied::Duplicate);
-            }
-        }
-        let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
-        if self.fences_apply() {
-            let text = sql::hold_lease(self.backend == Backend::Postgres, 1);
-            let held = sqlx::query(sqlx::AssertSqlSafe(text))
-                .bind(&leased.lease_token)
-                .bind(&leased.message_id)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(NotCommitted)?;
-            if held.is_none() {
-                let _ = tx.rollback().await;
-                return Ok(Applied::LeaseLost);
-            }
-        }
-        match self.bug {
-            // BUG MODE no-inbox: every delivery is applied.
-            Some(Bug::NoInbox) | Some(Bug::InboxOutsideTxn) => {}
-            _ => {
-                let marked = sqlx::query(self.dialect.mark_inbox)
-                    .bind(&event.event_id)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(NotCommitted)?
-                    .rows_affected();
-                if marked == 0 {
-                    let _ = tx.rollback().await;
-                    return Ok(Applied::Duplicate);
-                }
-            }
-        }
-        if self.bug == Some(Bug::ReadModifyWriteProjection) {
-            // BUG MODE read-modify-write-projection: read, add, write back. Two
-            // workers on the same item both read the old value; one update is lost.
-            let current: Option<i64> = sqlx::query_scalar(sql::READ_PROJECTION_ROW)
-                .bind(&event.item_id)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(NotCommitted)?;
-            sqlx::query(sql::SET_PROJECTION)
-                .bind(&event.item_id)
-                .bind(current.unwrap_or(0) + event.qty)
-                .execute(&mut *tx)
-                .await
-                .map_err(NotCommitted)?;
-        } else {
-            sqlx::query(sql::UPSERT_PROJECTION)
-                .bind(&event.item_id)
-                .bind(event.qty)
-                .execute(&mut *tx)
-                .await
-                .map_err(NotCommitted)?;
-        }
-        let applied_at_ms: i64 = sqlx::query_scalar(self.dialect.ledger)
-            .bind(&event.event_id)
-            .bind(&event.order_id)
-            .bind(&event.item_id)
-            .bind(event.qty)
-            .bind(leased.delivery_count)
-            .bind(worker_id)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(NotCommitted)?;
-        if self.injected.roll() {
-            let _ = tx.rollback().await;
-            return Err(injected());
-        }
-        tx.commit().await.map_err(CommitUnknown)?;
-        Ok(Applied::Applied { applied_at_ms })
+        let mut outcomes = self.apply_batch(&[(leased, event.clone())], worker_id).await?;
+        Ok(outcomes.pop().expect("one outcome per delivery"))
     }
 
-    /// Applies a leased batch in one transaction: it takes the rows the lease
-    /// still holds, inserts the whole batch into the inbox at once (conflicts
-    /// are the duplicates, within the batch as across batches), then upserts
-    /// the projection once per item with the sum of the new events and writes
-    /// their ledger rows. Returns, per delivery and in order, what happened
-    /// (`LeaseLost` for a message the lease no longer held). With a bug mode switched on, each
-    /// delivery goes through [`Store::apply`] instead, so the bug paths stay
-    /// the ones the matrix measures.
+    /// Applies the deliveries of one lease in one transaction: it takes the rows
+    /// the lease still holds, inserts the batch into the inbox at once
+    /// (conflicts are the duplicates, within the batch as across batches, and
+    /// are counted on the inbox row), then upserts the projection once per item
+    /// with the sum of the new events and writes their ledger rows. Returns,
+    /// per delivery and in order, what happened (`LeaseLost` for a message the
+    /// lease no longer held).
+    ///
+    /// This is the only apply path: one delivery is a batch of one, and every
+    /// bug mode that concerns applying is a switch in here, so the bug matrix
+    /// runs the code that runs by default.
+    ///
+    /// # Panics
+    ///
+    /// If the deliveries carry more than one lease token: a batch is one lease.
     pub async fn apply_batch(
         &self,
         batch: &[(&Leased, OrderEvent)],
         worker_id: &str,
     ) -> Result<Vec<Applied>, StoreError> {
-        if self.bug.is_some() {
-            let mut out = Vec::with_capacity(batch.len());
-            for (leased, event) in batch {
-                out.push(self.apply(leased, event, worker_id).await?);
-            }
-            return Ok(out);
-        }
-        if batch.is_empty() {
+        let Some((first, _)) = batch.first() else {
             return Ok(Vec::new());
-        }
-        let clock = self.dialect.clock;
+        };
+        let token = first.lease_token.as_str();
+        assert!(batch.iter().all(|(l, _)| l.lease_token == token), "a batch is one lease, with one lease token");
+        let deliveries: Vec<(&Leased, &OrderEvent)> = batch.iter().map(|(l, e)| (*l, e)).collect();
+
+        // BUG MODE inbox-outside-txn: the events are marked processed in a
+        // transaction of their own, before the effect; if the effect then fails
+        // (or the lease is found lost), the retry finds them "already processed".
+        let marked_outside = if self.bug == Some(Bug::InboxOutsideTxn) {
+            let mut conn = self.pool.acquire().await.map_err(NotCommitted)?;
+            Some(self.insert_inbox(&mut conn, &deliveries).await?)
+        } else {
+            None
+        };
+
         let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
+        let held: HashSet<String> = if self.fences_apply() {
+            self.hold(&mut tx, token, &deliveries).await?
+        } else {
+            deliveries.iter().map(|(l, _)| l.message_id.clone()).collect()
+        };
+        let held_deliveries: Vec<(&Leased, &OrderEvent)> =
+            deliveries.iter().copied().filter(|(l, _)| held.contains(l.message_id.as_str())).collect();
 
-        // Fence: only messages this lease still holds are applied.
-        let mut held = std::collections::HashSet::new();
-        let mut tokens: Vec<&str> = batch.iter().map(|(l, _)| l.lease_token.as_str()).collect();
-        tokens.sort_unstable();
-        tokens.dedup();
-        for token in tokens {
-            let ids: Vec<&str> =
-                batch.iter().filter(|(l, _)| l.lease_token == token).map(|(l, _)| l.message_id.as_str()).collect();
-            for chunk in ids.chunks(BATCH_ROWS_MAX) {
-                let text = sql::hold_lease(self.backend == Backend::Postgres, chunk.len());
-                let mut query = sqlx::query(sqlx::AssertSqlSafe(text)).bind(token);
-                for id in chunk {
-                    query = query.bind(*id);
-                }
-                for row in query.fetch_all(&mut *tx).await.map_err(NotCommitted)? {
-                    held.insert(row.try_get::<String, _>(0).map_err(corrupt("queue_messages"))?);
-                }
+        // Which deliveries apply their event, and when (the database clock, in
+        // the same transaction as the ledger rows).
+        let (fresh, applies_every_copy) = match (self.bug, marked_outside) {
+            // BUG MODE no-inbox: every delivery is applied, copies included.
+            (Some(Bug::NoInbox), _) => {
+                let now: i64 = sqlx::query_scalar(self.dialect.now).fetch_one(&mut *tx).await.map_err(NotCommitted)?;
+                (held_deliveries.iter().map(|(_, e)| (e.event_id.clone(), now)).collect(), true)
             }
-        }
-        // In event order: two batches that share events (a redelivery racing its
-        // first delivery) wait on each other's inbox keys in one order, never in a cycle.
-        let mut candidates: Vec<&OrderEvent> =
-            batch.iter().filter(|(l, _)| held.contains(&l.message_id)).map(|(_, e)| e).collect();
-        candidates.sort_unstable_by(|a, b| a.event_id.cmp(&b.event_id));
-
-        // The inbox, all at once: RETURNING names the events that are new, and
-        // when (the same clock, in the same transaction, as their ledger rows).
-        let mut fresh = std::collections::HashMap::new();
-        for chunk in candidates.chunks(BATCH_ROWS_MAX) {
-            let text = format!(
-                "INSERT INTO inbox_processed (event_id, processed_at_ms) VALUES {} \
-                 ON CONFLICT (event_id) DO NOTHING RETURNING event_id, processed_at_ms",
-                sql::values(1, chunk.len(), 1, &format!(", {clock}"))
-            );
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(text));
-            for event in chunk {
-                query = query.bind(event.event_id.as_str());
-            }
-            for row in query.fetch_all(&mut *tx).await.map_err(NotCommitted)? {
-                let event_id: String = row.try_get(0).map_err(corrupt("inbox_processed"))?;
-                fresh.insert(event_id, row.try_get::<i64, _>(1).map_err(corrupt("inbox_processed"))?);
-            }
-        }
-        // Each new event once, in batch order (a second copy in the batch is a duplicate).
+            (_, Some(marked)) => (marked, false),
+            _ => (self.insert_inbox(&mut tx, &held_deliveries).await?, false),
+        };
+        // Each new event once, in batch order (a second copy in the batch is a
+        // duplicate); every other held delivery is a duplicate the inbox absorbed.
+        let mut outcomes = vec![Applied::LeaseLost; deliveries.len()];
         let mut first_copies = Vec::new();
-        let mut seen = std::collections::HashSet::new();
-        for (leased, event) in batch {
-            if fresh.contains_key(&event.event_id) && seen.insert(event.event_id.as_str()) {
-                first_copies.push((*leased, event));
+        let mut duplicates = Vec::new();
+        let mut seen = HashSet::new();
+        for (outcome, &(leased, event)) in outcomes.iter_mut().zip(&deliveries) {
+            if !held.contains(leased.message_id.as_str()) {
+                continue;
+            }
+            match fresh.get(&event.event_id) {
+                Some(&applied_at_ms) if applies_every_copy || seen.insert(event.event_id.as_str()) => {
+                    *outcome = Applied::Applied { applied_at_ms };
+                    first_copies.push((leased, event));
+                }
+                _ => {
+                    *outcome = Applied::Duplicate;
+                    duplicates.push((leased, event));
+                }
             }
         }
+        self.count_duplicates(&mut tx, &mut duplicates).await?;
 
-        // One upsert per item, with the sum of its new events.
-        let mut per_item: std::collections::BTreeMap<&str, i64> = std::collections::BTreeMap::new();
+        // One write per item, with the sum of its new events.
+        let mut per_item: BTreeMap<&str, i64> = BTreeMap::new();
         for (_, event) in &first_copies {
             *per_item.entry(event.item_id.as_str()).or_default() += event.qty;
         }
         let items: Vec<(&str, i64)> = per_item.into_iter().collect();
-        for chunk in items.chunks(BATCH_ROWS_MAX) {
-            let text = format!(
-                "INSERT INTO inventory_projection (item_id, reserved_qty) VALUES {} ON CONFLICT (item_id) \
-                 DO UPDATE SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty",
-                sql::values(1, chunk.len(), 2, "")
-            );
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(text));
-            for (item, qty) in chunk {
-                query = query.bind(*item).bind(*qty);
+        if self.bug == Some(Bug::ReadModifyWriteProjection) {
+            // BUG MODE read-modify-write-projection: read, add, write back. Two
+            // workers on the same item both read the old value; one update is lost.
+            for (item, qty) in &items {
+                let current: Option<i64> = sqlx::query_scalar(sql::READ_PROJECTION_ROW)
+                    .bind(*item)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(NotCommitted)?;
+                sqlx::query(sql::SET_PROJECTION)
+                    .bind(*item)
+                    .bind(current.unwrap_or(0) + qty)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(NotCommitted)?;
             }
-            query.execute(&mut *tx).await.map_err(NotCommitted)?;
+        } else {
+            for chunk in items.chunks(BATCH_ROWS_MAX) {
+                let text = format!(
+                    "INSERT INTO inventory_projection (item_id, reserved_qty) VALUES {} ON CONFLICT (item_id) \
+                     DO UPDATE SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty",
+                    sql::values(1, chunk.len(), 2, "")
+                );
+                let mut query = sqlx::query(sqlx::AssertSqlSafe(text));
+                for (item, qty) in chunk {
+                    query = query.bind(*item).bind(*qty);
+                }
+                query.execute(&mut *tx).await.map_err(NotCommitted)?;
+            }
         }
 
-        // The ledger: one row per new event.
+        // The ledger: one row per application.
+        let clock = self.dialect.clock;
         for chunk in first_copies.chunks(BATCH_ROWS_MAX) {
             let text = format!(
                 "INSERT INTO projection_ledger \
@@ -551,36 +492,97 @@ impl Store {
         }
         tx.commit().await.map_err(CommitUnknown)?;
 
-        let mut reported = std::collections::HashSet::new();
-        Ok(batch
-            .iter()
-            .map(|(leased, event)| {
-                if !held.contains(&leased.message_id) {
-                    return Applied::LeaseLost;
-                }
-                match fresh.get(&event.event_id) {
-                    Some(at) if reported.insert(event.event_id.as_str()) => Applied::Applied { applied_at_ms: *at },
-                    _ => Applied::Duplicate,
-                }
-            })
-            .collect())
+        Ok(outcomes)
+    }
+
+    /// The fence: locks and names the messages of `deliveries` that the lease
+    /// `token` still holds.
+    async fn hold(
+        &self,
+        tx: &mut sqlx::AnyConnection,
+        token: &str,
+        deliveries: &[(&Leased, &OrderEvent)],
+    ) -> Result<HashSet<String>, StoreError> {
+        let ids: Vec<&str> = deliveries.iter().map(|(l, _)| l.message_id.as_str()).collect();
+        let mut held = HashSet::new();
+        for chunk in ids.chunks(BATCH_ROWS_MAX) {
+            let text = sql::hold_lease(self.backend == Backend::Postgres, chunk.len());
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(text)).bind(token);
+            for id in chunk {
+                query = query.bind(*id);
+            }
+            for row in query.fetch_all(&mut *tx).await.map_err(NotCommitted)? {
+                held.insert(row.try_get::<String, _>(0).map_err(corrupt("queue_messages"))?);
+            }
+        }
+        Ok(held)
+    }
+
+    /// Inserts the deliveries' events into the inbox, each with the delivery
+    /// count it arrived with; returns the events that were new and when they
+    /// were processed. In event order: two batches that share events (a
+    /// redelivery racing its first delivery) wait on each other's inbox keys in
+    /// one order, never in a cycle.
+    async fn insert_inbox(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        deliveries: &[(&Leased, &OrderEvent)],
+    ) -> Result<HashMap<String, i64>, StoreError> {
+        let clock = self.dialect.clock;
+        let mut rows: Vec<(&str, i64)> =
+            deliveries.iter().map(|(l, e)| (e.event_id.as_str(), l.delivery_count)).collect();
+        rows.sort_unstable();
+        rows.dedup_by(|a, b| a.0 == b.0);
+        let mut fresh = HashMap::new();
+        for chunk in rows.chunks(BATCH_ROWS_MAX) {
+            let text = format!(
+                "INSERT INTO inbox_processed (event_id, deliveries, processed_at_ms) VALUES {} \
+                 ON CONFLICT (event_id) DO NOTHING RETURNING event_id, processed_at_ms",
+                sql::values(1, chunk.len(), 2, &format!(", {clock}"))
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(text));
+            for (event_id, count) in chunk {
+                query = query.bind(*event_id).bind(*count);
+            }
+            for row in query.fetch_all(&mut *conn).await.map_err(NotCommitted)? {
+                let event_id: String = row.try_get(0).map_err(corrupt("inbox_processed"))?;
+                fresh.insert(event_id, row.try_get::<i64, _>(1).map_err(corrupt("inbox_processed"))?);
+            }
+        }
+        Ok(fresh)
+    }
+
+    /// Counts deliveries the inbox refused on their event's row, with the
+    /// highest delivery count seen, in event order (as the inbox insert).
+    /// Duplicates are the exception (a lost ack, a zombie), so one small
+    /// statement each costs nothing on the common path.
+    async fn count_duplicates(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        duplicates: &mut [(&Leased, &OrderEvent)],
+    ) -> Result<(), StoreError> {
+        duplicates.sort_unstable_by(|a, b| a.1.event_id.cmp(&b.1.event_id));
+        for (leased, event) in duplicates.iter() {
+            sqlx::query(sql::COUNT_DUPLICATE)
+                .bind(event.event_id.as_str())
+                .bind(leased.delivery_count)
+                .execute(&mut *conn)
+                .await
+                .map_err(NotCommitted)?;
+        }
+        Ok(())
     }
 
     /// Deletes the messages of one lease in one statement; returns how many
     /// were still held and so deleted.
     pub async fn ack_batch(&self, message_ids: &[&str], lease_token: &str) -> Result<u64, StoreError> {
-        if self.bug.is_some() {
-            let mut deleted = 0;
-            for id in message_ids {
-                deleted += u64::from(self.ack(id, lease_token).await?);
-            }
-            return Ok(deleted);
-        }
+        let holder = self.holder(Some(lease_token));
         let mut deleted = 0;
         for chunk in message_ids.chunks(BATCH_ROWS_MAX) {
             let list = (0..chunk.len()).map(|i| format!("${}", i + 2)).collect::<Vec<_>>().join(", ");
-            let text = format!("DELETE FROM queue_messages WHERE lease_token = $1 AND message_id IN ({list})");
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(text)).bind(lease_token);
+            let text =
+                format!("DELETE FROM queue_messages WHERE ($1 IS NULL OR lease_token = $1) AND message_id IN ({list})");
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(text)).bind(holder);
             for id in chunk {
                 query = query.bind(*id);
             }
@@ -589,17 +591,10 @@ impl Store {
         Ok(deleted)
     }
 
-    /// Deletes the message if the caller still holds its lease. False when the
-    /// lease expired and someone else (or no one) holds it now.
+    /// Deletes the message if the caller still holds its lease: an ack batch of
+    /// one. False when the lease expired and someone else (or no one) holds it now.
     pub async fn ack(&self, message_id: &str, lease_token: &str) -> Result<bool, StoreError> {
-        let deleted = sqlx::query(sql::DELETE_MESSAGE_HELD)
-            .bind(message_id)
-            .bind(self.holder(Some(lease_token)))
-            .execute(&self.pool)
-            .await
-            .map_err(NotCommitted)?
-            .rows_affected();
-        Ok(deleted == 1)
+        Ok(self.ack_batch(&[message_id], lease_token).await? == 1)
     }
 
     /// A delivery failed: retry after `backoff`, or dead-letter it once it has
@@ -653,6 +648,10 @@ impl Store {
                 .rows_affected()
                 == 1
         };
+        if !parked {
+            // Settled, not parked: a delivery the inbox absorbed, counted as one.
+            sqlx::query(sql::COUNT_SETTLED_DUPLICATE).bind(message_id).execute(&mut *tx).await.map_err(NotCommitted)?;
+        }
         let deleted = sqlx::query(sql::DELETE_MESSAGE_HELD)
             .bind(message_id)
             .bind(lease_token)

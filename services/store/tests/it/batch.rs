@@ -102,3 +102,66 @@ async fn a_batch_whose_lease_was_taken_over_writes_nothing_and_acks_nothing() {
         assert_eq!(store.projection().await.unwrap(), vec![("apple".into(), 3), ("pear".into(), 5)], "{}", db.kind);
     }
 }
+
+#[tokio::test]
+#[should_panic(expected = "one lease token")]
+async fn a_batch_of_two_leases_is_a_programmer_error() {
+    let db = haunt_testkit::TestDb::sqlite();
+    let store = open(&db).await;
+    store.place_order(&order("o1", "apple", 3)).await.unwrap();
+    store.place_order(&order("o2", "pear", 5)).await.unwrap();
+    let one = store.lease(1, Duration::from_secs(30), LeaseClock::Database).await.unwrap();
+    let other = store.lease(1, Duration::from_secs(30), LeaseClock::Database).await.unwrap();
+    let mixed = vec![(&one[0], one[0].event().unwrap()), (&other[0], other[0].event().unwrap())];
+    let _ = store.apply_batch(&mixed, "w").await;
+}
+
+/// The bug modes live inside the batch path, so a batch of several deliveries
+/// shows them (before, any bug mode sent every delivery one by one elsewhere).
+#[tokio::test]
+async fn no_inbox_applies_both_copies_in_one_batch() {
+    for db in databases().await {
+        let store = crate::open_with_bug(&db, haunt_store::Bug::NoInbox).await;
+        store.place_order(&order("o1", "apple", 3)).await.unwrap();
+        let first = store.lease(100, Duration::from_millis(1), LeaseClock::Database).await.unwrap();
+        copy_message(&db.url, &first[0].event_id).await;
+        let batch = lease_all(&store, 2).await;
+        let outcomes = store.apply_batch(&events(&batch), "w").await.unwrap();
+        assert!(outcomes.iter().all(|o| matches!(o, Applied::Applied { .. })), "{}: {outcomes:?}", db.kind);
+        assert_eq!(store.projection().await.unwrap(), vec![("apple".into(), 6)], "{}: applied twice", db.kind);
+        assert_eq!(count_kind(&final_lines(&store).await, "applied"), 2, "{}", db.kind);
+    }
+}
+
+#[tokio::test]
+async fn inbox_outside_txn_loses_a_batch_whose_effect_failed() {
+    for db in databases().await {
+        let store = crate::open_with_bug(&db, haunt_store::Bug::InboxOutsideTxn).await;
+        store.place_order(&order("o1", "apple", 3)).await.unwrap();
+        store.place_order(&order("o2", "pear", 5)).await.unwrap();
+        let batch = lease_all(&store, 2).await;
+        store.injected_errors().set_rate(1.0).unwrap();
+        assert!(store.apply_batch(&events(&batch), "w").await.is_err(), "{}: the effect fails", db.kind);
+        store.injected_errors().set_rate(0.0).unwrap();
+        // The retry finds both events "already processed": the effects are lost.
+        let outcomes = store.apply_batch(&events(&batch), "w").await.unwrap();
+        assert_eq!(outcomes, vec![Applied::Duplicate, Applied::Duplicate], "{}", db.kind);
+        assert_eq!(store.projection().await.unwrap(), vec![], "{}", db.kind);
+    }
+}
+
+#[tokio::test]
+async fn the_correct_build_applies_a_batch_whose_first_try_failed() {
+    for db in databases().await {
+        let store = open(&db).await;
+        store.place_order(&order("o1", "apple", 3)).await.unwrap();
+        store.place_order(&order("o2", "pear", 5)).await.unwrap();
+        let batch = lease_all(&store, 2).await;
+        store.injected_errors().set_rate(1.0).unwrap();
+        assert!(store.apply_batch(&events(&batch), "w").await.is_err(), "{}", db.kind);
+        store.injected_errors().set_rate(0.0).unwrap();
+        let outcomes = store.apply_batch(&events(&batch), "w").await.unwrap();
+        assert!(outcomes.iter().all(|o| matches!(o, Applied::Applied { .. })), "{}: {outcomes:?}", db.kind);
+        assert_eq!(store.projection().await.unwrap(), vec![("apple".into(), 3), ("pear".into(), 5)], "{}", db.kind);
+    }
+}
