@@ -34,7 +34,8 @@ pub struct RunArgs {
     /// executable into the containers.
     #[arg(long)]
     pub image_binary: bool,
-    /// How long the workload runs, in seconds.
+    /// How long the workload runs, in seconds. It must fit each enabled fault
+    /// once, with its calm and hold (see --skip-fit-check).
     #[arg(long, default_value_t = 60)]
     pub time_limit_s: u64,
     /// Target client ops per second, across all clients.
@@ -55,9 +56,15 @@ pub struct RunArgs {
     /// loss (--backend docker); or all, or none.
     #[arg(long, default_value = "kill,pause,partition,delay,ack-loss,clock-skew,db-error")]
     pub nemesis: String,
-    /// Mean seconds between faults (each also lasts about this long).
+    /// Mean seconds between faults (each also lasts about this long). The
+    /// first round, every enabled fault once in a seeded order, is shortened
+    /// to fit the time limit; faults are picked at random after it.
     #[arg(long, default_value_t = 5.0)]
     pub nemesis_interval_s: f64,
+    /// Start even when the time limit cannot fit every enabled fault once; the
+    /// faults that never fired are named after the run.
+    #[arg(long)]
+    pub skip_fit_check: bool,
     /// Seed of the workload and the fault schedule (default: random, printed).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -126,7 +133,9 @@ fn parse_nemesis(list: &str, db_restart_possible: bool, docker: bool) -> anyhow:
             other => anyhow::bail!("unknown nemesis {other:?}; known: {}, all, none", NEMESIS_NAMES.join(", ")),
         }
     }
-    out.dedup();
+    // A kind must run in one schedule only: it is never active twice at once.
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|n| seen.insert(n.clone()));
     Ok(out)
 }
 
@@ -180,6 +189,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         quiesce_timeout: Duration::from_secs(args.quiesce_timeout_s),
         delivery_attempts_max: args.delivery_attempts_max.max(1),
         faults_at_once: args.faults_at_once.max(1),
+        fit_check: !args.skip_fit_check,
         metrics_listen: args.metrics_listen,
         metrics_linger: Duration::from_secs(args.metrics_linger_s),
         prometheus_sd: args.prometheus_sd,
@@ -199,8 +209,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         flag.store(true, Ordering::Relaxed);
         crate::services::shutdown_signal().await;
         // Children die with us: they carry a parent-death signal. Containers
-        // do not, so they go first.
+        // do not, so they go first, and a database the run crashed (not a
+        // child either) starts again.
         haunt_chaos::docker::remove_live();
+        haunt_chaos::postgres::restart_crashed();
         std::process::exit(130);
     });
     let quiet = options.quiet;
@@ -210,10 +222,23 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         return Ok(130);
     }
     let results = outcome.results.context("a finished run has results")?;
+    let never_fired = (!outcome.faults_never_fired.is_empty()).then(|| {
+        format!(
+            "warning: enabled faults that never fired, so this run did not test them: {}",
+            outcome.faults_never_fired.join(", ")
+        )
+    });
     if quiet {
         println!("{} {}", results.valid.as_str(), outcome.run_dir.display());
+        // The one line on stdout stays the verdict's.
+        if let Some(warning) = &never_fired {
+            eprintln!("{warning}");
+        }
     } else {
         print!("{}", haunt_checker::summary::render(&results));
+        if let Some(warning) = &never_fired {
+            println!("{warning}");
+        }
         println!("\nrun: {}", outcome.run_dir.display());
         println!("report: {}", outcome.run_dir.join("report.html").display());
         println!("seed: {seed} (replay with --seed {seed})");
@@ -232,5 +257,6 @@ mod tests {
         assert!(!parse_nemesis("all", false, false).unwrap().contains(&"db-restart".to_string()));
         assert!(parse_nemesis("all", true, false).unwrap().contains(&"db-restart".to_string()));
         assert!(parse_nemesis("kil", false, false).unwrap_err().to_string().contains("kill"));
+        assert_eq!(parse_nemesis("kill,pause,kill,all", false, false).unwrap().len(), 7, "each kind once");
     }
 }

@@ -320,6 +320,10 @@ impl Backend for DockerBackend {
         docker(&["unpause", &self.container(node)]).await.map(drop)
     }
 
+    fn resume_blocking(&self, node: &Node) -> anyhow::Result<()> {
+        docker_blocking(&["unpause", &self.container(node)]).map(drop)
+    }
+
     fn is_running(&self, node: &Node) -> bool {
         let name = self.container(node);
         let ask = || docker_blocking(&["inspect", "--format", "{{.State.Running}}", &name]);
@@ -425,6 +429,9 @@ impl crate::nemesis::Link for IptablesLink {
     fn heal(&self) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(IptablesLink::heal(self))
     }
+    /// Nothing: the rules live in the container's network namespace, which
+    /// goes with the container when the backend drops.
+    fn heal_blocking(&self) {}
 }
 
 /// Random packet loss on a link (iptables `statistic` match): TCP retransmits,

@@ -48,7 +48,7 @@ impl LocalBackend {
         self.specs.iter().find(|s| s.node == *node).with_context(|| format!("no node {}", node.name))
     }
 
-    fn pid(&self, node: &Node) -> Option<Pid> {
+    pub(crate) fn pid(&self, node: &Node) -> Option<Pid> {
         let children = self.children.lock().unwrap_or_else(|p| p.into_inner());
         children.get(&node.name).map(|c| Pid::from_raw(c.id() as i32))
     }
@@ -167,6 +167,10 @@ impl Backend for LocalBackend {
     }
 
     async fn resume(&self, node: &Node) -> anyhow::Result<()> {
+        self.signal(node, Signal::SIGCONT)
+    }
+
+    fn resume_blocking(&self, node: &Node) -> anyhow::Result<()> {
         self.signal(node, Signal::SIGCONT)
     }
 

@@ -1,8 +1,15 @@
-//! The faults, and the seeded schedule that runs them one at a time.
+//! The faults, and the seeded schedule that runs them.
+//!
+//! The schedule fires every enabled fault once first, in a seeded order and
+//! with calms and holds cut to fit the time limit ([`check_fit`] says before a
+//! run whether they can), then picks faults at random. A stop that fails leaves
+//! its fault active and is retried until it takes effect. [`Faults`] owns a
+//! run's nemeses and heals, on drop, whatever is still broken.
 //!
 //! **Invariant:** the nemesis never reads the history; it only appends its own
 //! start and stop ops to it.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,6 +34,8 @@ pub trait Link: Send + Sync + std::fmt::Debug {
     fn cut(&self) -> BoxFuture<'_, anyhow::Result<()>>;
     /// Restores the link. Idempotent: healing a whole link is always safe.
     fn heal(&self) -> BoxFuture<'_, anyhow::Result<()>>;
+    /// [`Link::heal`] without a runtime, for [`Nemesis::heal_blocking`].
+    fn heal_blocking(&self);
 }
 
 pub type SharedLink = Arc<dyn Link>;
@@ -37,20 +46,30 @@ impl Link for crate::proxy::FaultProxy {
         Box::pin(async { Ok(()) })
     }
     fn heal(&self) -> BoxFuture<'_, anyhow::Result<()>> {
+        Link::heal_blocking(self);
+        Box::pin(async { Ok(()) })
+    }
+    fn heal_blocking(&self) {
         // A delay on the same proxy is another nemesis's to heal.
         if self.mode() == ProxyMode::Partition {
             self.set(ProxyMode::Pass);
         }
-        Box::pin(async { Ok(()) })
     }
 }
 
-fn take<T>(slot: &Mutex<Option<T>>) -> Option<T> {
-    slot.lock().unwrap_or_else(|p| p.into_inner()).take()
+// The slot of a fault's target is emptied only once its stop has worked: a
+// failed stop must leave the next one something to heal.
+
+fn peek<T: Clone>(slot: &Mutex<Option<T>>) -> Option<T> {
+    slot.lock().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
 fn put<T>(slot: &Mutex<Option<T>>, value: T) {
     *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(value);
+}
+
+fn clear<T>(slot: &Mutex<Option<T>>) {
+    *slot.lock().unwrap_or_else(|p| p.into_inner()) = None;
 }
 
 /// SIGKILL a node, later start it again.
@@ -93,12 +112,14 @@ impl<B: Backend + 'static> Nemesis for KillNemesis<B> {
     }
     fn stop(&self) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(async move {
-            match take(&self.killed) {
-                Some(node) => self.backend.start(&node).await,
-                None => Ok(()),
-            }
+            let Some(node) = peek(&self.killed) else { return Ok(()) };
+            self.backend.start(&node).await?;
+            clear(&self.killed);
+            Ok(())
         })
     }
+    // The default heal_blocking: a killed node is the backend's, which ends
+    // every node when it drops; starting it only to end it helps no one.
 }
 
 /// SIGSTOP a worker for longer than the visibility timeout: when it resumes it
@@ -113,8 +134,8 @@ pub struct PauseNemesis<B> {
 
 impl<B: Backend> PauseNemesis<B> {
     pub fn new(backend: Arc<B>, targets: Vec<Node>, visibility_timeout: Duration) -> Self {
-        // Twice the lease, so another worker has time to take the message over.
-        PauseNemesis { backend, targets, hold_min: visibility_timeout * 2, paused: Mutex::new(None) }
+        let hold_min = hold_min_for("pause", visibility_timeout);
+        PauseNemesis { backend, targets, hold_min, paused: Mutex::new(None) }
     }
 }
 
@@ -140,11 +161,23 @@ impl<B: Backend + 'static> Nemesis for PauseNemesis<B> {
     }
     fn stop(&self) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(async move {
-            match take(&self.paused) {
-                Some(node) if self.backend.is_running(&node) => self.backend.resume(&node).await,
-                _ => Ok(()),
+            let Some(node) = peek(&self.paused) else { return Ok(()) };
+            if self.backend.is_running(&node) {
+                self.backend.resume(&node).await?;
             }
+            clear(&self.paused);
+            Ok(())
         })
+    }
+    /// SIGCONT (or `docker unpause`): a stopped process outlives a harness
+    /// that is not its parent, and holds its leases and connections meanwhile.
+    fn heal_blocking(&self) {
+        if let Some(node) = peek(&self.paused) {
+            match self.backend.resume_blocking(&node) {
+                Ok(()) => clear(&self.paused),
+                Err(e) => eprintln!("haunt: resuming {}: {e:#}", node.name),
+            }
+        }
     }
 }
 
@@ -184,6 +217,11 @@ impl Nemesis for PartitionNemesis {
             }
             Ok(())
         })
+    }
+    fn heal_blocking(&self) {
+        for (_, link) in &self.links {
+            link.heal_blocking();
+        }
     }
 }
 
@@ -329,15 +367,138 @@ impl Nemesis for ClockSkewNemesis {
     }
     fn stop(&self) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(async move {
-            match take(&self.skewed) {
-                Some(worker) => self.admin.set(&worker, json!({"clock_offset_ms": 0})).await,
-                None => Ok(()),
-            }
+            let Some(worker) = peek(&self.skewed) else { return Ok(()) };
+            self.admin.set(&worker, json!({"clock_offset_ms": 0})).await?;
+            clear(&self.skewed);
+            Ok(())
         })
     }
 }
 
-/// Faults active now, for progress lines and `haunt_fault_active`.
+/// The shortest hold of a fault that names none of its own: long enough for a
+/// few client ops and a lease to meet it.
+pub const HOLD_MIN_DEFAULT: Duration = Duration::from_millis(500);
+
+/// The shortest hold of the fault `--nemesis NAME`, known before its nemesis
+/// exists (for [`check_fit`]). Each nemesis reports the same through
+/// [`Nemesis::hold_min`]; `run` checks that they agree.
+pub fn hold_min_for(name: &str, visibility_timeout: Duration) -> Duration {
+    match name {
+        // Twice the lease, so another worker has time to take the message over.
+        "pause" => visibility_timeout * 2,
+        _ => HOLD_MIN_DEFAULT,
+    }
+}
+
+/// Time allowed for starting and stopping one fault, in [`check_fit`] and in
+/// the first round's plan. Locally a signal, a proxy switch or an admin call
+/// takes milliseconds, restarting a killed node a few; a PostgreSQL restart
+/// (crash recovery) takes longer and borrows from the round's slack.
+pub const ACT_ALLOWANCE: Duration = Duration::from_millis(500);
+
+/// How long after its hold the fault in a failed stop's way stops itself: a
+/// signal or a proxy switch at once, an admin call within its 2 s timeout, a
+/// PostgreSQL restart within pg_ctl's ten tries (about 10 s).
+const STOP_RETRY_MARGIN: Duration = Duration::from_secs(15);
+
+/// The first wait between stop attempts, doubled after each failure up to
+/// [`STOP_RETRY_WAIT_MAX`]: a resumed worker answers within milliseconds, and
+/// each second of waiting is a second the fault stays on after its window.
+const STOP_RETRY_WAIT_MIN: Duration = Duration::from_millis(200);
+const STOP_RETRY_WAIT_MAX: Duration = Duration::from_secs(2);
+
+/// The durations of a schedule, from `--nemesis-interval-s`: before each fault
+/// a calm of half to one and a half intervals, then a hold as long (at least
+/// the fault's own [`Nemesis::hold_min`]).
+#[derive(Debug, Clone, Copy)]
+struct Timing {
+    interval: Duration,
+}
+
+impl Timing {
+    fn calm_min(self) -> Duration {
+        self.interval / 2
+    }
+
+    fn hold_floor(self, hold_min: Duration) -> Duration {
+        hold_min.max(self.interval / 2)
+    }
+
+    fn hold_max(self, hold_min: Duration) -> Duration {
+        hold_min.max(self.interval * 3 / 2)
+    }
+
+    /// The least one fault takes: its calm, its hold, its start and stop.
+    fn cost_min(self, hold_min: Duration) -> Duration {
+        self.calm_min() + self.hold_floor(hold_min) + ACT_ALLOWANCE
+    }
+}
+
+/// Deals fault kinds, by their least cost, to `at_once` lanes: costliest
+/// first, each to the lane with the least so far, so that the lanes' first
+/// rounds are about as long. Returns indices into `costs`, ascending per lane.
+fn deal(costs: &[Duration], at_once: usize) -> Vec<Vec<usize>> {
+    let lanes = at_once.clamp(1, costs.len().max(1));
+    let mut order: Vec<usize> = (0..costs.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(costs[i]));
+    let mut out = vec![Vec::new(); lanes];
+    let mut load = vec![Duration::ZERO; lanes];
+    for i in order {
+        let lane = (0..lanes).min_by_key(|&l| load[l]).unwrap_or(0);
+        out[lane].push(i);
+        load[lane] += costs[i];
+    }
+    for lane in &mut out {
+        lane.sort_unstable();
+    }
+    out
+}
+
+/// The time the longest lane needs to fire each of its kinds once.
+fn first_round_min(hold_mins: &[Duration], interval: Duration, at_once: usize) -> Duration {
+    let timing = Timing { interval };
+    let costs: Vec<Duration> = hold_mins.iter().map(|&h| timing.cost_min(h)).collect();
+    deal(&costs, at_once).iter().map(|lane| lane.iter().map(|&i| costs[i]).sum()).max().unwrap_or_default()
+}
+
+/// Why a run's time limit cannot fire every enabled fault once, and what would.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unfit {
+    /// The least time limit that fires every fault once.
+    pub needed: Duration,
+    /// The faults that fit the time limit: each of the given ones, in order,
+    /// that still fits with those taken before it.
+    pub fitting: Vec<String>,
+}
+
+/// Whether `time_limit` fits one round of every fault in `kinds` (name and
+/// shortest hold): the calm before each, its hold and [`ACT_ALLOWANCE`], with
+/// the kinds dealt among `at_once` schedules as [`run_schedule`] deals them.
+pub fn check_fit(
+    kinds: &[(&str, Duration)],
+    interval: Duration,
+    at_once: usize,
+    time_limit: Duration,
+) -> Result<(), Unfit> {
+    let holds: Vec<Duration> = kinds.iter().map(|(_, h)| *h).collect();
+    let needed = first_round_min(&holds, interval, at_once);
+    if needed <= time_limit {
+        return Ok(());
+    }
+    let mut fitting: Vec<(&str, Duration)> = Vec::new();
+    for &kind in kinds {
+        let mut with = fitting.clone();
+        with.push(kind);
+        let holds: Vec<Duration> = with.iter().map(|(_, h)| *h).collect();
+        if first_round_min(&holds, interval, at_once) <= time_limit {
+            fitting = with;
+        }
+    }
+    Err(Unfit { needed, fitting: fitting.into_iter().map(|(n, _)| n.to_owned()).collect() })
+}
+
+/// Faults active now, for progress lines and `haunt_fault_active`. A fault
+/// stays here until a stop of it has taken effect.
 #[derive(Debug, Default)]
 pub struct ActiveFaults {
     active: Mutex<Vec<(String, String)>>,
@@ -375,8 +536,39 @@ pub struct ScheduleOptions {
     pub deadline: Instant,
 }
 
+/// How long a failed stop is retried: past the longest hold any fault of the
+/// run can have, since the fault in its way (a pause of the worker whose admin
+/// switch it must reach) ends by then, plus [`STOP_RETRY_MARGIN`] for that
+/// fault's own stop.
+pub fn stop_retry_for(nemeses: &[Box<dyn Nemesis>], interval: Duration) -> Duration {
+    let timing = Timing { interval };
+    nemeses.iter().map(|n| timing.hold_max(n.hold_min())).max().unwrap_or_default() + STOP_RETRY_MARGIN
+}
+
+/// How often each enabled fault started, in the order of the nemeses given to
+/// [`run_schedule`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Coverage {
+    pub fired: Vec<(String, u32)>,
+}
+
+impl Coverage {
+    /// The enabled faults that never started.
+    pub fn never_fired(&self) -> Vec<String> {
+        self.fired.iter().filter(|(_, n)| *n == 0).map(|(f, _)| f.clone()).collect()
+    }
+
+    pub fn counts(&self) -> BTreeMap<String, u32> {
+        let mut out = BTreeMap::new();
+        for (f, n) in &self.fired {
+            *out.entry(f.clone()).or_default() += n;
+        }
+        out
+    }
+}
+
 /// Records one nemesis action as two ops (before and after), the value naming
-/// the target and, after, the result.
+/// the target and, after, the result: `ok`, or `error: …`.
 async fn act(recorder: &Recorder, f: &str, target: &str, action: impl Future<Output = anyhow::Result<()>>) -> bool {
     recorder.nemesis(f, json!({"target": target}));
     let result = action.await;
@@ -391,6 +583,32 @@ async fn act(recorder: &Recorder, f: &str, target: &str, action: impl Future<Out
     ok
 }
 
+/// Stops a fault, again and again until a stop takes effect, `retry_for` has
+/// passed, or `stop` is set. Every attempt is recorded; the fault stays in
+/// `active` until one succeeds. True if it was healed.
+async fn stop_until_healed(
+    nemesis: &dyn Nemesis,
+    target: &str,
+    recorder: &Recorder,
+    active: &ActiveFaults,
+    retry_for: Duration,
+    stop: &AtomicBool,
+) -> bool {
+    let give_up_at = Instant::now() + retry_for;
+    let mut wait = STOP_RETRY_WAIT_MIN;
+    loop {
+        if act(recorder, nemesis.ops().1, target, nemesis.stop()).await {
+            active.set(nemesis.name(), target, false);
+            return true;
+        }
+        if stop.load(Ordering::Relaxed) || Instant::now() + wait > give_up_at {
+            return false;
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(STOP_RETRY_WAIT_MAX);
+    }
+}
+
 /// Sleeps until `at` unless stopped first; true if it slept the whole way.
 async fn sleep_until(at: Instant, stop: &AtomicBool) -> bool {
     // Checks the stop flag every 50 ms: Ctrl-C must not wait out a long hold.
@@ -403,13 +621,16 @@ async fn sleep_until(at: Instant, stop: &AtomicBool) -> bool {
     !stop.load(Ordering::Relaxed)
 }
 
-/// Runs faults one at a time from a seeded schedule until the deadline or
-/// `stop`, and leaves every fault stopped.
+/// Runs faults from a seeded schedule until the deadline or `stop`: first every
+/// fault once, in a seeded order, with calms and holds cut so that the round
+/// fits before the deadline (when [`check_fit`] passed), then faults picked at
+/// random. Returns how often each started.
 ///
 /// With `at_once` above one, that many schedules run side by side, each over
-/// its own share of the fault kinds (dealt round-robin), so faults of different
+/// its share of the fault kinds (dealt by [`deal`]), so faults of different
 /// kinds overlap: a pause during database errors, say. A kind is never active
-/// twice at once.
+/// twice at once. A fault whose stop never took effect is left in `active`
+/// for [`heal_all`], and its schedule starts nothing more.
 pub async fn run_schedule(
     nemeses: &[Box<dyn Nemesis>],
     recorder: &Recorder,
@@ -417,72 +638,120 @@ pub async fn run_schedule(
     options: ScheduleOptions,
     at_once: usize,
     stop: &AtomicBool,
-) {
-    let usable: Vec<&dyn Nemesis> = nemeses.iter().filter(|n| !n.targets().is_empty()).map(|n| n.as_ref()).collect();
-    let lanes = at_once.clamp(1, usable.len().max(1));
-    let schedules = (0..lanes).map(|lane| {
-        let share: Vec<&dyn Nemesis> = usable.iter().skip(lane).step_by(lanes).copied().collect();
+) -> Coverage {
+    let timing = Timing { interval: options.interval };
+    let usable: Vec<usize> = (0..nemeses.len()).filter(|&i| !nemeses[i].targets().is_empty()).collect();
+    let costs: Vec<Duration> = usable.iter().map(|&i| timing.cost_min(nemeses[i].hold_min())).collect();
+    let retry_for = stop_retry_for(nemeses, options.interval);
+    let schedules = deal(&costs, at_once).into_iter().enumerate().map(|(lane, share)| {
+        let share: Vec<usize> = share.into_iter().map(|k| usable[k]).collect();
         let options = ScheduleOptions { seed: options.seed.wrapping_add(lane as u64), ..options.clone() };
-        one_schedule(share, recorder, active, options, stop)
+        async move {
+            let kinds: Vec<&dyn Nemesis> = share.iter().map(|&i| nemeses[i].as_ref()).collect();
+            let fired = one_schedule(&kinds, recorder, active, options, retry_for, stop).await;
+            share.into_iter().zip(fired).collect::<Vec<_>>()
+        }
     });
-    futures_util::future::join_all(schedules).await;
+    let mut fired = vec![0u32; nemeses.len()];
+    for (i, n) in futures_util::future::join_all(schedules).await.into_iter().flatten() {
+        fired[i] = n;
+    }
+    Coverage { fired: nemeses.iter().zip(fired).map(|(n, c)| (n.name().to_owned(), c)).collect() }
 }
 
+/// One lane of [`run_schedule`]. Returns how often each of `kinds` started.
 async fn one_schedule(
-    usable: Vec<&dyn Nemesis>,
+    kinds: &[&dyn Nemesis],
     recorder: &Recorder,
     active: &ActiveFaults,
     options: ScheduleOptions,
+    retry_for: Duration,
     stop: &AtomicBool,
-) {
-    if usable.is_empty() {
-        return;
+) -> Vec<u32> {
+    let mut fired = vec![0u32; kinds.len()];
+    if kinds.is_empty() {
+        return fired;
     }
+    let timing = Timing { interval: options.interval };
+    let spread_ms = options.interval.as_millis().max(1) as u64;
     let mut rng = Rng::new(options.seed);
-    let interval_ms = options.interval.as_millis().max(1) as u64;
-    let mut round: Vec<usize> = Vec::new();
+    // The first round, popped from the end: every kind once, in a seeded order.
+    let mut first_round: Vec<usize> = (0..kinds.len()).collect();
+    for i in (1..first_round.len()).rev() {
+        first_round.swap(i, rng.below(i as u64 + 1) as usize);
+    }
     loop {
-        // Half to one and a half intervals of calm between faults.
-        let calm = Duration::from_millis(interval_ms / 2 + rng.below(interval_ms));
+        let in_first_round = !first_round.is_empty();
+        let k = first_round.pop().unwrap_or_else(|| rng.below(kinds.len() as u64) as usize);
+        let nemesis = kinds[k];
+        let mut calm_extra = Duration::from_millis(rng.below(spread_ms));
+        let mut hold_extra = Duration::from_millis(rng.below(spread_ms));
+        if in_first_round {
+            // What the rest of the round needs at least stays free; of the time
+            // left over, this fault's random part takes at most its share.
+            let rest: Duration = first_round.iter().map(|&r| timing.cost_min(kinds[r].hold_min())).sum();
+            let left = options.deadline.saturating_duration_since(Instant::now());
+            let slack = left.saturating_sub(rest + timing.cost_min(nemesis.hold_min()));
+            let share = slack / (first_round.len() as u32 + 1);
+            let extra = calm_extra + hold_extra;
+            if extra > share {
+                let scale = share.as_secs_f64() / extra.as_secs_f64();
+                calm_extra = calm_extra.mul_f64(scale);
+                hold_extra = hold_extra.mul_f64(scale);
+            }
+        }
+        let calm = timing.calm_min() + calm_extra;
+        let hold = nemesis.hold_min().max(options.interval / 2 + hold_extra);
+        if Instant::now() + calm + hold > options.deadline {
+            // A shorter fault of the first round may still fit; after it, the
+            // run is over for this schedule.
+            if in_first_round {
+                continue;
+            }
+            break;
+        }
         if !sleep_until(Instant::now() + calm, stop).await {
             break;
         }
-        // Faults come in rounds, each a fresh shuffle of every enabled kind, so a
-        // short run still meets each kind once.
-        if round.is_empty() {
-            round = (0..usable.len()).collect();
-            for i in (1..round.len()).rev() {
-                round.swap(i, rng.below(i as u64 + 1) as usize);
-            }
-        }
-        let nemesis = usable[round.pop().expect("refilled above")];
         let targets = nemesis.targets();
         let target = targets[rng.below(targets.len() as u64) as usize].clone();
-        let hold = nemesis.hold_min().max(Duration::from_millis(interval_ms / 2 + rng.below(interval_ms)));
-        if Instant::now() + hold > options.deadline {
+        let (start_f, _) = nemesis.ops();
+        active.set(nemesis.name(), &target, true);
+        if act(recorder, start_f, &target, nemesis.start(&target)).await {
+            fired[k] += 1;
+        }
+        sleep_until(Instant::now() + hold, stop).await;
+        if !stop_until_healed(nemesis, &target, recorder, active, retry_for, stop).await {
+            if !stop.load(Ordering::Relaxed) {
+                tracing::warn!(fault = nemesis.name(), %target, ?retry_for, "the fault's stop never took effect");
+            }
             break;
         }
-        let (start_f, stop_f) = nemesis.ops();
-        active.set(nemesis.name(), &target, true);
-        act(recorder, start_f, &target, nemesis.start(&target)).await;
-        sleep_until(Instant::now() + hold, stop).await;
-        act(recorder, stop_f, &target, nemesis.stop()).await;
-        active.set(nemesis.name(), &target, false);
     }
+    fired
 }
 
-/// Stops every fault, recording each stop. Called at the end of every run.
-pub async fn heal_all(nemeses: &[Box<dyn Nemesis>], recorder: &Recorder, active: &ActiveFaults) -> anyhow::Result<()> {
+/// Stops every fault, recording each attempt, retrying a failed stop for
+/// `retry_for` (see [`stop_retry_for`]). Called at the end of every run that
+/// gets that far; [`Faults`] covers the others.
+pub async fn heal_all(
+    nemeses: &[Box<dyn Nemesis>],
+    recorder: &Recorder,
+    active: &ActiveFaults,
+    retry_for: Duration,
+) -> anyhow::Result<()> {
+    // The end of the run must heal: nothing stops these retries but their bound.
+    let never = AtomicBool::new(false);
     let mut failed = Vec::new();
-    // Pauses first: a paused container cannot be entered to heal its links.
+    // Pauses first: a paused process cannot take the admin call that heals its
+    // other faults, nor can a paused container be entered to heal its links.
     let mut list = active.list();
     list.sort_by_key(|(fault, _)| fault != "pause");
     for (fault, target) in list {
-        if let Some(n) = nemeses.iter().find(|n| n.name() == fault) {
-            if !act(recorder, n.ops().1, &target, n.stop()).await {
-                failed.push(format!("{fault} on {target}"));
-            }
-            active.set(&fault, &target, false);
+        if let Some(n) = nemeses.iter().find(|n| n.name() == fault)
+            && !stop_until_healed(n.as_ref(), &target, recorder, active, retry_for, &never).await
+        {
+            failed.push(format!("{fault} on {target}"));
         }
     }
     // Stop the rest too: stop is idempotent, and heal must not trust bookkeeping.
@@ -493,6 +762,44 @@ pub async fn heal_all(nemeses: &[Box<dyn Nemesis>], recorder: &Recorder, active:
     }
     anyhow::ensure!(failed.is_empty(), "could not heal: {}", failed.join("; "));
     Ok(())
+}
+
+/// A run's nemeses, owning the faults they start: dropping it heals,
+/// synchronously, whatever is still broken ([`Nemesis::heal_blocking`]), so a
+/// fault is healed on every path out of a run, a panic or an early `?`
+/// included, not only on the one that reaches [`heal_all`]. On that one the
+/// drop finds nothing left to do.
+pub struct Faults {
+    nemeses: Vec<Box<dyn Nemesis>>,
+}
+
+impl Faults {
+    pub fn new(nemeses: Vec<Box<dyn Nemesis>>) -> Faults {
+        Faults { nemeses }
+    }
+}
+
+impl std::ops::Deref for Faults {
+    type Target = [Box<dyn Nemesis>];
+    fn deref(&self) -> &Self::Target {
+        &self.nemeses
+    }
+}
+
+impl std::fmt::Debug for Faults {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.nemeses.iter().map(|n| n.name())).finish()
+    }
+}
+
+impl Drop for Faults {
+    fn drop(&mut self) {
+        // Pauses first, as in heal_all.
+        let (pauses, rest): (Vec<_>, Vec<_>) = self.nemeses.iter().partition(|n| n.name() == "pause");
+        for n in pauses.into_iter().chain(rest) {
+            n.heal_blocking();
+        }
+    }
 }
 
 /// Slows a link: every chunk through its fault proxy waits `delay`. Longer than
@@ -528,13 +835,300 @@ impl Nemesis for DelayNemesis {
         })
     }
     fn stop(&self) -> BoxFuture<'_, anyhow::Result<()>> {
-        Box::pin(async move {
-            for (_, proxy) in &self.links {
-                if proxy.mode() != ProxyMode::Partition {
-                    proxy.set(ProxyMode::Pass);
+        self.heal_blocking();
+        Box::pin(async { Ok(()) })
+    }
+    fn heal_blocking(&self) {
+        for (_, proxy) in &self.links {
+            // A partition on the same proxy is another nemesis's to heal.
+            if proxy.mode() != ProxyMode::Partition {
+                proxy.set(ProxyMode::Pass);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU32;
+
+    use super::*;
+    use crate::local::{LocalBackend, NodeSpec, worker_node};
+
+    /// A fault that only counts. Its stop fails `stop_failures` times before
+    /// it takes effect, and notes at each attempt whether the fault was still
+    /// listed as active. Starting and stopping take `act` (of tokio's clock).
+    struct Fake {
+        name: &'static str,
+        hold_min: Duration,
+        act: Duration,
+        stop_failures: AtomicU32,
+        active: Arc<ActiveFaults>,
+        /// Each stop attempt: when, whether the fault was listed as active.
+        stops: Arc<Mutex<Vec<(Instant, bool)>>>,
+    }
+
+    impl Fake {
+        fn new(name: &'static str, hold_min: Duration, active: &Arc<ActiveFaults>) -> Fake {
+            Fake {
+                name,
+                hold_min,
+                act: Duration::ZERO,
+                stop_failures: AtomicU32::new(0),
+                active: active.clone(),
+                stops: Arc::default(),
+            }
+        }
+    }
+
+    impl Nemesis for Fake {
+        fn name(&self) -> &'static str {
+            self.name
+        }
+        fn ops(&self) -> (&'static str, &'static str) {
+            ("start-fake", "stop-fake")
+        }
+        fn targets(&self) -> Vec<String> {
+            vec!["t".into()]
+        }
+        fn hold_min(&self) -> Duration {
+            self.hold_min
+        }
+        fn start<'a>(&'a self, _target: &'a str) -> BoxFuture<'a, anyhow::Result<()>> {
+            Box::pin(async move {
+                tokio::time::sleep(self.act).await;
+                Ok(())
+            })
+        }
+        fn stop(&self) -> BoxFuture<'_, anyhow::Result<()>> {
+            Box::pin(async move {
+                tokio::time::sleep(self.act).await;
+                let listed = self.active.list().iter().any(|(f, t)| f == self.name && t == "t");
+                self.stops.lock().unwrap().push((Instant::now(), listed));
+                let left = self.stop_failures.load(Ordering::Relaxed);
+                if left > 0 {
+                    self.stop_failures.store(left - 1, Ordering::Relaxed);
+                    anyhow::bail!("timed out");
                 }
+                Ok(())
+            })
+        }
+    }
+
+    fn fakes(list: Vec<Fake>) -> Vec<Box<dyn Nemesis>> {
+        list.into_iter().map(|f| Box::new(f) as Box<dyn Nemesis>).collect()
+    }
+
+    fn history(dir: &tempfile::TempDir) -> Vec<haunt_format::Op> {
+        let text = std::fs::read_to_string(dir.path().join("h.jsonl")).unwrap();
+        text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    }
+
+    fn result_of(op: &haunt_format::Op) -> Option<String> {
+        match &op.value {
+            haunt_format::OpValue::Other(v) => v.get("result").and_then(|r| r.as_str()).map(str::to_owned),
+            _ => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_stop_stays_active_and_is_retried_until_it_takes_effect() {
+        tokio::time::pause();
+        let dir = tempfile::tempdir().unwrap();
+        let recorder = Recorder::create(&dir.path().join("h.jsonl")).unwrap();
+        let active = Arc::new(ActiveFaults::default());
+        let f = Fake::new("db-error", HOLD_MIN_DEFAULT, &active);
+        f.stop_failures.store(3, Ordering::Relaxed);
+        let stops = f.stops.clone();
+        let nemeses = fakes(vec![f]);
+        // Room for one fault only: 1 s calm and hold at most, then the deadline.
+        let options = ScheduleOptions {
+            interval: Duration::from_secs(1),
+            seed: 1,
+            deadline: Instant::now() + Duration::from_secs(4),
+        };
+        let coverage = run_schedule(&nemeses, &recorder, &active, options, 1, &AtomicBool::new(false)).await;
+        recorder.finish().unwrap();
+        assert_eq!(coverage.fired, vec![("db-error".to_owned(), 1)]);
+        let stops = stops.lock().unwrap().clone();
+        assert_eq!(stops.len(), 4, "three failed attempts, then the one that took effect");
+        assert!(stops.iter().all(|(_, listed)| *listed), "active until a stop took effect: {stops:?}");
+        assert!(active.list().is_empty(), "healed at last");
+        let waits: Vec<Duration> = stops.windows(2).map(|w| w[1].0 - w[0].0).collect();
+        // The timer rounds each sleep up to its next millisecond tick or two.
+        let backoff = [200, 400, 800].map(Duration::from_millis);
+        assert!(waits.iter().zip(backoff).all(|(w, b)| *w >= b && *w < b + Duration::from_millis(5)), "{waits:?}");
+        // In the history: each attempt is two ops, the failed ones say so, the last is ok.
+        let results: Vec<Option<String>> =
+            history(&dir).iter().filter(|op| op.f == "stop-fake").map(result_of).collect();
+        assert_eq!(results.len(), 8);
+        assert!(results.iter().step_by(2).all(Option::is_none), "before ops carry no result");
+        let afters: Vec<&str> = results.iter().skip(1).step_by(2).map(|r| r.as_deref().unwrap()).collect();
+        assert_eq!(afters, ["error: timed out", "error: timed out", "error: timed out", "ok"]);
+    }
+
+    #[tokio::test]
+    async fn a_stop_that_never_takes_effect_is_retried_within_its_bound_and_left_to_heal_all() {
+        tokio::time::pause();
+        let dir = tempfile::tempdir().unwrap();
+        let recorder = Recorder::create(&dir.path().join("h.jsonl")).unwrap();
+        let active = Arc::new(ActiveFaults::default());
+        let f = Fake::new("db-error", HOLD_MIN_DEFAULT, &active);
+        f.stop_failures.store(u32::MAX, Ordering::Relaxed);
+        let stops = f.stops.clone();
+        let nemeses = fakes(vec![f]);
+        let interval = Duration::from_secs(1);
+        let options = ScheduleOptions { interval, seed: 1, deadline: Instant::now() + Duration::from_secs(60) };
+        run_schedule(&nemeses, &recorder, &active, options, 1, &AtomicBool::new(false)).await;
+        let retry_for = stop_retry_for(&nemeses, interval);
+        assert_eq!(retry_for, Duration::from_millis(1500) + STOP_RETRY_MARGIN);
+        let stops = stops.lock().unwrap().clone();
+        let (first, last) = (stops[0].0, stops[stops.len() - 1].0);
+        assert!(last - first <= retry_for && last - first >= retry_for - STOP_RETRY_WAIT_MAX, "{:?}", last - first);
+        assert_eq!(active.list(), vec![("db-error".to_owned(), "t".to_owned())], "still active: it never healed");
+        // The schedule gave up on it and started nothing more: one start only.
+        recorder.flush().unwrap();
+        let starts = history(&dir).iter().filter(|op| op.f == "start-fake").count();
+        assert_eq!(starts, 2);
+        let err = heal_all(&nemeses, &recorder, &active, retry_for).await.unwrap_err();
+        assert!(format!("{err:#}").contains("could not heal: db-error on t"), "{err:#}");
+        assert_eq!(active.list().len(), 1);
+    }
+
+    /// A backend whose `start` fails a given number of times.
+    #[derive(Debug, Default)]
+    struct FlakyStart {
+        failures: AtomicU32,
+        starts: AtomicU32,
+    }
+
+    impl Backend for FlakyStart {
+        fn nodes(&self) -> Vec<Node> {
+            vec![worker_node(1)]
+        }
+        async fn start(&self, _: &Node) -> anyhow::Result<()> {
+            self.starts.fetch_add(1, Ordering::Relaxed);
+            let left = self.failures.load(Ordering::Relaxed);
+            if left > 0 {
+                self.failures.store(left - 1, Ordering::Relaxed);
+                anyhow::bail!("no");
             }
             Ok(())
-        })
+        }
+        async fn stop(&self, _: &Node) -> anyhow::Result<()> {
+            Ok(())
+        }
+        async fn kill(&self, _: &Node) -> anyhow::Result<()> {
+            Ok(())
+        }
+        async fn pause(&self, _: &Node) -> anyhow::Result<()> {
+            Ok(())
+        }
+        async fn resume(&self, _: &Node) -> anyhow::Result<()> {
+            Ok(())
+        }
+        fn resume_blocking(&self, _: &Node) -> anyhow::Result<()> {
+            Ok(())
+        }
+        fn is_running(&self, _: &Node) -> bool {
+            true
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_restart_is_retried_on_the_same_node() {
+        let backend = Arc::new(FlakyStart { failures: AtomicU32::new(1), ..FlakyStart::default() });
+        let kill = KillNemesis::new(backend.clone(), vec![worker_node(1)]);
+        kill.start("worker-1").await.unwrap();
+        assert!(kill.stop().await.is_err());
+        kill.stop().await.unwrap();
+        assert_eq!(backend.starts.load(Ordering::Relaxed), 2, "the second stop restarted the node again");
+        kill.stop().await.unwrap();
+        assert_eq!(backend.starts.load(Ordering::Relaxed), 2, "and a healed fault has nothing left to stop");
+    }
+
+    /// The seven local faults as fakes: holds as `haunt run` gives them, each
+    /// start and stop taking `act`.
+    fn seven_local_faults(active: &Arc<ActiveFaults>, visibility_timeout: Duration, act: Duration) -> Vec<Fake> {
+        ["kill", "pause", "partition", "delay", "ack-loss", "clock-skew", "db-error"]
+            .into_iter()
+            .map(|name| Fake { act, ..Fake::new(name, hold_min_for(name, visibility_timeout), active) })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn with_the_default_options_every_local_fault_fires_whatever_the_seed() {
+        tokio::time::pause();
+        let dir = tempfile::tempdir().unwrap();
+        // haunt run's defaults: 60 s, --nemesis-interval-s 5, --visibility-timeout-ms 2000.
+        let (limit, interval, vt) = (Duration::from_secs(60), Duration::from_secs(5), Duration::from_secs(2));
+        let kinds: Vec<(&str, Duration)> = NEMESIS_NAMES[..7].iter().map(|&n| (n, hold_min_for(n, vt))).collect();
+        assert_eq!(check_fit(&kinds, interval, 1, limit), Ok(()));
+        for at_once in [1, 2, 3] {
+            for seed in 0..40 {
+                let recorder = Recorder::create(&dir.path().join("h.jsonl")).unwrap();
+                let active = Arc::new(ActiveFaults::default());
+                let nemeses = fakes(seven_local_faults(&active, vt, Duration::from_millis(50)));
+                let options = ScheduleOptions { interval, seed, deadline: Instant::now() + limit };
+                let coverage =
+                    run_schedule(&nemeses, &recorder, &active, options, at_once, &AtomicBool::new(false)).await;
+                assert_eq!(coverage.never_fired(), Vec::<String>::new(), "seed {seed}, {at_once} at once");
+                assert!(active.list().is_empty());
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_time_limit_that_just_fits_fires_every_fault() {
+        tokio::time::pause();
+        let dir = tempfile::tempdir().unwrap();
+        let (interval, vt) = (Duration::from_secs(1), Duration::from_millis(500));
+        let kinds: Vec<(&str, Duration)> = NEMESIS_NAMES[..7].iter().map(|&n| (n, hold_min_for(n, vt))).collect();
+        // Seven faults of 0.5 s calm, 0.5 s hold (pause 1 s) and 0.5 s to act.
+        let needed = Duration::from_millis(7 * 1500 + 500);
+        assert_eq!(check_fit(&kinds, interval, 1, needed), Ok(()));
+        let unfit = check_fit(&kinds, interval, 1, needed - Duration::from_millis(1)).unwrap_err();
+        assert_eq!(unfit.needed, needed);
+        assert_eq!(unfit.fitting, ["kill", "pause", "partition", "delay", "ack-loss", "clock-skew"]);
+        // Two schedules: pause and two others in one (5 s), four in the other (6 s).
+        assert_eq!(check_fit(&kinds, interval, 2, Duration::from_secs(6)), Ok(()));
+        for seed in 0..40 {
+            let recorder = Recorder::create(&dir.path().join("h.jsonl")).unwrap();
+            let active = Arc::new(ActiveFaults::default());
+            let nemeses = fakes(seven_local_faults(&active, vt, Duration::from_millis(100)));
+            let options = ScheduleOptions { interval, seed, deadline: Instant::now() + needed };
+            let coverage = run_schedule(&nemeses, &recorder, &active, options, 1, &AtomicBool::new(false)).await;
+            assert_eq!(coverage.never_fired(), Vec::<String>::new(), "seed {seed}");
+        }
+    }
+
+    fn process_state(pid: nix::unistd::Pid) -> char {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        stat.rsplit_once(')').unwrap().1.trim_start().chars().next().unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_panic_while_a_worker_is_paused_resumes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = worker_node(1);
+        let spec = NodeSpec { node: node.clone(), args: vec!["60".into()] };
+        let backend = Arc::new(LocalBackend::new("/bin/sleep".into(), dir.path().into(), Vec::new(), vec![spec]));
+        backend.start(&node).await.unwrap();
+        let pid = backend.pid(&node).unwrap();
+        let (task_backend, vt) = (backend.clone(), Duration::from_millis(500));
+        let run = tokio::spawn(async move {
+            let faults = Faults::new(vec![Box::new(PauseNemesis::new(task_backend, vec![worker_node(1)], vt))]);
+            faults[0].start("worker-1").await.unwrap();
+            assert_eq!(process_state(pid), 'T', "paused");
+            panic!("the harness panics mid-fault");
+        });
+        assert!(run.await.unwrap_err().is_panic());
+        // SIGCONT is delivered at once, but the state in /proc may lag a moment.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while process_state(pid) == 'T' && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_ne!(process_state(pid), 'T', "the guard resumed the paused worker");
+        backend.kill_all();
     }
 }

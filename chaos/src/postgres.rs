@@ -66,6 +66,12 @@ impl PgServer {
     /// The next start recovers from the WAL, which is what durability must survive.
     pub fn crash(&self) -> anyhow::Result<()> {
         let pid = self.pid().context("PostgreSQL is not running")?;
+        // Noted before the first signal: from here on the server may be down.
+        let mut crashed = CRASHED.lock().unwrap_or_else(|p| p.into_inner());
+        if !crashed.contains(&self.data_dir) {
+            crashed.push(self.data_dir.clone());
+        }
+        drop(crashed);
         // Stop the postmaster first so it cannot fork replacements, then its children.
         kill(pid, Signal::SIGSTOP).context("stopping the postmaster")?;
         for child in children_of(pid) {
@@ -79,7 +85,15 @@ impl PgServer {
     /// the data directory. Retries while the crashed server's backends are
     /// still exiting (the old shared memory is busy until they do).
     pub async fn start(&self) -> anyhow::Result<()> {
+        let server = self.clone();
+        tokio::task::spawn_blocking(move || server.start_blocking()).await?
+    }
+
+    /// [`PgServer::start`] on the calling thread: for `Drop` and a second
+    /// Ctrl-C, where no runtime is left to wait on.
+    pub fn start_blocking(&self) -> anyhow::Result<()> {
         if self.pid().is_some() {
+            forget_crashed(&self.data_dir);
             return Ok(());
         }
         if self.lock_pid().is_some() {
@@ -124,14 +138,35 @@ impl PgServer {
                 .arg(&log)
                 .args(["-w", "-t", "60", "start", "-o"])
                 .arg(options.join(" "));
-            let out = tokio::task::spawn_blocking(move || command.output()).await?.context("running pg_ctl")?;
+            let out = command.output().context("running pg_ctl")?;
             if out.status.success() {
+                forget_crashed(&self.data_dir);
                 return Ok(());
             }
             last_error = String::from_utf8_lossy(&out.stderr).trim().to_owned();
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            std::thread::sleep(Duration::from_secs(1));
         }
         anyhow::bail!("pg_ctl start failed: {last_error}")
+    }
+}
+
+/// The data directories of servers this process crashed and has not started
+/// again, for [`restart_crashed`].
+static CRASHED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+fn forget_crashed(data_dir: &Path) {
+    CRASHED.lock().unwrap_or_else(|p| p.into_inner()).retain(|d| d != data_dir);
+}
+
+/// Starts again every server this process crashed and has not restarted: for
+/// a second Ctrl-C, which exits without unwinding, so no guard heals. A
+/// database is not the harness's to leave down.
+pub fn restart_crashed() {
+    let dirs = CRASHED.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    for dir in dirs {
+        if let Err(e) = (PgServer { data_dir: dir.clone() }).start_blocking() {
+            eprintln!("haunt: restarting PostgreSQL in {}: {e:#}", dir.display());
+        }
     }
 }
 
@@ -184,6 +219,14 @@ impl Nemesis for DbRestartNemesis {
     }
     fn stop(&self) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(async move { self.server.start().await })
+    }
+    /// Starts the server again if this process crashed it: a database the
+    /// harness killed must not stay down because the harness panicked.
+    fn heal_blocking(&self) {
+        let crashed = CRASHED.lock().unwrap_or_else(|p| p.into_inner()).contains(&self.server.data_dir);
+        if crashed && let Err(e) = self.server.start_blocking() {
+            eprintln!("haunt: restarting PostgreSQL in {}: {e:#}", self.server.data_dir.display());
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use std::path::Path;
 use haunt_checker::Results;
 use haunt_format::OrderValue;
 
-/// What one client op came to (RUN-FORMAT.md's semantics).
+/// What one client op came to (the semantics of `docs/run-format.md`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Completion {
     /// Committed: the API answered 201 or 200 with this event.
@@ -61,6 +61,9 @@ pub trait Backend: Send + Sync {
     /// Freezes a node (SIGSTOP): it holds its leases and connections, does nothing.
     fn pause(&self, node: &Node) -> impl Future<Output = anyhow::Result<()>> + Send;
     fn resume(&self, node: &Node) -> impl Future<Output = anyhow::Result<()>> + Send;
+    /// [`Backend::resume`] without a runtime: the last-resort heal of a paused
+    /// node when a run unwinds (see [`crate::nemesis::Faults`]).
+    fn resume_blocking(&self, node: &Node) -> anyhow::Result<()>;
     /// Whether the node's process is alive (paused counts as alive).
     fn is_running(&self, node: &Node) -> bool;
 }
@@ -88,6 +91,9 @@ impl Backend for NoopBackend {
     async fn resume(&self, _: &Node) -> anyhow::Result<()> {
         Ok(())
     }
+    fn resume_blocking(&self, _: &Node) -> anyhow::Result<()> {
+        Ok(())
+    }
     fn is_running(&self, _: &Node) -> bool {
         false
     }
@@ -98,6 +104,8 @@ pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a
 
 /// One kind of fault. `stop` must be idempotent and must heal whatever `start`
 /// broke: the run calls it at the end, on Ctrl-C and on errors, fault active or not.
+/// A `stop` that fails must leave the fault as it is, so that the next `stop`
+/// tries again (the schedule retries it until it takes effect).
 pub trait Nemesis: Send + Sync {
     /// The fault's name in `--nemesis` (`kill`, `pause`, …).
     fn name(&self) -> &'static str;
@@ -110,8 +118,15 @@ pub trait Nemesis: Send + Sync {
     /// The shortest time the fault must last to mean anything (a pause must
     /// outlast the visibility timeout).
     fn hold_min(&self) -> std::time::Duration {
-        std::time::Duration::from_millis(500)
+        crate::nemesis::HOLD_MIN_DEFAULT
     }
+    /// The last resort when a run unwinds (a panic, an error before the heal):
+    /// undoes, without a runtime, whatever of this fault is still in place and
+    /// would outlive the harness. Called on every path out of a run, so it must
+    /// be idempotent and cheap when nothing is broken. The default does nothing,
+    /// which is right for a fault that lives only in processes or containers the
+    /// backend ends when it drops (an admin switch of a worker, a killed node).
+    fn heal_blocking(&self) {}
 }
 
 /// Never breaks anything.

@@ -19,8 +19,8 @@ use crate::docker::{ContainerSpec, DockerBackend, IptablesLink, LossNemesis, Pee
 use crate::history::Recorder;
 use crate::local::{LocalBackend, NodeSpec, api_node, worker_node};
 use crate::nemesis::{
-    AckLossNemesis, ActiveFaults, Admin, ClockSkewNemesis, DbErrorNemesis, DelayNemesis, KillNemesis, PartitionNemesis,
-    PauseNemesis, ScheduleOptions, SharedLink,
+    ACT_ALLOWANCE, AckLossNemesis, ActiveFaults, Admin, ClockSkewNemesis, Coverage, DbErrorNemesis, DelayNemesis,
+    Faults, KillNemesis, PartitionNemesis, PauseNemesis, ScheduleOptions, SharedLink, hold_min_for,
 };
 use crate::postgres::{DbRestartNemesis, PgServer};
 use crate::proxy::FaultProxy;
@@ -83,6 +83,8 @@ pub struct RunOptions {
     pub delivery_attempts_max: u32,
     /// Fault schedules running side by side (kinds dealt among them).
     pub faults_at_once: usize,
+    /// Refuse a time limit that cannot fire every enabled fault once.
+    pub fit_check: bool,
     /// Serve the harness's own metrics here while the run lasts.
     pub metrics_listen: Option<SocketAddr>,
     /// Keep serving them this long after the verdict, for a last scrape.
@@ -117,6 +119,8 @@ pub struct RunOutcome {
     /// `None` when the run was aborted before it could be checked.
     pub results: Option<Results>,
     pub aborted: bool,
+    /// Enabled faults that never started (empty for a run that did not finish).
+    pub faults_never_fired: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -134,6 +138,12 @@ struct RunFile<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
     verdict: Option<&'static str>,
+    /// How often each enabled fault (`options.nemesis`) started.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    faults_fired: Option<std::collections::BTreeMap<String, u32>>,
+    /// The enabled faults that never started: the run did not test them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    faults_never_fired: Option<Vec<String>>,
 }
 
 fn now_ms() -> i64 {
@@ -241,6 +251,12 @@ impl Backend for ClusterBackend {
         match self {
             ClusterBackend::Local(b) => b.resume(node).await,
             ClusterBackend::Docker(b) => b.resume(node).await,
+        }
+    }
+    fn resume_blocking(&self, node: &Node) -> anyhow::Result<()> {
+        match self {
+            ClusterBackend::Local(b) => b.resume_blocking(node),
+            ClusterBackend::Docker(b) => b.resume_blocking(node),
         }
     }
     fn is_running(&self, node: &Node) -> bool {
@@ -469,7 +485,7 @@ async fn start_docker_cluster(
     Ok((cluster, db, store))
 }
 
-fn nemeses(options: &RunOptions, cluster: &Cluster, token: &str) -> anyhow::Result<Vec<Box<dyn Nemesis>>> {
+fn nemeses(options: &RunOptions, cluster: &Cluster, token: &str) -> anyhow::Result<Faults> {
     let workers: Vec<Node> = (1..=options.workers).map(worker_node).collect();
     let admin = Admin::new(token.to_owned(), cluster.worker_admin.clone())?;
     let mut every_service = vec![(api_node().name, cluster.api_url.clone())];
@@ -524,7 +540,55 @@ fn nemeses(options: &RunOptions, cluster: &Cluster, token: &str) -> anyhow::Resu
             other => anyhow::bail!("unknown nemesis {other:?}"),
         }
     }
-    Ok(list)
+    for n in &list {
+        // The fit check ran on hold_min_for before the nemeses existed.
+        assert_eq!(
+            n.hold_min(),
+            hold_min_for(n.name(), options.visibility_timeout),
+            "hold_min_for must know the hold of {}",
+            n.name()
+        );
+    }
+    Ok(Faults::new(list))
+}
+
+/// Seconds for a message: `2.5`, `4`.
+fn secs(d: Duration) -> String {
+    let text = format!("{:.1}", d.as_secs_f64());
+    text.strip_suffix(".0").map(str::to_owned).unwrap_or(text)
+}
+
+/// Refuses a time limit that cannot fire every enabled fault once, and says
+/// what would fit.
+fn check_fault_fit(options: &RunOptions) -> anyhow::Result<()> {
+    let kinds: Vec<(&str, Duration)> =
+        options.nemesis.iter().map(|n| (n.as_str(), hold_min_for(n, options.visibility_timeout))).collect();
+    let (interval, limit) = (options.nemesis_interval, options.time_limit);
+    let Err(unfit) = crate::nemesis::check_fit(&kinds, interval, options.faults_at_once, limit) else {
+        return Ok(());
+    };
+    let holds: Vec<String> = kinds.iter().map(|(n, h)| format!("{n} {}", secs((*h).max(interval / 2)))).collect();
+    let busiest = match options.faults_at_once {
+        1 => String::new(),
+        n => format!(" for the busiest of {n} schedules"),
+    };
+    let fewer = match unfit.fitting.as_slice() {
+        [] => format!("no fault fits in {} s", secs(limit)),
+        fitting => format!("--nemesis {} fits in {} s", fitting.join(","), secs(limit)),
+    };
+    anyhow::bail!(
+        "a {} s run cannot fire each of its {} faults once: each takes at least {} s of calm before it (half of \
+         --nemesis-interval-s), its hold in s ({}) and {} s to start and stop, {} s in all{busiest}. \
+         Use --time-limit-s {} or more, or fewer faults ({fewer}), or a shorter --nemesis-interval-s; \
+         --skip-fit-check runs anyway",
+        secs(limit),
+        kinds.len(),
+        secs(interval / 2),
+        holds.join(", "),
+        secs(ACT_ALLOWANCE),
+        secs(unfit.needed),
+        unfit.needed.as_secs_f64().ceil() as u64,
+    )
 }
 
 /// Serves `/metrics` (OpenMetrics) on `addr` until the returned handle drops.
@@ -580,6 +644,10 @@ pub async fn run(options: RunOptions, abort: Arc<AtomicBool>) -> anyhow::Result<
         Some(url) if !url.starts_with("sqlite:") => "postgres",
         _ => "sqlite",
     };
+    // Before anything exists: a refused run leaves nothing behind.
+    if options.fit_check {
+        check_fault_fit(&options)?;
+    }
     if options.backend == BackendKind::Docker {
         anyhow::ensure!(
             options.db.is_none() && options.pg_data.is_none(),
@@ -630,6 +698,8 @@ pub async fn run(options: RunOptions, abort: Arc<AtomicBool>) -> anyhow::Result<
         aborted: false,
         error: None,
         verdict: None,
+        faults_fired: None,
+        faults_never_fired: None,
     };
     write_json(&run_dir.join(RUN_FILE), &run_file)?;
     say(&options, &format!("run {} (seed {}, revision {})", run_dir.display(), options.seed, options.git_revision));
@@ -658,16 +728,26 @@ pub async fn run(options: RunOptions, abort: Arc<AtomicBool>) -> anyhow::Result<
 
     let aborted = abort.load(Ordering::Relaxed);
     run_file.aborted = aborted;
+    let mut never_fired = Vec::new();
+    if let Ok(driven) = &outcome {
+        run_file.faults_fired = Some(driven.coverage.counts());
+        never_fired = driven.coverage.never_fired();
+        run_file.faults_never_fired = Some(never_fired.clone());
+    }
     let results = match outcome {
-        Ok(quiesced) if !aborted => {
-            let recorder_done = finish_final_state(&store, &run_dir, quiesced.0, &quiesced.1).await;
+        Ok(driven) if !aborted => {
+            let recorder_done = finish_final_state(&store, &run_dir, driven.drained, &driven.recorder).await;
             store.close().await;
             cluster.backend.teardown(&run_dir.join("logs"));
             recorder_done?;
             let results = RunDirChecker.check(&run_dir).map_err(|e| anyhow::anyhow!("checking the run: {e}"))?;
             write_json(&run_dir.join(RESULTS_FILE), &results)?;
             let history = std::fs::read_to_string(run_dir.join(HISTORY_FILE)).unwrap_or_default();
-            let report = crate::report::render(&results, &history, &run_file_summary(&options, &db, &run_dir));
+            let mut summary = run_file_summary(&options, &db, &run_dir);
+            if !never_fired.is_empty() {
+                summary.push_str(&format!(" · never fired: {}", never_fired.join(",")));
+            }
+            let report = crate::report::render(&results, &history, &summary);
             std::fs::write(run_dir.join("report.html"), report).context("writing report.html")?;
             run_file.verdict = Some(results.valid.as_str());
             metrics.check_valid.set(match results.valid {
@@ -694,7 +774,7 @@ pub async fn run(options: RunOptions, abort: Arc<AtomicBool>) -> anyhow::Result<
     };
     run_file.ended_at_ms = Some(now_ms());
     write_json(&run_dir.join(RUN_FILE), &run_file)?;
-    Ok(RunOutcome { run_dir, results, aborted })
+    Ok(RunOutcome { run_dir, results, aborted, faults_never_fired: never_fired })
 }
 
 fn run_file_summary(options: &RunOptions, db: &str, run_dir: &Path) -> String {
@@ -709,8 +789,16 @@ fn run_file_summary(options: &RunOptions, db: &str, run_dir: &Path) -> String {
     )
 }
 
+/// What [`drive`] leaves for the rest of the run.
+struct Driven {
+    /// Whether the queue drained after the heal.
+    drained: bool,
+    recorder: Arc<Recorder>,
+    coverage: Coverage,
+}
+
 /// Starts the nodes, runs the workload and the faults, heals, and waits for the
-/// queue to drain. Returns whether it drained, and the recorder.
+/// queue to drain.
 async fn drive(
     options: &RunOptions,
     cluster: &Cluster,
@@ -719,7 +807,7 @@ async fn drive(
     token: &str,
     abort: &Arc<AtomicBool>,
     metrics: &Arc<haunt_telemetry::metrics::HarnessMetrics>,
-) -> anyhow::Result<(bool, Arc<Recorder>)> {
+) -> anyhow::Result<Driven> {
     for node in cluster.backend.nodes() {
         cluster.backend.start(&node).await?;
     }
@@ -732,6 +820,8 @@ async fn drive(
     if let Some(path) = &options.prometheus_sd {
         write_scrape_targets(path, options, cluster, run_dir)?;
     }
+    // Owns the faults from here: a panic or an early return below heals them
+    // when it drops.
     let nemeses = nemeses(options, cluster, token)?;
     let recorder = Arc::new(Recorder::create(&run_dir.join(HISTORY_FILE))?);
     let active = Arc::new(ActiveFaults::with_metrics(metrics.clone()));
@@ -755,9 +845,11 @@ async fn drive(
     ));
     let progress = tokio::spawn(progress(options.clone(), recorder.clone(), active.clone(), deadline, abort.clone()));
     let schedule = ScheduleOptions { interval: options.nemesis_interval, seed: options.seed.rotate_left(17), deadline };
-    crate::nemesis::run_schedule(&nemeses, &recorder, &active, schedule, options.faults_at_once, abort).await;
+    let coverage =
+        crate::nemesis::run_schedule(&nemeses, &recorder, &active, schedule, options.faults_at_once, abort).await;
     let workload_result = workload.await;
-    let heal = crate::nemesis::heal_all(&nemeses, &recorder, &active).await;
+    let retry_for = crate::nemesis::stop_retry_for(&nemeses, options.nemesis_interval);
+    let heal = crate::nemesis::heal_all(&nemeses, &recorder, &active, retry_for).await;
     progress.abort();
     workload_result.context("the workload panicked")?;
     heal?;
@@ -770,7 +862,7 @@ async fn drive(
         }
     }
     if abort.load(Ordering::Relaxed) {
-        return Ok((false, recorder));
+        return Ok(Driven { drained: false, recorder, coverage });
     }
     say(options, "healed; waiting for the queue to drain");
     let drain_deadline = Instant::now() + options.quiesce_timeout;
@@ -784,7 +876,7 @@ async fn drive(
     if !drained {
         say(options, &format!("the queue did not drain within {:?}", options.quiesce_timeout));
     }
-    Ok((drained, recorder))
+    Ok(Driven { drained, recorder, coverage })
 }
 
 /// The run's metrics endpoints as a Prometheus file_sd file: one target group
