@@ -82,6 +82,15 @@ struct Frame {
     y_min: f64,
     y_max: f64,
     log_y: bool,
+    /// One label per unit of x, centred on it (bars of a histogram); `None`:
+    /// six evenly spaced ticks of a continuous x.
+    x_labels: Option<Vec<String>>,
+}
+
+/// A tick label: at most two decimals, none that are zero (`0.25`, `1`, `40`).
+fn tick_label(v: f64) -> String {
+    let text = format!("{v:.2}");
+    text.trim_end_matches('0').trim_end_matches('.').to_owned()
 }
 
 impl Frame {
@@ -118,10 +127,13 @@ impl Frame {
         let (x0, x1, y0, y1) = (self.left, self.width - Self::RIGHT, self.height - self.bottom, Self::TOP);
         let _ = write!(out, r##"<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}" stroke="#333"/>"##);
         let _ = write!(out, r##"<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="#333"/>"##);
-        for i in 0..=5 {
-            let v = self.x_max * f64::from(i) / 5.0;
+        let x_ticks: Vec<(f64, String)> = match &self.x_labels {
+            Some(labels) => labels.iter().enumerate().map(|(i, l)| (i as f64 + 0.5, l.clone())).collect(),
+            None => (0..=5).map(|i| self.x_max * f64::from(i) / 5.0).map(|v| (v, format!("{v:.0}"))).collect(),
+        };
+        for (v, label) in x_ticks {
             let x = self.x(v);
-            let _ = write!(out, r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{v:.0}</text>"#, y0 + 14.0);
+            let _ = write!(out, r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#, y0 + 14.0, esc(&label));
         }
         let ticks: Vec<f64> = if self.log_y {
             let mut t = Vec::new();
@@ -138,7 +150,7 @@ impl Frame {
         };
         for v in ticks {
             let y = self.y(v);
-            let label = if v >= 10.0 || v == 0.0 { format!("{v:.0}") } else { format!("{v}") };
+            let label = if v >= 10.0 { format!("{v:.0}") } else { tick_label(v) };
             let _ = write!(out, r##"<line x1="{x0}" y1="{y:.1}" x2="{x1}" y2="{y:.1}" stroke="#eee"/>"##);
             let _ = write!(out, r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{label}</text>"#, x0 - 4.0, y + 4.0);
         }
@@ -177,8 +189,17 @@ impl Frame {
 
 fn latency_plot(points: &[Point], results: &Results, end_s: f64) -> String {
     let y_max = points.iter().map(|p| p.latency_ms).fold(1.0f64, f64::max) * 1.2;
-    let frame =
-        Frame { width: 900.0, height: 320.0, left: 60.0, bottom: 34.0, x_max: end_s, y_min: 0.1, y_max, log_y: true };
+    let frame = Frame {
+        width: 900.0,
+        height: 320.0,
+        left: 60.0,
+        bottom: 34.0,
+        x_max: end_s,
+        y_min: 0.1,
+        y_max,
+        log_y: true,
+        x_labels: None,
+    };
     let mut out = String::new();
     frame.open(&mut out, "client op latency over time");
     frame.shade_faults(&mut out, results, end_s);
@@ -210,8 +231,17 @@ fn throughput_plot(points: &[Point], results: &Results, end_s: f64) -> String {
         }
     }
     let y_max = per_second.values().flatten().copied().fold(1.0f64, f64::max) * 1.1;
-    let frame =
-        Frame { width: 900.0, height: 240.0, left: 60.0, bottom: 34.0, x_max: end_s, y_min: 0.0, y_max, log_y: false };
+    let frame = Frame {
+        width: 900.0,
+        height: 240.0,
+        left: 60.0,
+        bottom: 34.0,
+        x_max: end_s,
+        y_min: 0.0,
+        y_max,
+        log_y: false,
+        x_labels: None,
+    };
     let mut out = String::new();
     frame.open(&mut out, "completed ops per second by outcome");
     frame.shade_faults(&mut out, results, end_s);
@@ -234,12 +264,23 @@ fn throughput_plot(points: &[Point], results: &Results, end_s: f64) -> String {
     out
 }
 
-fn delivery_plot(results: &Results) -> String {
-    let hist = &results.delivery.histogram;
+/// One bar per delivery attempt that occurs, labelled on the x axis with the
+/// attempt's number, and above with how many applications it had.
+fn delivery_plot(delivery: &haunt_checker::results::Delivery) -> String {
+    let hist = &delivery.histogram;
     let bars = hist.len().max(1) as f64;
     let y_max = hist.values().copied().max().unwrap_or(1).max(1) as f64 * 1.1;
-    let frame =
-        Frame { width: 420.0, height: 220.0, left: 60.0, bottom: 34.0, x_max: bars, y_min: 0.0, y_max, log_y: false };
+    let frame = Frame {
+        width: 420.0,
+        height: 220.0,
+        left: 60.0,
+        bottom: 34.0,
+        x_max: bars,
+        y_min: 0.0,
+        y_max,
+        log_y: false,
+        x_labels: Some(hist.keys().map(u32::to_string).collect()),
+    };
     let mut out = String::new();
     frame.open(&mut out, "applications by delivery attempt");
     for (i, (attempt, n)) in hist.iter().enumerate() {
@@ -251,14 +292,9 @@ fn delivery_plot(results: &Results) -> String {
             x1 - x0,
             frame.y(0.0) - y
         );
-        let _ = write!(
-            out,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">#{attempt}</text>"#,
-            (x0 + x1) / 2.0,
-            y - 3.0
-        );
+        let _ = write!(out, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{n}</text>"#, (x0 + x1) / 2.0, y - 3.0);
     }
-    frame.axes(&mut out, "bar per delivery attempt", "applications");
+    frame.axes(&mut out, "delivery attempt", "applications");
     out.push_str("</svg>");
     out
 }
@@ -372,7 +408,7 @@ table{{border-collapse:collapse}} td,th{{border:1px solid #ddd;padding:3px 8px;t
         );
     }
     h.push_str("</table><h2>Delivery attempt of each application</h2>");
-    h.push_str(&delivery_plot(results));
+    h.push_str(&delivery_plot(&results.delivery));
     let _ = write!(h, "<p>{} events first applied on a redelivery.</p>", results.delivery.redelivered_events);
     h.push_str("<h2>Faults</h2><table><tr><th>fault</th><th>target</th><th>start (s)</th><th>end (s)</th></tr>");
     for w in &results.faults {
@@ -387,4 +423,38 @@ table{{border-collapse:collapse}} td,th{{border:1px solid #ddd;padding:3px 8px;t
     }
     h.push_str("</table></body></html>\n");
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The text of every `<text>` element on the x axis of `svg` (the row of
+    /// labels just under the plot area).
+    fn x_axis_labels(svg: &str, axis_y: f64) -> Vec<String> {
+        let want = format!(r#"y="{:.1}""#, axis_y + 14.0);
+        svg.split("<text ")
+            .skip(1)
+            .filter(|t| t.contains(&want))
+            .filter_map(|t| Some(t.split_once('>')?.1.split_once("</text>")?.0.to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn the_delivery_histogram_labels_each_attempt_once() {
+        let delivery = haunt_checker::results::Delivery {
+            histogram: [(1, 900), (2, 80), (3, 5), (7, 1)].into_iter().collect(),
+            ..Default::default()
+        };
+        let svg = delivery_plot(&delivery);
+        // 220 high, 34 below the axis.
+        assert_eq!(x_axis_labels(&svg, 186.0), vec!["1", "2", "3", "7"]);
+        assert!(svg.contains(">delivery attempt<"), "{svg}");
+    }
+
+    #[test]
+    fn linear_ticks_have_at_most_two_decimals() {
+        // 0.8250000000000001 is what a quarter of 1.1 × 3 came out as before.
+        assert_eq!([0.0, 0.25, 0.8250000000000001, 1.0, 2.5].map(tick_label), ["0", "0.25", "0.83", "1", "2.5"]);
+    }
 }
