@@ -13,14 +13,16 @@
 //!
 //! The database must be empty; the bench empties the pipeline's tables between
 //! phases and at the end.
+//!
+//! The raw baselines and the resets are SQL on the pipeline's tables, so they
+//! live in the store ([`haunt_store::Baseline`]); this file only calls them.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use haunt_store::{LeaseClock, Store, StoreOptions};
+use haunt_store::{Baseline, LeaseClock, Store, StoreOptions};
 use serde_json::json;
-use sqlx::AnyPool;
 
 #[derive(Debug, clap::Args)]
 pub struct PipelineBench {
@@ -52,167 +54,18 @@ pub struct PipelineBench {
     pub out: Option<std::path::PathBuf>,
 }
 
-/// Rows per multi-row insert while pre-enqueuing.
-const ENQUEUE_CHUNK: usize = 500;
 /// Messages per batch of the raw ceiling, as in the issue's pgbench script.
 const RAW_BATCH: i64 = 100;
 
-const TABLES: [&str; 6] =
-    ["orders", "queue_messages", "inbox_processed", "inventory_projection", "projection_ledger", "dead_letters"];
-
-/// Empties the pipeline's tables. On PostgreSQL by TRUNCATE, so that no phase
-/// pays for the dead rows of the one before it.
-async fn reset(pool: &AnyPool, postgres: bool) -> anyhow::Result<()> {
-    if postgres {
-        let sql = format!("TRUNCATE {}", TABLES.join(", "));
-        sqlx::query(sqlx::AssertSqlSafe(sql)).execute(pool).await?;
-        return Ok(());
-    }
-    for table in TABLES {
-        sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {table}"))).execute(pool).await?;
-    }
-    Ok(())
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
-}
-
-/// Writes `n` orders and their messages, visible at once, as the API would have.
-async fn enqueue(pool: &AnyPool, n: usize, items: usize) -> anyhow::Result<()> {
-    // A second in the past: visible whatever the small skew between clocks.
-    let at = now_ms() - 1_000;
-    for start in (0..n).step_by(ENQUEUE_CHUNK) {
-        let rows = ENQUEUE_CHUNK.min(n - start);
-        let mut tx = pool.begin().await?;
-        let orders = format!(
-            "INSERT INTO orders (order_id, item_id, qty, event_id, correlation_id, created_at_ms) VALUES {}",
-            haunt_store::sql_values(1, rows, 6, "")
-        );
-        let messages = format!(
-            "INSERT INTO queue_messages (message_id, event_id, payload, headers, enqueued_at_ms, visible_at_ms) \
-             VALUES {}",
-            haunt_store::sql_values(1, rows, 6, "")
-        );
-        let mut o = sqlx::query(sqlx::AssertSqlSafe(orders));
-        let mut m = sqlx::query(sqlx::AssertSqlSafe(messages));
-        for i in start..start + rows {
-            let (order_id, event_id, item_id) = (format!("b-{i}"), format!("e-{i}"), format!("item-{}", i % items));
-            let payload = json!({"event_id": event_id, "order_id": order_id, "item_id": item_id, "qty": 1});
-            let headers = json!({"correlation_id": order_id});
-            o = o.bind(order_id.clone()).bind(item_id).bind(1i64).bind(event_id.clone()).bind(order_id).bind(at);
-            m = m
-                .bind(format!("m-{i}"))
-                .bind(event_id)
-                .bind(payload.to_string())
-                .bind(headers.to_string())
-                .bind(at)
-                .bind(at);
-        }
-        o.execute(&mut *tx).await?;
-        m.execute(&mut *tx).await?;
-        tx.commit().await?;
-    }
-    Ok(())
-}
-
-async fn count(pool: &AnyPool, sql: &'static str) -> anyhow::Result<i64> {
-    Ok(sqlx::query_scalar::<_, i64>(sql).fetch_one(pool).await?)
-}
-
 /// Every event applied once, the queue empty: a phase that cheated would show.
-async fn verify_drained(pool: &AnyPool, n: usize, phase: &str) -> anyhow::Result<()> {
-    let queued = count(pool, "SELECT CAST(COUNT(*) AS BIGINT) FROM queue_messages").await?;
-    let applied = count(pool, "SELECT CAST(COUNT(DISTINCT event_id) AS BIGINT) FROM projection_ledger").await?;
-    let rows = count(pool, "SELECT CAST(COUNT(*) AS BIGINT) FROM projection_ledger").await?;
-    let total = count(pool, "SELECT CAST(COALESCE(SUM(reserved_qty), 0) AS BIGINT) FROM inventory_projection").await?;
+async fn verify_drained(baseline: &Baseline, n: usize, phase: &str) -> anyhow::Result<()> {
+    let haunt_store::DrainCounts { queued, applied_events: applied, ledger_rows: rows, projection_total: total } =
+        baseline.drain_counts().await?;
     anyhow::ensure!(
         queued == 0 && applied == n as i64 && rows == n as i64 && total == n as i64,
         "{phase}: {queued} still queued, {applied} events applied in {rows} ledger rows, projection {total} (of {n})"
     );
     Ok(())
-}
-
-// The ceiling: the pipeline's protocol in hand-written SQL, a batch of 100 at a
-// time: lease (a committed lease token and visibility timeout, so that a crash
-// hands the batch on), apply (one statement, fenced by the token), delete.
-
-const RAW_LEASE: &str = "UPDATE queue_messages SET delivery_count = delivery_count + 1, lease_token = $2, \
-     lease_until_ms = CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) + 30000, \
-     visible_at_ms = CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) + 30000 \
-     WHERE message_id IN (SELECT message_id FROM queue_messages \
-       WHERE visible_at_ms <= CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) \
-       ORDER BY visible_at_ms LIMIT $1 FOR UPDATE SKIP LOCKED) \
-     RETURNING message_id";
-/// The apply of both raw variants: `m` names the batch's messages (event id
-/// and parsed payload). The inbox insert goes in event order and the projection
-/// upsert in item order, as haunt's batches do, so two batches never deadlock.
-macro_rules! raw_apply {
-    ($m:literal) => {
-        concat!(
-            "WITH m AS (", $m, "), ",
-            "fresh AS (INSERT INTO inbox_processed (event_id, processed_at_ms) SELECT event_id, 0 FROM m ",
-            "ORDER BY event_id ON CONFLICT DO NOTHING RETURNING event_id), ",
-            "agg AS (INSERT INTO inventory_projection (item_id, reserved_qty) ",
-            "SELECT m.p->>'item_id', SUM(CAST(m.p->>'qty' AS BIGINT)) FROM m JOIN fresh USING (event_id) ",
-            "GROUP BY 1 ORDER BY 1 ",
-            "ON CONFLICT (item_id) DO UPDATE SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty) ",
-            "INSERT INTO projection_ledger (event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms) ",
-            "SELECT m.event_id, m.p->>'order_id', m.p->>'item_id', CAST(m.p->>'qty' AS BIGINT), 1, 'raw', 0 ",
-            "FROM m JOIN fresh USING (event_id)"
-        )
-    };
-}
-
-/// Fenced by the lease token ($1) over the leased ids ($2).
-const RAW_APPLY_LEASED: &str = raw_apply!(
-    "SELECT event_id, CAST(payload AS json) AS p FROM queue_messages \
-     WHERE message_id = ANY(string_to_array($2, ',')) AND lease_token = $1 FOR UPDATE"
-);
-const RAW_ACK: &str =
-    "DELETE FROM queue_messages WHERE lease_token = $1 AND message_id = ANY(string_to_array($2, ','))";
-
-async fn raw_drain(pool: AnyPool, task: usize, batch_size: i64) -> anyhow::Result<()> {
-    for batch in 0.. {
-        let token = format!("raw-{task}-{batch}");
-        let ids: Vec<String> = sqlx::query_scalar(RAW_LEASE).bind(batch_size).bind(&token).fetch_all(&pool).await?;
-        if ids.is_empty() {
-            break;
-        }
-        let list = ids.join(",");
-        sqlx::query(RAW_APPLY_LEASED).bind(&token).bind(&list).execute(&pool).await?;
-        sqlx::query(RAW_ACK).bind(&token).bind(&list).execute(&pool).await?;
-    }
-    Ok(())
-}
-
-// A stronger baseline, shown beside it: no lease at all, the batch's rows locked
-// (FOR UPDATE SKIP LOCKED) from the read to the delete in one transaction. One
-// commit per batch instead of three, but a consumer that holds row locks while
-// it works, which is not the visibility-timeout protocol haunt tests.
-
-const RAW_LOCK: &str = "SELECT message_id, event_id, payload FROM queue_messages \
-     WHERE visible_at_ms <= CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) \
-     ORDER BY visible_at_ms LIMIT $1 FOR UPDATE SKIP LOCKED";
-const RAW_APPLY: &str = raw_apply!(
-    "SELECT event_id, CAST(payload AS json) AS p FROM queue_messages \
-     WHERE message_id IN (SELECT unnest(string_to_array($1, ',')))"
-);
-const RAW_DELETE: &str = "DELETE FROM queue_messages WHERE message_id IN (SELECT unnest(string_to_array($1, ',')))";
-
-async fn raw_one_txn_drain(pool: AnyPool) -> anyhow::Result<()> {
-    loop {
-        let mut tx = pool.begin().await?;
-        let ids: Vec<String> = sqlx::query_scalar(RAW_LOCK).bind(RAW_BATCH).fetch_all(&mut *tx).await?;
-        if ids.is_empty() {
-            tx.commit().await?;
-            return Ok(());
-        }
-        let list = ids.join(",");
-        sqlx::query(RAW_APPLY).bind(&list).execute(&mut *tx).await?;
-        sqlx::query(RAW_DELETE).bind(&list).execute(&mut *tx).await?;
-        tx.commit().await?;
-    }
 }
 
 /// The tutorial's design: lease one, apply it, ack it.
@@ -259,8 +112,7 @@ async fn haunt_drain(db: &str, workers: usize, batch_size: u32, n: usize) -> any
 /// One drain phase: `n` events enqueued, `measure` run, every event checked
 /// applied once, the tables emptied for the next phase.
 async fn drain_phase<T, Fut>(
-    pool: &AnyPool,
-    postgres: bool,
+    baseline: &Baseline,
     (n, items): (usize, usize),
     phase: &str,
     measure: impl FnOnce() -> Fut,
@@ -268,10 +120,10 @@ async fn drain_phase<T, Fut>(
 where
     Fut: std::future::Future<Output = anyhow::Result<T>>,
 {
-    enqueue(pool, n, items).await?;
+    baseline.enqueue(n, items).await?;
     let value = measure().await?;
-    verify_drained(pool, n, phase).await?;
-    reset(pool, postgres).await?;
+    verify_drained(baseline, n, phase).await?;
+    baseline.reset().await?;
     Ok(value)
 }
 
@@ -341,39 +193,6 @@ where
     Ok(n as f64 / started.elapsed().as_secs_f64())
 }
 
-/// The raw insert transaction the API's commit amounts to.
-async fn raw_ingest(pool: AnyPool, client: usize, clients: usize, n: usize) -> anyhow::Result<()> {
-    for i in (client..n).step_by(clients) {
-        let (order_id, event_id) = (format!("r-{i}"), format!("re-{i}"));
-        let payload = json!({"event_id": event_id, "order_id": order_id, "item_id": "item-0", "qty": 1}).to_string();
-        let headers = json!({"correlation_id": order_id}).to_string();
-        let at = now_ms();
-        let mut tx = pool.begin().await?;
-        sqlx::query(
-            "INSERT INTO orders (order_id, item_id, qty, event_id, correlation_id, created_at_ms) \
-             VALUES ($1, 'item-0', 1, $2, $1, $3)",
-        )
-        .bind(&order_id)
-        .bind(&event_id)
-        .bind(at)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(
-            "INSERT INTO queue_messages (message_id, event_id, payload, headers, enqueued_at_ms, visible_at_ms) \
-             VALUES ($1, $2, $3, $4, $5, $5)",
-        )
-        .bind(format!("rm-{i}"))
-        .bind(&event_id)
-        .bind(payload)
-        .bind(headers)
-        .bind(at)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-    }
-    Ok(())
-}
-
 async fn http_ingest(
     http: reqwest::Client,
     url: String,
@@ -401,8 +220,7 @@ pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("opening {}", args.db))?;
     anyhow::ensure!(store.is_empty().await?, "{} is not empty; the bench needs a database of its own", args.db);
-    sqlx::any::install_default_drivers();
-    let pool = sqlx::any::AnyPoolOptions::new().max_connections(32).connect(&args.db).await?;
+    let baseline = Baseline::connect(&args.db, 32).await?;
     let n = args.events;
     let items = 64;
     let mut report = serde_json::Map::new();
@@ -414,22 +232,27 @@ pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
     report.insert("batch_size".into(), json!(args.batch_size));
 
     let size = (n, items);
-    let (raw, raw_same_batch, raw_one_txn) = if postgres {
+    let (raw, raw_same_batch, raw_one_txn) = if baseline.has_raw_ceiling() {
         let raw_at = |batch: i64| {
-            let p = pool.clone();
-            timed(n, args.workers, move |t| raw_drain(p.clone(), t, batch))
+            let b = baseline.clone();
+            timed(n, args.workers, move |t| {
+                let b = b.clone();
+                async move { Ok(b.raw_drain(t, batch).await?) }
+            })
         };
-        let rate = drain_phase(&pool, postgres, size, "raw ceiling", || raw_at(RAW_BATCH)).await?;
+        let rate = drain_phase(&baseline, size, "raw ceiling", || raw_at(RAW_BATCH)).await?;
         eprintln!("raw lease/apply/delete (ceiling) {rate:>10.0} events/s");
         // The same protocol at haunt's batch size, for the like-for-like ratio.
-        let same_batch = drain_phase(&pool, postgres, size, "raw ceiling at haunt's batch size", || {
-            raw_at(i64::from(args.batch_size))
-        })
-        .await?;
+        let same_batch =
+            drain_phase(&baseline, size, "raw ceiling at haunt's batch size", || raw_at(i64::from(args.batch_size)))
+                .await?;
         eprintln!("raw lease/apply/delete, batch {:<4} {same_batch:>8.0} events/s", args.batch_size);
-        let p = pool.clone();
-        let one_txn = drain_phase(&pool, postgres, size, "raw one transaction", || {
-            timed(n, args.workers, move |_| raw_one_txn_drain(p.clone()))
+        let b = baseline.clone();
+        let one_txn = drain_phase(&baseline, size, "raw one transaction", || {
+            timed(n, args.workers, move |_| {
+                let b = b.clone();
+                async move { Ok(b.raw_one_txn_drain(RAW_BATCH).await?) }
+            })
         })
         .await?;
         eprintln!("raw locked, one txn per batch    {one_txn:>10.0} events/s");
@@ -439,28 +262,30 @@ pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
     };
 
     let s = store.clone();
-    let per_message = drain_phase(&pool, postgres, size, "per-message", || {
-        timed(n, args.workers, move |_| per_message_drain(s.clone()))
-    })
-    .await?;
+    let per_message =
+        drain_phase(&baseline, size, "per-message", || timed(n, args.workers, move |_| per_message_drain(s.clone())))
+            .await?;
     eprintln!("per-message (3 txn/event)   {per_message:>10.0} events/s");
 
     let haunt =
-        drain_phase(&pool, postgres, size, "haunt workers", || haunt_drain(&args.db, args.workers, args.batch_size, n))
+        drain_phase(&baseline, size, "haunt workers", || haunt_drain(&args.db, args.workers, args.batch_size, n))
             .await?;
     eprintln!("haunt workers (batch {:>4})  {haunt:>10.0} events/s", args.batch_size);
 
     // Memory: a worker process of its own, at the batch size measured above.
-    let rss_mib = drain_phase(&pool, postgres, size, "worker memory", || {
-        worker_peak_rss_mib(&args.db, args.batch_size, n, &store)
-    })
-    .await?;
+    let rss_mib =
+        drain_phase(&baseline, size, "worker memory", || worker_peak_rss_mib(&args.db, args.batch_size, n, &store))
+            .await?;
     eprintln!("haunt worker process, batch {:>4}: peak RSS {rss_mib:.1} MiB", args.batch_size);
 
-    let p = pool.clone();
+    let b = baseline.clone();
     let clients = args.clients;
-    let raw_insert = timed(n, clients, move |c| raw_ingest(p.clone(), c, clients, n)).await?;
-    reset(&pool, postgres).await?;
+    let raw_insert = timed(n, clients, move |c| {
+        let b = b.clone();
+        async move { Ok(b.raw_ingest(c, clients, n).await?) }
+    })
+    .await?;
+    baseline.reset().await?;
     eprintln!("raw insert txn ({clients} clients) {raw_insert:>10.0} orders/s");
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -471,13 +296,13 @@ pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
     let http = reqwest::Client::builder().pool_max_idle_per_host(clients).build()?;
     let api = timed(n, clients, move |c| http_ingest(http.clone(), url.clone(), c, clients, n)).await?;
     server.abort();
-    reset(&pool, postgres).await?;
+    baseline.reset().await?;
     eprintln!("API over HTTP ({clients} clients)  {api:>10.0} orders/s");
 
     let mut sweep = Vec::new();
     for &batch in &args.sweep_batch_sizes {
         for &workers in &args.sweep_workers {
-            let rate = drain_phase(&pool, postgres, size, "sweep", || haunt_drain(&args.db, workers, batch, n)).await?;
+            let rate = drain_phase(&baseline, size, "sweep", || haunt_drain(&args.db, workers, batch, n)).await?;
             eprintln!("sweep: batch {batch:>4}, {workers} workers  {rate:>10.0} events/s");
             sweep.push(json!({"batch_size": batch, "workers": workers, "events_per_s": rate}));
         }
@@ -513,7 +338,7 @@ pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
     if let Some(out) = &args.out {
         std::fs::write(out, format!("{text}\n")).with_context(|| format!("writing {}", out.display()))?;
     }
-    pool.close().await;
+    baseline.close().await;
     store.close().await;
     Ok(())
 }

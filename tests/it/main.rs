@@ -6,5 +6,6 @@ mod docker;
 mod matrix;
 mod observability;
 mod run;
+mod store_boundary;
 mod traces;
 mod tutorial;

@@ -14,13 +14,17 @@
 //! - [`bug`]: the bug modes, each a known mistake that can be switched back on.
 //! - [`retry`]: backoff for failed deliveries.
 //! - `sql`: the statements, per backend where they differ.
+//! - [`Baseline`]: the raw-SQL baselines of `haunt bench pipeline` (and the
+//!   bench's table resets), kept here so that only this crate speaks the tables.
 
+mod baseline;
 pub mod bug;
 pub mod model;
 pub mod retry;
 mod sql;
 mod store;
 
+pub use baseline::{Baseline, DrainCounts};
 pub use bug::Bug;
 pub use model::*;
 pub use retry::{Backoff, InjectedErrors, Rng};

@@ -1,0 +1,318 @@
+//! Holds the architecture invariant "only `services/store` reads or writes the
+//! pipeline's tables": every `.rs` file of the workspace outside
+//! `services/store` is scanned for SQL that names one of the six tables.
+//!
+//! Tests are scanned too, with no exemption: none needs the tables today (they
+//! read the end state through `Store::final_state_lines`, `queue_stats` and
+//! `projection`), and a test that wrote them behind the store's back would
+//! pin the schema outside the one crate that owns it. The store's own tests
+//! live under `services/store` and may.
+//!
+//! What counts as SQL naming a table: inside a string literal (raw or not;
+//! comments are skipped), one of `FROM`, `INTO`, `UPDATE`, `JOIN`, `TRUNCATE`,
+//! `TABLE`, any case, followed by the table's name (after `TABLE`, `ONLY`,
+//! `IF [NOT] EXISTS` or a `public.` schema). A table name spliced in at run
+//! time cannot be read, so a statement that splices one in is reported as
+//! such: a literal that starts with `SELECT`, `INSERT`, `UPDATE`, `DELETE` or
+//! `TRUNCATE` and has a `{…}` placeholder where a table goes
+//! (`format!("DELETE FROM {table}")`). A name built any other way (a table
+//! name in a `&str` concatenated with `+`, say) is not seen.
+
+use std::path::{Path, PathBuf};
+
+const TABLES: [&str; 6] =
+    ["orders", "queue_messages", "inbox_processed", "inventory_projection", "projection_ledger", "dead_letters"];
+
+/// Words that may stand between a keyword and the table it names.
+const FILLER: [&str; 6] = ["table", "only", "if", "not", "exists", "public"];
+const KEYWORDS: [&str; 6] = ["from", "into", "update", "join", "truncate", "table"];
+/// First words of a statement that reads or writes rows.
+const VERBS: [&str; 5] = ["select", "insert", "update", "delete", "truncate"];
+/// What a placeholder where a table goes is reported as.
+const SPLICED: &str = "{a table spliced in}";
+
+/// Directory levels below the workspace root: the deepest source file is four
+/// levels down (`services/api/tests/it/x.rs`); 16 stops a symlink loop.
+const DEPTH_MAX: usize = 16;
+
+/// A string literal: the line it starts on and its text, with escapes turned
+/// into spaces (an escaped newline stays a newline, so lines still count).
+#[derive(Debug, PartialEq)]
+struct Literal {
+    line: usize,
+    text: String,
+}
+
+fn is_ident(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_' || b >= 0x80
+}
+
+/// The string literals of a Rust source file, comments skipped.
+fn string_literals(src: &str) -> Vec<Literal> {
+    let b = src.as_bytes();
+    let mut out = Vec::new();
+    let (mut i, mut line) = (0, 1);
+    while i < b.len() {
+        match b[i] {
+            b'\n' => {
+                line += 1;
+                i += 1;
+            }
+            b'/' if b.get(i + 1) == Some(&b'/') => {
+                while i < b.len() && b[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'/' if b.get(i + 1) == Some(&b'*') => {
+                let mut depth = 0;
+                while i < b.len() {
+                    if b[i..].starts_with(b"/*") {
+                        depth += 1;
+                        i += 2;
+                    } else if b[i..].starts_with(b"*/") {
+                        depth -= 1;
+                        i += 2;
+                        if depth == 0 {
+                            break;
+                        }
+                    } else {
+                        line += usize::from(b[i] == b'\n');
+                        i += 1;
+                    }
+                }
+            }
+            b'"' => i = quoted(b, i + 1, &mut line, &mut out),
+            b'\'' => {
+                // A char literal, or a lifetime (`'a`), which has no closing quote.
+                if b.get(i + 1) == Some(&b'\\') {
+                    i += 3;
+                    while i < b.len() && b[i] != b'\'' {
+                        i += 1;
+                    }
+                    i += 1;
+                } else {
+                    let len = src[i + 1..].chars().next().map_or(1, char::len_utf8);
+                    i += if b.get(i + 1 + len) == Some(&b'\'') { len + 2 } else { 1 };
+                }
+            }
+            c if is_ident(c) => {
+                let start = i;
+                while i < b.len() && is_ident(b[i]) {
+                    i += 1;
+                }
+                let word = &src[start..i];
+                if matches!(word, "r" | "br" | "cr") && matches!(b.get(i), Some(b'"' | b'#')) {
+                    let hashes = b[i..].iter().take_while(|&&c| c == b'#').count();
+                    if b.get(i + hashes) != Some(&b'"') {
+                        continue; // a raw identifier, r#type
+                    }
+                    let body = i + hashes + 1;
+                    let mut close = b"\"".to_vec();
+                    close.extend(std::iter::repeat_n(b'#', hashes));
+                    let end = b[body..].windows(close.len()).position(|w| w == close).map_or(b.len(), |p| body + p);
+                    let text = src[body..end].to_owned();
+                    out.push(Literal { line, text: text.clone() });
+                    line += text.matches('\n').count();
+                    i = (end + close.len()).min(b.len());
+                } else if matches!(word, "b" | "c") && b.get(i) == Some(&b'"') {
+                    i = quoted(b, i + 1, &mut line, &mut out);
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    out
+}
+
+/// Reads a `"…"` literal whose text starts at `i`; returns the index after it.
+fn quoted(b: &[u8], mut i: usize, line: &mut usize, out: &mut Vec<Literal>) -> usize {
+    let start_line = *line;
+    let mut text = Vec::new();
+    while i < b.len() && b[i] != b'"' {
+        match b[i] {
+            b'\\' => {
+                text.push(b' ');
+                let escaped = b.get(i + 1).copied().unwrap_or(b' ');
+                text.push(if escaped == b'\n' { b'\n' } else { b' ' });
+                *line += usize::from(escaped == b'\n');
+                i += 2;
+            }
+            c => {
+                *line += usize::from(c == b'\n');
+                text.push(c);
+                i += 1;
+            }
+        }
+    }
+    out.push(Literal { line: start_line, text: String::from_utf8_lossy(&text).into_owned() });
+    i + 1
+}
+
+/// `(line offset within the literal, keyword, table)` for each table named
+/// after an SQL keyword.
+fn tables_named(text: &str) -> Vec<(usize, String, &'static str)> {
+    let mut words = Vec::new();
+    let mut line = 0;
+    let mut word = String::new();
+    for c in text.chars().chain([' ']) {
+        if c.is_ascii_alphanumeric() || c == '_' {
+            word.push(c.to_ascii_lowercase());
+            continue;
+        }
+        if !word.is_empty() {
+            words.push((line, std::mem::take(&mut word)));
+        }
+        if c == '{' {
+            words.push((line, "{".to_owned()));
+        }
+        line += usize::from(c == '\n');
+    }
+    let statement = words.first().is_some_and(|(_, w)| VERBS.contains(&w.as_str()));
+    let mut hits = Vec::new();
+    // The word index of the last table reported: `TRUNCATE TABLE t` names t once.
+    let mut reported = None;
+    for (k, (line, keyword)) in words.iter().enumerate() {
+        if !KEYWORDS.contains(&keyword.as_str()) {
+            continue;
+        }
+        let Some(at) = words[k + 1..].iter().position(|(_, w)| !FILLER.contains(&w.as_str())).map(|p| k + 1 + p) else {
+            continue;
+        };
+        let spliced = statement && words[at].1 == "{";
+        if let Some(table) = TABLES.iter().find(|t| **t == words[at].1).copied().or(spliced.then_some(SPLICED))
+            && reported != Some(at)
+        {
+            reported = Some(at);
+            hits.push((*line, keyword.to_uppercase(), table));
+        }
+    }
+    hits
+}
+
+/// `(line, KEYWORD, table)` for each table named in SQL in one file.
+fn scan_file(src: &str) -> Vec<(usize, String, &'static str)> {
+    let mut hits = Vec::new();
+    for literal in string_literals(src) {
+        for (offset, keyword, table) in tables_named(&literal.text) {
+            hits.push((literal.line + offset, keyword, table));
+        }
+    }
+    hits
+}
+
+/// Literals that name a table after a keyword but are not SQL anyone runs,
+/// each with its reason: `(file, table, a piece of its line)`.
+const NOT_SQL: [(&str, &str, &str); 1] = [
+    // An injection attempt the API must refuse as a bad item_id (422): it is a
+    // field value in a request body, and the test asserts it never runs.
+    ("services/api/tests/it/validation.rs", "orders", "case(\"item_id sql\""),
+];
+
+fn allowed(file: &Path, line: &str, table: &str) -> bool {
+    NOT_SQL.iter().any(|(f, t, piece)| file == Path::new(f) && *t == table && line.contains(piece))
+}
+
+/// Every `.rs` file under `dir`, skipping build output, hidden directories and
+/// the paths in `skip`.
+fn rust_files(dir: &Path, skip: &[PathBuf], depth: usize, out: &mut Vec<PathBuf>) {
+    assert!(depth < DEPTH_MAX, "{} is nested deeper than {DEPTH_MAX} levels", dir.display());
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name.starts_with('.') || name == "target" || skip.contains(&path) {
+            continue;
+        }
+        if path.is_dir() {
+            rust_files(&path, skip, depth + 1, out);
+        } else if name.ends_with(".rs") {
+            out.push(path);
+        }
+    }
+}
+
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn only_the_store_names_the_pipeline_tables_in_sql() {
+    let root = workspace();
+    let mut files = Vec::new();
+    rust_files(&root, &[root.join("services/store")], 0, &mut files);
+    // The walk reached every part the invariant is about.
+    for must in [
+        "src/bench_pipeline.rs",
+        "chaos/src/run.rs",
+        "services/api/src/orders.rs",
+        "services/worker/src/lib.rs",
+        "services/telemetry/src/lib.rs",
+        "checker/check/src/lib.rs",
+        "tests/it/main.rs",
+    ] {
+        assert!(files.contains(&root.join(must)), "{must} was not scanned");
+    }
+    assert!(!files.iter().any(|f| f.starts_with(root.join("services/store"))));
+    let mut hits = Vec::new();
+    let mut allowances_used = 0;
+    for file in &files {
+        let src = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let relative = file.strip_prefix(&root).unwrap();
+        for (line, keyword, table) in scan_file(&src) {
+            if allowed(relative, src.lines().nth(line - 1).unwrap_or(""), table) {
+                allowances_used += 1;
+                continue;
+            }
+            hits.push(format!("{}:{line}: {keyword} {table}", relative.display()));
+        }
+    }
+    // An allowance that no longer matches anything is stale: remove it.
+    assert_eq!(allowances_used, NOT_SQL.len(), "an entry of NOT_SQL matches nothing");
+    assert!(
+        hits.is_empty(),
+        "only services/store may read or write the pipeline's tables (ARCHITECTURE.md); \
+         move these statements behind a store method:\n{}",
+        hits.join("\n")
+    );
+}
+
+#[test]
+fn the_scan_finds_the_stores_own_statements() {
+    // The store's SQL is where the tables are named: if the scan found nothing
+    // there, it would find nothing anywhere.
+    let path = workspace().join("services/store/src/sql.rs");
+    let hits = scan_file(&std::fs::read_to_string(&path).unwrap());
+    for table in TABLES {
+        assert!(hits.iter().any(|(_, _, t)| *t == table), "no statement on {table} found: {hits:#?}");
+    }
+}
+
+#[test]
+fn the_scan_reads_literals_not_comments() {
+    // Built at run time, so that this file holds no statement of its own.
+    // The placeholders' names are no SQL keywords, for the same reason.
+    let (d, t) = (["DELETE", "FROM"].join(" "), ["truncate", "TABLE"].join(" "));
+    let src = format!(
+        "// {d} orders (a comment)\n\
+         /* {d} orders\n (a block comment) */\n\
+         fn f<'a>(x: &'a str) -> char {{ let _ = r#\"\n{d}\n  queue_messages\"#; '\"' }}\n\
+         const S: &str = \"one\\n{t} IF EXISTS public.dead_letters\";\n\
+         const E: &str = \"reading from the orders\"; // English, not SQL\n\
+         const B: &[u8] = b\"SELECT 1 {d} projection_ledger\";\n\
+         let _ = format!(\"{d} {{table}}\"); let _ = format!(\"copying from {{path}}\");\n"
+    );
+    let hits = scan_file(&src);
+    let hits: Vec<(usize, &str, &str)> = hits.iter().map(|(l, k, t)| (*l, k.as_str(), *t)).collect();
+    assert_eq!(
+        hits,
+        [
+            (5, "FROM", "queue_messages"),
+            (7, "TRUNCATE", "dead_letters"),
+            (9, "FROM", "projection_ledger"),
+            (10, "FROM", SPLICED),
+        ]
+    );
+}
