@@ -71,6 +71,8 @@ fn a_short_run_with_every_local_fault_on_sqlite_is_valid() {
     assert!(faults.len() >= 3, "the nemesis must have acted: {faults:?}");
     let run_json = read_json(&run.join("run.json"));
     assert_eq!((run_json["seed"].as_u64(), run_json["aborted"].as_bool()), (Some(7), Some(false)));
+    assert_eq!(run_json["faults_never_fired"], serde_json::json!([]), "every fault fired: {run_json}");
+    assert!(!stdout.contains("never fired"), "{stdout}");
     assert!(run_json["git_revision"].as_str().is_some_and(|r| !r.is_empty()));
     for log in ["api", "worker-1", "worker-2", "worker-3"] {
         assert!(run.join("logs").join(format!("{log}.log")).exists(), "logs/{log}.log");
@@ -228,8 +230,12 @@ fn ctrl_c_mid_run_heals_stops_everything_and_marks_the_run_aborted() {
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    // Let a fault or two start, so healing has something to do.
-    std::thread::sleep(Duration::from_secs(3));
+    // Wait until a fault has started, so healing has something to do.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while nemesis_ops(&run).iter().all(|op| !(is_start(op) && op["value"]["result"] == "ok")) {
+        assert!(Instant::now() < deadline, "no fault started within 30 s of the workload");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
     let status = child.wait().unwrap();
@@ -238,10 +244,58 @@ fn ctrl_c_mid_run_heals_stops_everything_and_marks_the_run_aborted() {
     assert_eq!(run_json["aborted"], true, "{run_json}");
     let left = processes_mentioning(&run.to_string_lossy());
     assert!(left.is_empty(), "processes left running: {left:?}");
-    let history = std::fs::read_to_string(run.join("history.jsonl")).unwrap();
-    let starts = history.matches("\"f\":\"pause\"").count() + history.matches("\"f\":\"kill\"").count();
-    let stops = history.matches("\"f\":\"resume\"").count() + history.matches("\"f\":\"restart\"").count();
-    assert_eq!(starts, stops, "every fault started was healed and recorded");
+    let ops = nemesis_ops(&run);
+    let started: std::collections::BTreeSet<&str> =
+        ops.iter().filter(|op| is_start(op)).map(|op| op["value"]["target"].as_str().unwrap()).collect();
+    assert!(!started.is_empty(), "a fault was active when Ctrl-C came");
+    for target in started {
+        let last = ops.iter().rfind(|op| op["value"]["target"] == target).unwrap();
+        assert!(
+            !is_start(last) && last["value"]["result"] == "ok",
+            "the last op on {target} is a stop that took effect: {last}"
+        );
+    }
+}
+
+/// The nemesis ops of a run's history so far (a last line being written is skipped).
+fn nemesis_ops(run: &Path) -> Vec<Value> {
+    let history = std::fs::read_to_string(run.join("history.jsonl")).unwrap_or_default();
+    history
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|op| op["process"] == "nemesis")
+        .collect()
+}
+
+/// Whether a nemesis op starts a fault (of `--nemesis pause,kill`).
+fn is_start(op: &Value) -> bool {
+    matches!(op["f"].as_str(), Some("pause" | "kill"))
+}
+
+#[test]
+fn a_panic_while_the_database_is_crashed_restarts_it_on_postgres() {
+    use haunt_chaos::roles::Nemesis;
+    let Some(pg) = PrivatePostgres::start() else { return };
+    let server = haunt_chaos::postgres::PgServer::new(&pg.dir).unwrap();
+    let before = server.pid().expect("the test's server runs");
+    let task_server = server.clone();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let run = runtime.spawn(async move {
+        let nemesis = haunt_chaos::postgres::DbRestartNemesis::new(task_server.clone());
+        let faults = haunt_chaos::nemesis::Faults::new(vec![Box::new(nemesis)]);
+        faults[0].start("postgres").await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while task_server.pid().is_some() {
+            assert!(Instant::now() < deadline, "the server did not die");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("the harness panics while the database is down");
+    });
+    assert!(runtime.block_on(run).unwrap_err().is_panic());
+    let after = server.pid().expect("the guard started the server again");
+    assert_ne!(before, after, "a new postmaster");
+    let port: u16 = pg.url.rsplit(':').next().unwrap().split('/').next().unwrap().parse().unwrap();
+    std::net::TcpStream::connect(("127.0.0.1", port)).expect("the server accepts connections");
 }
 
 #[test]
@@ -258,6 +312,8 @@ fn bad_options_are_refused_before_anything_starts() {
         // Without an engine the error names scripts/docker; without the image, scripts/images.
         (vec!["--backend", "docker", "--image", "no-such-image:0"], "scripts/"),
         (vec!["--backend", "podman"], "invalid value 'podman'"),
+        // The seven local faults need 40 s at the default interval.
+        (vec!["--time-limit-s", "30"], "Use --time-limit-s 40 or more"),
     ] {
         let out = haunt_run(tmp.path(), &args).output().unwrap();
         assert_ne!(out.status.code(), Some(0));
