@@ -373,6 +373,13 @@ fn final_row_as_haunt_writes_it(line: &str) -> Option<FinalRef<'_>> {
         l.qty = Some(s.i64()?);
         s.lit(br#","event_id":"#)?;
         l.event_id = Some(borrowed(s.str()?));
+        // The delivery evidence, when the writer has it.
+        if s.lit(br#","deliveries":"#).is_some() {
+            l.deliveries = Some(s.u32()?);
+        }
+        if s.lit(br#","duplicates_absorbed":"#).is_some() {
+            l.duplicates_absorbed = Some(s.u32()?);
+        }
     } else {
         s.lit(br#"{"kind":"applied","event_id":"#)?;
         l.kind = borrowed("applied");
@@ -462,6 +469,14 @@ fn final_line_any_key_order(line: &str) -> Option<FinalRef<'_>> {
                 l.run_started_at_ms = s.nullable(Scan::i64)?;
                 1 << 14
             }
+            "deliveries" => {
+                l.deliveries = s.nullable(Scan::u32)?;
+                1 << 15
+            }
+            "duplicates_absorbed" => {
+                l.duplicates_absorbed = s.nullable(Scan::u32)?;
+                1 << 16
+            }
             _ => return None,
         })
     })?;
@@ -549,6 +564,9 @@ mod tests {
     fn final_lines_match_serde() {
         for line in [
             r#"{"kind":"order","order_id":"o-1","item_id":"item-14","qty":1,"event_id":"e-o-1"}"#,
+            r#"{"kind":"order","order_id":"o-1","item_id":"item-14","qty":1,"event_id":"e-o-1","deliveries":3,"duplicates_absorbed":2}"#,
+            r#"{"kind":"order","order_id":"o-1","item_id":"item-14","qty":1,"event_id":"e-o-1","deliveries":0}"#,
+            r#"{"kind":"order","duplicates_absorbed":1,"order_id":"o","item_id":"i","qty":1,"event_id":"e","deliveries":null}"#,
             r#"{"kind":"applied","event_id":"e","order_id":"o","item_id":"i","qty":1,"delivery_attempt":2,"worker_id":"w","applied_at_ms":-5}"#,
             r#"{"kind":"dead_letter","message_id":"m","event_id":"e","delivery_count":5,"last_error":null}"#,
             r#"{"kind":"meta","quiesced":true,"read_at_ns":12,"run_started_at_ms":1795980031695}"#,
@@ -566,6 +584,9 @@ mod tests {
             r#"{"kind":"order","kind":"applied"}"#,
             r#"{"kind":"order","other":1}"#,
             r#"{"kind":"meta","quiesced":1}"#,
+            r#"{"kind":"order","order_id":"o","item_id":"i","qty":1,"event_id":"e","deliveries":-1}"#,
+            r#"{"kind":"order","order_id":"o","item_id":"i","qty":1,"event_id":"e","deliveries":4294967296}"#,
+            r#"{"kind":"order","order_id":"o","item_id":"i","qty":1,"event_id":"e","deliveries":1,"deliveries":2}"#,
         ] {
             assert!(final_line(line).is_none(), "{line}");
         }
@@ -635,6 +656,78 @@ mod tests {
                         format!("{{{}}}", body.join(if pretty { ", " } else { "," }))
                     },
                 )
+        }
+
+        /// `order` and `applied` lines, with or without the delivery evidence,
+        /// in the store's layout or not.
+        fn final_row_line() -> impl Strategy<Value = String> {
+            (
+                (any::<bool>(), text(), text(), any::<i64>(), text()),
+                (prop::option::of(any::<u32>()), prop::option::of(any::<u32>()), any::<u32>(), any::<i64>()),
+                (any::<bool>(), any::<bool>()),
+            )
+                .prop_map(
+                    |(
+                        (order, order_id, item_id, qty, event_id),
+                        (deliveries, duplicates, attempt, at),
+                        (pretty, reorder),
+                    )| {
+                        let mut fields = vec![
+                            ("kind", serde_json::json!(if order { "order" } else { "applied" })),
+                            ("order_id", serde_json::json!(order_id)),
+                            ("item_id", serde_json::json!(item_id)),
+                            ("qty", serde_json::json!(qty)),
+                            ("event_id", serde_json::json!(event_id)),
+                        ];
+                        if order {
+                            if let Some(d) = deliveries {
+                                fields.push(("deliveries", d.into()));
+                            }
+                            if let Some(d) = duplicates {
+                                fields.push(("duplicates_absorbed", d.into()));
+                            }
+                        } else {
+                            fields.swap(1, 4);
+                            fields.push(("delivery_attempt", attempt.into()));
+                            fields.push(("worker_id", "w".into()));
+                            fields.push(("applied_at_ms", at.into()));
+                        }
+                        if reorder {
+                            fields.reverse();
+                        }
+                        let sep = if pretty { ", " } else { "," };
+                        let body: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+                        format!("{{{}}}", body.join(sep))
+                    },
+                )
+        }
+
+        fn same_as_serde_final(line: &str) -> Result<(), TestCaseError> {
+            if let Some(fast) = final_line(line) {
+                let slow: Result<FinalRef<'_>, _> = serde_json::from_str(line);
+                prop_assert!(slow.is_ok(), "the fast path accepted what serde rejects: {}", line);
+                prop_assert_eq!(format!("{fast:?}"), format!("{:?}", slow.unwrap()), "{}", line);
+            }
+            Ok(())
+        }
+
+        proptest! {
+            /// The final state's rows: what the fast path reads, serde reads the
+            /// same way; plain rows take the fast path; a changed byte changes
+            /// nothing of that.
+            #[test]
+            fn final_rows_agree_with_serde(line in final_row_line(), cut in any::<prop::sample::Index>(), byte in any::<u8>()) {
+                same_as_serde_final(&line)?;
+                if !line.contains('\\') && !line.contains('\t') {
+                    prop_assert!(final_line(&line).is_some(), "a plain line left to serde: {}", line);
+                }
+                let mut bytes = line.into_bytes();
+                let at = cut.index(bytes.len());
+                bytes[at] = byte;
+                if let Ok(mutated) = String::from_utf8(bytes) {
+                    same_as_serde_final(&mutated)?;
+                }
+            }
         }
 
         proptest! {

@@ -123,6 +123,14 @@ pub struct FinalRef<'a> {
     pub read_at_ns: Option<u64>,
     #[serde(default)]
     pub run_started_at_ms: Option<i64>,
+    /// On `order` lines, optional: how many times the queue handed the order's
+    /// event to a worker (0 if never).
+    #[serde(default)]
+    pub deliveries: Option<u32>,
+    /// On `order` lines, optional: how many of those deliveries the inbox
+    /// refused as already processed.
+    #[serde(default)]
+    pub duplicates_absorbed: Option<u32>,
 }
 
 /// The kinds of [`FinalLine`], as written in `kind`.
