@@ -46,8 +46,31 @@ impl Interner {
 #[derive(Debug, Clone)]
 pub struct Row {
     pub item: u32,
+    /// How many times the queue handed the event to a worker, when the line says.
+    pub deliveries: OptCount,
+    /// How many of those deliveries the inbox refused, when the line says.
+    pub duplicates_absorbed: OptCount,
     pub qty: i64,
     pub event: Box<str>,
+}
+
+/// A count that a line may leave out, in four bytes (a row is kept per order,
+/// millions of them): the count plus one, or nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OptCount(Option<std::num::NonZeroU32>);
+
+impl OptCount {
+    /// `None` for `u32::MAX`, the one count it cannot hold.
+    pub fn new(count: Option<u32>) -> Option<OptCount> {
+        match count {
+            None => Some(OptCount(None)),
+            Some(n) => std::num::NonZeroU32::new(n.wrapping_add(1)).map(|c| OptCount(Some(c))),
+        }
+    }
+
+    pub fn get(self) -> Option<u32> {
+        self.0.map(|c| c.get() - 1)
+    }
 }
 
 /// One application of an event, as kept for reporting.
@@ -159,10 +182,38 @@ struct ProcessState {
     crashed_at: Option<u64>,
 }
 
+/// A fault window being read. It ends at the last stop that stopped the fault:
+/// one whose `value.result` is "ok" (or says nothing of failure, as a foreign
+/// history's may). A stop whose result starts with "error" did not stop it.
+/// haunt's nemesis records each action twice, before (no result) and after
+/// (with its result), so a stop without a result waits for the next op of its
+/// fault and target to learn whether it worked.
 #[derive(Debug, Clone, Copy)]
-enum WindowState {
-    Open { start_ns: u64 },
-    Closing { start_ns: u64, end_ns: u64 },
+struct WindowState {
+    start_ns: u64,
+    /// The last stop known to have stopped the fault.
+    end_ns: Option<u64>,
+    /// A stop whose result is not known yet.
+    stopping_ns: Option<u64>,
+}
+
+impl WindowState {
+    /// The window as it stands if no more ops come: a stop without a result
+    /// that nothing contradicted stopped the fault.
+    fn settled_end(&self) -> Option<u64> {
+        self.stopping_ns.or(self.end_ns)
+    }
+}
+
+/// What a nemesis op's `value.result` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FaultResult {
+    /// No result (the op before an action, or a history that records none).
+    Unsaid,
+    /// "ok", or any result that does not start with "error".
+    Ok,
+    /// A result that starts with "error": the action did not happen.
+    Failed,
 }
 
 /// Everything the rules need, from both files.
@@ -191,6 +242,14 @@ pub struct Fold {
     pub open_invokes: u64,
     pub history_truncated: bool,
     pub faults: Vec<FaultWindow>,
+    /// When the first fault started: ops invoked before it are outside every
+    /// fault window, so nothing more is kept of them than of any op.
+    pub first_fault_ns: Option<u64>,
+    /// Latencies (ns) of the ops completed before the first fault started.
+    pub latency_before_faults_ns: Vec<f64>,
+    /// Invoke time and latency (ns) of every op completed after the first
+    /// fault started, to place it inside or outside the fault windows.
+    pub latency_timed_ns: Vec<(u64, f64)>,
     processes: HashMap<Process, ProcessState, hashbrown::DefaultHashBuilder>,
     windows: HashMap<(String, String), WindowState, hashbrown::DefaultHashBuilder>,
     window_order: Vec<(String, String)>,
@@ -235,19 +294,31 @@ fn fault_family(f: &str) -> (&str, bool) {
     }
 }
 
-fn fault_target(value: &str) -> String {
+/// A nemesis op's target (`value.target`, else `value.targets`) and result.
+fn fault_target(value: &str) -> (String, FaultResult) {
     #[derive(serde::Deserialize)]
     struct Target {
         #[serde(default)]
         target: Option<serde_json::Value>,
         #[serde(default)]
         targets: Option<serde_json::Value>,
+        #[serde(default)]
+        result: Option<serde_json::Value>,
     }
-    match serde_json::from_str::<Target>(value).ok().and_then(|t| t.target.or(t.targets)) {
+    let Ok(parsed) = serde_json::from_str::<Target>(value) else {
+        return (String::new(), FaultResult::Unsaid);
+    };
+    let result = match &parsed.result {
+        None | Some(serde_json::Value::Null) => FaultResult::Unsaid,
+        Some(serde_json::Value::String(r)) if r.starts_with("error") => FaultResult::Failed,
+        Some(_) => FaultResult::Ok,
+    };
+    let target = match parsed.target.or(parsed.targets) {
         Some(serde_json::Value::String(s)) => s,
         Some(other) => other.to_string(),
         None => String::new(),
-    }
+    };
+    (target, result)
 }
 
 impl Fold {
@@ -339,7 +410,8 @@ impl Fold {
         if op.process.is_nemesis() {
             op.check_other_value().map_err(err)?;
             self.nemesis_ops += 1;
-            self.push_fault(&op.f, fault_target(op.value), op.time_ns);
+            let (target, result) = fault_target(op.value);
+            self.push_fault(&op.f, target, result, op.time_ns);
             return Ok(());
         }
         self.client_ops += 1;
@@ -406,6 +478,9 @@ impl Fold {
             state.crashed_at = Some(line);
         }
         let latency = (op.time_ns - invoke.time_ns) as f64;
+        if self.first_fault_ns.is_some() {
+            self.latency_timed_ns.push((invoke.time_ns, latency));
+        }
         match op.kind {
             OpType::Ok => self.latency_ok_ns.push(latency),
             OpType::Fail => self.latency_fail_ns.push(latency),
@@ -439,34 +514,51 @@ impl Fold {
 }
 
 impl Fold {
-    fn push_fault(&mut self, f: &str, target: String, t: u64) {
+    fn push_fault(&mut self, f: &str, target: String, result: FaultResult, t: u64) {
         let (family, starts) = fault_family(f);
         let key = (family.to_owned(), target);
-        let state = self.windows.get(&key).copied();
-        let next = match (state, starts) {
-            (None, true) => {
-                self.window_order.push(key.clone());
-                Some(WindowState::Open { start_ns: t })
-            }
-            (Some(open @ WindowState::Open { .. }), true) => Some(open),
-            (Some(WindowState::Closing { start_ns, end_ns }), true) => {
-                self.faults.push(FaultWindow {
-                    fault: key.0.clone(),
-                    target: key.1.clone(),
-                    start_ns,
-                    end_ns: Some(end_ns),
-                });
-                Some(WindowState::Open { start_ns: t })
-            }
-            (Some(WindowState::Open { start_ns } | WindowState::Closing { start_ns, .. }), false) => {
-                Some(WindowState::Closing { start_ns, end_ns: t })
-            }
+        let Some(mut w) = self.windows.get(&key).copied() else {
             // A stop with no start (the history began mid-fault): nothing to shade.
-            (None, false) => None,
+            if starts {
+                if self.first_fault_ns.is_none() {
+                    self.start_timing();
+                    self.first_fault_ns = Some(t);
+                }
+                self.window_order.push(key.clone());
+                self.windows.insert(key, WindowState { start_ns: t, end_ns: None, stopping_ns: None });
+            }
+            return;
         };
-        if let Some(next) = next {
-            self.windows.insert(key, next);
+        if starts {
+            // A start after the fault was stopped begins the next window; one
+            // while it runs (the start's own second op, or a start after a
+            // stop that failed) belongs to this one.
+            if let Some(end_ns) = w.settled_end() {
+                self.faults.push(FaultWindow::new(&key.0, &key.1, w.start_ns, Some(end_ns)));
+                w = WindowState { start_ns: t, end_ns: None, stopping_ns: None };
+            }
+        } else {
+            match result {
+                FaultResult::Unsaid => {
+                    w.end_ns = w.settled_end();
+                    w.stopping_ns = Some(t);
+                }
+                FaultResult::Ok => {
+                    w.end_ns = Some(t);
+                    w.stopping_ns = None;
+                }
+                // The stop did not happen: the fault runs on (until a stop that works).
+                FaultResult::Failed => w.stopping_ns = None,
+            }
         }
+        self.windows.insert(key, w);
+    }
+
+    /// From the first fault on, ops are kept with their invoke time; the ones
+    /// completed before are outside every window.
+    fn start_timing(&mut self) {
+        let before = [&self.latency_ok_ns, &self.latency_fail_ns, &self.latency_info_ns];
+        self.latency_before_faults_ns = before.into_iter().flatten().copied().collect();
     }
 
     /// Ends the history: open invokes become indeterminate, open fault windows
@@ -481,12 +573,8 @@ impl Fold {
             }
         }
         for key in std::mem::take(&mut self.window_order) {
-            if let Some(state) = self.windows.remove(&key) {
-                let (start_ns, end_ns) = match state {
-                    WindowState::Open { start_ns } => (start_ns, None),
-                    WindowState::Closing { start_ns, end_ns } => (start_ns, Some(end_ns)),
-                };
-                self.faults.push(FaultWindow { fault: key.0, target: key.1, start_ns, end_ns });
+            if let Some(w) = self.windows.remove(&key) {
+                self.faults.push(FaultWindow::new(&key.0, &key.1, w.start_ns, w.settled_end()));
             }
         }
         self.faults.sort_by(|a, b| (a.start_ns, &a.fault, &a.target).cmp(&(b.start_ns, &b.fault, &b.target)));
@@ -506,7 +594,17 @@ impl Fold {
                     return Ok(());
                 }
                 let event: Box<str> = l.event_id.as_deref().unwrap_or_default().into();
-                o.row = Some(Row { item, qty: l.qty.unwrap_or_default(), event });
+                let count = |n: Option<u32>, field: &str| {
+                    OptCount::new(n)
+                        .ok_or_else(|| FormatError::line(file, line, format!("{field} {} is out of range", u32::MAX)))
+                };
+                o.row = Some(Row {
+                    item,
+                    deliveries: count(l.deliveries, "deliveries")?,
+                    duplicates_absorbed: count(l.duplicates_absorbed, "duplicates_absorbed")?,
+                    qty: l.qty.unwrap_or_default(),
+                    event,
+                });
                 self.last_row = Some(i);
                 if self.by_event_built {
                     self.index_event(i);

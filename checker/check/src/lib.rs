@@ -14,12 +14,14 @@
 //! - [`results`]: the results as data (`results.json`).
 //! - [`stats`], the quantiles by nearest rank.
 //! - [`summary`]: the human summary printed by `haunt check`.
+//! - [`windows`]: events and ops attributed to the fault windows they overlap.
 
 pub mod fold;
 pub mod results;
 pub mod rules;
 pub mod stats;
 pub mod summary;
+pub mod windows;
 
 use std::path::{Path, PathBuf};
 

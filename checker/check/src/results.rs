@@ -133,12 +133,36 @@ pub struct Example {
     pub why: String,
 }
 
+/// How events were delivered. The figures from the `order` lines' `deliveries`
+/// and `duplicates_absorbed` are absent (`None`, omitted from results.json)
+/// when no `order` line carries the field: a system that does not count its
+/// deliveries is not one that delivered nothing.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Delivery {
     /// `delivery_attempt` of every `applied` line -> number of lines.
     pub histogram: BTreeMap<u32, u64>,
-    /// Applied events whose (first) application came on a redelivery.
+    /// Applied events whose (first) application came on a redelivery (from the
+    /// `applied` lines' `delivery_attempt`).
     pub redelivered_events: u64,
+    /// Deliveries of all events (the sum of `deliveries`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deliveries: Option<u64>,
+    /// Deliveries beyond each event's first (the sum of `deliveries - 1` over
+    /// events delivered at least once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redeliveries: Option<u64>,
+    /// Events with `deliveries` above 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivered_more_than_once: Option<u64>,
+    /// The sum of `duplicates_absorbed`: deliveries the inbox refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duplicates_absorbed: Option<u64>,
+    /// The most deliveries any one event took.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deliveries_max: Option<u64>,
+    /// Events with more than one `applied` line (from the ledger: always known).
+    #[serde(default)]
+    pub applied_more_than_once: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -157,13 +181,68 @@ pub struct Latency {
     /// From an order's `ok` to the first application of its event. Can be
     /// negative: a worker may apply the event before the client reads the answer.
     pub effect_lag: Quantiles,
+    /// Client op latency (any outcome) of the ops invoked outside every fault
+    /// window; absent when the history has no fault window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ops_outside_faults: Option<Quantiles>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One fault on one target, from its first start op to the stop that stopped
+/// it, with what happened to the events and ops it overlapped.
+///
+/// An event is affected when its life in the queue overlaps the window: from
+/// its order's `ok` (its first invoke if it was never acknowledged, or applied
+/// before the `ok` arrived) to its first application (`applied_at_ms` placed on
+/// the history clock by `run_started_at_ms`), or to the final read if it was
+/// never applied. The event figures are absent without a `meta` line (no clock
+/// to place the applications on); those from `deliveries` and
+/// `duplicates_absorbed` also when no `order` line carries the field.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FaultWindow {
     pub fault: String,
     pub target: String,
     pub start_ns: u64,
-    /// `None`: still open when the history ended.
+    /// `None`: still open when the history ended (never stopped successfully).
     pub end_ns: Option<u64>,
+    /// Events whose life in the queue overlaps the window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events: Option<u64>,
+    /// Of those, events with `deliveries` above 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivered_more_than_once: Option<u64>,
+    /// Of those, the sum of `duplicates_absorbed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duplicates_absorbed: Option<u64>,
+    /// Of those, events with more than one `applied` line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_more_than_once: Option<u64>,
+    /// Client ops (any outcome) invoked inside the window and completed.
+    #[serde(default)]
+    pub ops_invoked: u64,
+    /// p99 latency of those ops; absent when there are none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_ms_p99: Option<f64>,
+    /// p99 latency of the ops invoked outside every window, to compare with;
+    /// absent when there are none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_ms_p99_outside: Option<f64>,
+}
+
+impl FaultWindow {
+    /// A window with no figures yet.
+    pub fn new(fault: &str, target: &str, start_ns: u64, end_ns: Option<u64>) -> Self {
+        FaultWindow {
+            fault: fault.to_owned(),
+            target: target.to_owned(),
+            start_ns,
+            end_ns,
+            events: None,
+            delivered_more_than_once: None,
+            duplicates_absorbed: None,
+            applied_more_than_once: None,
+            ops_invoked: 0,
+            latency_ms_p99: None,
+            latency_ms_p99_outside: None,
+        }
+    }
 }

@@ -19,6 +19,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use crate::fold::{Fold, Order};
 use crate::results::{ANOMALIES, AnomalyReport, Counts, Delivery, EXAMPLES_MAX, Example, Latency, Results, Verdict};
 use crate::stats::quantiles;
+use crate::windows::Attribution;
 
 #[derive(Debug, Default)]
 struct Anomalies {
@@ -66,6 +67,19 @@ struct Tally {
     recovered: u64,
     dead_lettered: u64,
     pending: u64,
+    applied_more_than_once: u64,
+    /// From the rows that carry `deliveries`; `None` when none does.
+    deliveries: Option<DeliveryTally>,
+    /// The sum of `duplicates_absorbed`; `None` when no row carries it.
+    duplicates_absorbed: Option<u64>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct DeliveryTally {
+    total: u64,
+    redeliveries: u64,
+    more_than_once: u64,
+    max: u64,
 }
 
 impl Tally {
@@ -79,8 +93,20 @@ impl Tally {
         if o.applied.count > 0 {
             self.applied_events += 1;
             self.redelivered += u64::from(o.applied.min_attempt > 1);
+            self.applied_more_than_once += u64::from(o.applied.count > 1);
         }
-        if o.row.is_some() {
+        if let Some(row) = &o.row {
+            if let Some(d) = row.deliveries.get() {
+                let d = u64::from(d);
+                let t = self.deliveries.get_or_insert_default();
+                t.total += d;
+                t.redeliveries += d.saturating_sub(1);
+                t.more_than_once += u64::from(d > 1);
+                t.max = t.max.max(d);
+            }
+            if let Some(d) = row.duplicates_absorbed.get() {
+                *self.duplicates_absorbed.get_or_insert_default() += u64::from(d);
+            }
             self.present += 1;
             self.dead_lettered += u64::from(o.dead);
             self.pending += u64::from(o.pending);
@@ -112,12 +138,14 @@ pub fn check(fold: &Fold) -> Results {
     // the anomalies, the counts and the projection's order sums together.
     let mut unexpected: HashSet<&str> = HashSet::new();
     let mut tally = Tally::default();
+    let mut attribution = Attribution::new(fold);
     // Sums in i128: the qty of a foreign run can be anything an i64 holds, and
     // an i64 sum that wraps could turn a mismatch into a match. i128 holds the
     // sum of up to 2^64 of them.
     let mut sums: Vec<Option<(i128, i128)>> = vec![None; fold.strings.names.len()];
     for (i, o) in fold.orders.iter().enumerate() {
         tally.count(o);
+        attribution.count(o);
         if let Some(row) = &o.row {
             let entry = sums[row.item as usize].get_or_insert_default();
             // Pending but applied (its ack lost): its effect is in; parked: it must not be.
@@ -270,12 +298,23 @@ pub fn check(fold: &Fold) -> Results {
         .values()
         .filter(|lines| lines.iter().map(|&n| fold.stray_applied[n].application.attempt).min().unwrap_or(1) > 1)
         .count();
+    let deliveries = tally.deliveries;
     let delivery = Delivery {
         histogram: fold.delivery_histogram.clone(),
         redelivered_events: redelivered_joined + redelivered_stray as u64,
+        deliveries: deliveries.map(|d| d.total),
+        redeliveries: deliveries.map(|d| d.redeliveries),
+        delivered_more_than_once: deliveries.map(|d| d.more_than_once),
+        duplicates_absorbed: tally.duplicates_absorbed,
+        deliveries_max: deliveries.map(|d| d.max),
+        applied_more_than_once: tally.applied_more_than_once
+            + stray_events.values().filter(|lines| lines.len() > 1).count() as u64,
     };
 
-    let latency_ms = latency(fold);
+    let mut faults = fold.faults.clone();
+    let ops_outside_faults =
+        attribution.finish(fold, &mut faults, deliveries.is_some(), tally.duplicates_absorbed.is_some());
+    let latency_ms = Latency { ops_outside_faults, ..latency(fold) };
 
     let failing = anomalies.reports.values().any(|r| r.count > 0);
     let mut unknown_reasons = Vec::new();
@@ -326,7 +365,7 @@ pub fn check(fold: &Fold) -> Results {
         pending: tally.pending,
         delivery,
         latency_ms,
-        faults: fold.faults.clone(),
+        faults,
     }
 }
 
@@ -349,5 +388,5 @@ fn latency(fold: &Fold) -> Latency {
             }
         }
     }
-    Latency { ops, effect_lag: quantiles(&mut lags) }
+    Latency { ops, effect_lag: quantiles(&mut lags), ops_outside_faults: None }
 }

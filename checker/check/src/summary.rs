@@ -2,7 +2,38 @@
 
 use std::fmt::Write;
 
-use crate::results::{Quantiles, Results, Verdict};
+use crate::results::{Delivery, Quantiles, Results, Verdict};
+
+/// The delivery evidence in one line, when the final state carries it: how
+/// often the queue redelivered, how much of it the inbox absorbed, and whether
+/// anything got through twice.
+fn delivery_line(d: &Delivery) -> Option<String> {
+    let (redeliveries, max) = (d.redeliveries?, d.deliveries_max?);
+    let mut parts = vec![format!("{} redeliveries", thousands(redeliveries))];
+    if let Some(absorbed) = d.duplicates_absorbed {
+        parts.push(format!("{} absorbed by the inbox", thousands(absorbed)));
+    }
+    parts.push(format!("{} applied more than once", thousands(d.applied_more_than_once)));
+    let most = match max {
+        0 => "no event was delivered".to_owned(),
+        1 => "no event took more than one delivery".to_owned(),
+        n => format!("one event took {} deliveries", thousands(n)),
+    };
+    Some(format!("{}; {most}", parts.join(", ")))
+}
+
+/// `1204` as `1,204`.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
 
 pub fn render(results: &Results) -> String {
     let mut out = String::new();
@@ -34,6 +65,10 @@ pub fn render(results: &Results) -> String {
         c.nemesis_ops,
         results.faults.len()
     );
+
+    if let Some(line) = delivery_line(&results.delivery) {
+        let _ = writeln!(out, "delivery: {line}");
+    }
 
     let failing: Vec<_> = results.failing_anomalies().collect();
     if failing.is_empty() {
@@ -77,4 +112,38 @@ pub fn render(results: &Results) -> String {
     }
     row(&mut out, "effect lag", &results.latency_ms.effect_lag);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thousands_are_separated() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1_204), "1,204");
+        assert_eq!(thousands(12_345_678), "12,345,678");
+    }
+
+    #[test]
+    fn the_delivery_line_needs_the_evidence() {
+        let mut d = Delivery { applied_more_than_once: 0, ..Delivery::default() };
+        assert_eq!(delivery_line(&d), None);
+        d.deliveries = Some(5_204);
+        d.redeliveries = Some(1_204);
+        d.deliveries_max = Some(5);
+        d.duplicates_absorbed = Some(1_204);
+        assert_eq!(
+            delivery_line(&d).unwrap(),
+            "1,204 redeliveries, 1,204 absorbed by the inbox, 0 applied more than once; one event took 5 deliveries"
+        );
+        d.duplicates_absorbed = None;
+        d.deliveries_max = Some(1);
+        d.redeliveries = Some(0);
+        assert_eq!(
+            delivery_line(&d).unwrap(),
+            "0 redeliveries, 0 applied more than once; no event took more than one delivery"
+        );
+    }
 }

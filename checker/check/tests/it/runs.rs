@@ -1,7 +1,8 @@
 //! Data driven: every folder under `tests/runs/` is a run directory with an
 //! `expect.json` that states what the checker must conclude (or which input
 //! error it must report, with file and line; `at` checks any figure by JSON
-//! pointer). The full results of every case are
+//! pointer, `summary_contains` and `summary_lacks` the text `haunt check`
+//! prints). The full results of every case are
 //! also kept as insta snapshots, so a change in wording or statistics is reviewed.
 
 use std::path::{Path, PathBuf};
@@ -82,6 +83,17 @@ fn check_expectation(dir: &Path, expect: &Value, results: &Results) -> Result<()
                 return Err(format!("{pointer}: expected {value}, got {got}"));
             }
         }
+    }
+    let summary = haunt_checker::summary::render(results);
+    if let Some(want) = expect.get("summary_contains").and_then(Value::as_str)
+        && !summary.contains(want)
+    {
+        return Err(format!("the summary does not say {want:?}:\n{summary}"));
+    }
+    if let Some(unwanted) = expect.get("summary_lacks").and_then(Value::as_str)
+        && summary.contains(unwanted)
+    {
+        return Err(format!("the summary says {unwanted:?}:\n{summary}"));
     }
     let _ = dir;
     Ok(())

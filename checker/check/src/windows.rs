@@ -1,0 +1,241 @@
+//! What happened inside each fault window: the events whose life in the queue
+//! overlaps it, and the client ops invoked inside it.
+//!
+//! A run has a few dozen windows and millions of events and ops, so each event
+//! and op is placed by a search, not by a pass over every window: the windows
+//! sorted by start, a binary search finds those that start before the span ends,
+//! and a scan back over them stops at the first window before which every window
+//! has ended (a running maximum of the ends). That is a handful of comparisons
+//! per event when the windows come one after another, and never more than the
+//! number of windows (when a window that was never stopped is open from early
+//! on, every later one is scanned). A run without fault windows does none of it.
+
+use crate::fold::{Fold, Order};
+use crate::results::{FaultWindow, Quantiles};
+use crate::stats::quantiles;
+
+/// The windows of a run sorted by start, for overlap queries.
+#[derive(Debug, Default)]
+pub struct WindowIndex {
+    /// Positions in the run's window list, by start.
+    by_start: Vec<usize>,
+    starts: Vec<u64>,
+    /// `u64::MAX` for a window still open when the history ended.
+    ends: Vec<u64>,
+    /// The latest end among the windows up to this one (in start order).
+    ends_max: Vec<u64>,
+}
+
+impl WindowIndex {
+    pub fn new(windows: &[FaultWindow]) -> Self {
+        let mut by_start: Vec<usize> = (0..windows.len()).collect();
+        by_start.sort_by_key(|&w| windows[w].start_ns);
+        let starts = by_start.iter().map(|&w| windows[w].start_ns).collect();
+        let ends: Vec<u64> = by_start.iter().map(|&w| windows[w].end_ns.unwrap_or(u64::MAX)).collect();
+        let ends_max = ends
+            .iter()
+            .scan(0, |latest, &end| {
+                *latest = end.max(*latest);
+                Some(*latest)
+            })
+            .collect();
+        WindowIndex { by_start, starts, ends, ends_max }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.starts.is_empty()
+    }
+
+    /// Calls `f` once with the position of each window that overlaps the
+    /// closed span `[from, to]` (a window is closed at both ends too).
+    #[inline]
+    pub fn overlapping(&self, from: u64, to: u64, mut f: impl FnMut(usize)) {
+        let started = self.starts.partition_point(|&s| s <= to);
+        for k in (0..started).rev() {
+            if self.ends_max[k] < from {
+                break;
+            }
+            if self.ends[k] >= from {
+                f(self.by_start[k]);
+            }
+        }
+    }
+}
+
+/// The event figures of each window, gathered in the one pass over the orders.
+#[derive(Debug)]
+pub struct Attribution {
+    index: WindowIndex,
+    /// `run_started_at_ms` of the meta line: without it, applications cannot
+    /// be placed on the history clock and nothing is attributed.
+    run_started_at_ms: Option<i64>,
+    per_window: Vec<EventFigures>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct EventFigures {
+    events: u64,
+    delivered_more_than_once: u64,
+    duplicates_absorbed: u64,
+    applied_more_than_once: u64,
+}
+
+/// Nanoseconds in a millisecond.
+const NS_PER_MS: i128 = 1_000_000;
+
+impl Attribution {
+    pub fn new(fold: &Fold) -> Self {
+        Attribution {
+            index: WindowIndex::new(&fold.faults),
+            run_started_at_ms: fold.meta.as_ref().map(|m| m.run_started_at_ms),
+            per_window: vec![EventFigures::default(); fold.faults.len()],
+        }
+    }
+
+    /// Attributes one order's event to the windows its life overlaps.
+    #[inline]
+    pub fn count(&mut self, o: &Order) {
+        let (Some(run_started_at_ms), Some(row)) = (self.run_started_at_ms, &o.row) else { return };
+        if self.index.is_empty() || !o.invoked {
+            return;
+        }
+        let (from, to) = match o.applied.count {
+            // Never applied: in the queue (or parked, or lost) until the final read.
+            0 => (o.first_ok_ns.unwrap_or(o.first_invoke_ns), u64::MAX),
+            _ => {
+                let applied_ms = i128::from(o.applied.min_applied_at_ms) - i128::from(run_started_at_ms);
+                let applied_ns = (applied_ms * NS_PER_MS).clamp(0, i128::from(u64::MAX)) as u64;
+                match o.first_ok_ns {
+                    Some(ok) if ok <= applied_ns => (ok, applied_ns),
+                    // Applied before the ok arrived (or never acknowledged): the
+                    // event was committed after the invoke.
+                    _ => (o.first_invoke_ns.min(applied_ns), o.first_invoke_ns.max(applied_ns)),
+                }
+            }
+        };
+        let deliveries = row.deliveries.get();
+        let duplicates = row.duplicates_absorbed.get();
+        let per_window = &mut self.per_window;
+        self.index.overlapping(from, to, |w| {
+            let figures = &mut per_window[w];
+            figures.events += 1;
+            figures.delivered_more_than_once += u64::from(deliveries.is_some_and(|d| d > 1));
+            figures.duplicates_absorbed += u64::from(duplicates.unwrap_or(0));
+            figures.applied_more_than_once += u64::from(o.applied.count > 1);
+        });
+    }
+
+    /// Writes the figures into the windows (`deliveries_known`,
+    /// `duplicates_known`: some `order` line carries the field) and returns the
+    /// latency quantiles of the ops invoked outside every window.
+    pub fn finish(
+        self,
+        fold: &Fold,
+        windows: &mut [FaultWindow],
+        deliveries_known: bool,
+        duplicates_known: bool,
+    ) -> Option<Quantiles> {
+        let clock = self.run_started_at_ms.is_some();
+        for (w, figures) in windows.iter_mut().zip(&self.per_window) {
+            w.events = clock.then_some(figures.events);
+            w.applied_more_than_once = clock.then_some(figures.applied_more_than_once);
+            w.delivered_more_than_once = (clock && deliveries_known).then_some(figures.delivered_more_than_once);
+            w.duplicates_absorbed = (clock && duplicates_known).then_some(figures.duplicates_absorbed);
+        }
+        op_latencies(fold, &self.index, windows)
+    }
+}
+
+/// The p99 latency of the client ops invoked inside each window, and of those
+/// invoked outside every window. Returns the latter's quantiles (ms), `None`
+/// when there are no windows.
+fn op_latencies(fold: &Fold, index: &WindowIndex, windows: &mut [FaultWindow]) -> Option<Quantiles> {
+    if index.is_empty() {
+        return None;
+    }
+    const NS_PER_MS: f64 = 1e6;
+    let mut inside: Vec<Vec<f64>> = vec![Vec::new(); windows.len()];
+    let mut outside: Vec<f64> = fold.latency_before_faults_ns.iter().map(|ns| ns / NS_PER_MS).collect();
+    for &(invoked_ns, latency_ns) in &fold.latency_timed_ns {
+        let mut placed = false;
+        index.overlapping(invoked_ns, invoked_ns, |w| {
+            inside[w].push(latency_ns / NS_PER_MS);
+            placed = true;
+        });
+        if !placed {
+            outside.push(latency_ns / NS_PER_MS);
+        }
+    }
+    let outside = quantiles(&mut outside);
+    for (w, mut latencies) in windows.iter_mut().zip(inside) {
+        w.ops_invoked = latencies.len() as u64;
+        w.latency_ms_p99 = (!latencies.is_empty()).then(|| quantiles(&mut latencies).p99);
+        w.latency_ms_p99_outside = (outside.count > 0).then_some(outside.p99);
+    }
+    Some(outside)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(start_ns: u64, end_ns: Option<u64>) -> FaultWindow {
+        FaultWindow::new("f", "t", start_ns, end_ns)
+    }
+
+    fn hits(index: &WindowIndex, from: u64, to: u64) -> Vec<usize> {
+        let mut got = Vec::new();
+        index.overlapping(from, to, |w| got.push(w));
+        got.sort();
+        got
+    }
+
+    #[test]
+    fn overlap_is_closed_at_both_ends() {
+        let index = WindowIndex::new(&[window(10, Some(20)), window(30, Some(40))]);
+        assert_eq!(hits(&index, 0, 9), Vec::<usize>::new());
+        assert_eq!(hits(&index, 0, 10), vec![0]);
+        assert_eq!(hits(&index, 20, 25), vec![0]);
+        assert_eq!(hits(&index, 21, 29), Vec::<usize>::new());
+        assert_eq!(hits(&index, 15, 35), vec![0, 1]);
+        assert_eq!(hits(&index, 41, u64::MAX), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn a_window_never_stopped_overlaps_everything_after_its_start() {
+        // Listed out of start order on purpose: positions are the caller's.
+        let index = WindowIndex::new(&[window(30, Some(40)), window(5, None), window(50, Some(60))]);
+        assert_eq!(hits(&index, 0, 4), Vec::<usize>::new());
+        assert_eq!(hits(&index, 45, 45), vec![1]);
+        assert_eq!(hits(&index, 35, 55), vec![0, 1, 2]);
+        assert_eq!(hits(&index, 1000, 2000), vec![1]);
+    }
+
+    #[test]
+    fn the_search_agrees_with_a_loop_over_every_window() {
+        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = |bound: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % bound
+        };
+        for _ in 0..200 {
+            let windows: Vec<FaultWindow> = (0..next(12))
+                .map(|_| {
+                    let start = next(100);
+                    window(start, (next(5) > 0).then(|| start + next(30)))
+                })
+                .collect();
+            let index = WindowIndex::new(&windows);
+            for _ in 0..20 {
+                let from = next(150);
+                let to = from + next(20);
+                let want: Vec<usize> = (0..windows.len())
+                    .filter(|&w| windows[w].start_ns <= to && windows[w].end_ns.is_none_or(|e| e >= from))
+                    .collect();
+                assert_eq!(hits(&index, from, to), want, "{windows:?} [{from}, {to}]");
+            }
+        }
+    }
+}
