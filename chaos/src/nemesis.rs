@@ -1049,8 +1049,10 @@ mod tests {
 
     /// The seven local faults as fakes: holds as `haunt run` gives them, each
     /// start and stop taking `act`.
+    const LOCAL_DEFAULTS: [&str; 7] = ["kill", "pause", "partition", "delay", "ack-loss", "clock-skew", "db-error"];
+
     fn seven_local_faults(active: &Arc<ActiveFaults>, visibility_timeout: Duration, act: Duration) -> Vec<Fake> {
-        ["kill", "pause", "partition", "delay", "ack-loss", "clock-skew", "db-error"]
+        LOCAL_DEFAULTS
             .into_iter()
             .map(|name| Fake { act, ..Fake::new(name, hold_min_for(name, visibility_timeout), active) })
             .collect()
@@ -1062,7 +1064,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         // haunt run's defaults: 60 s, --nemesis-interval-s 5, --visibility-timeout-ms 2000.
         let (limit, interval, vt) = (Duration::from_secs(60), Duration::from_secs(5), Duration::from_secs(2));
-        let kinds: Vec<(&str, Duration)> = NEMESIS_NAMES[..7].iter().map(|&n| (n, hold_min_for(n, vt))).collect();
+        let kinds: Vec<(&str, Duration)> = LOCAL_DEFAULTS.iter().map(|&n| (n, hold_min_for(n, vt))).collect();
         assert_eq!(check_fit(&kinds, interval, 1, limit), Ok(()));
         for at_once in [1, 2, 3] {
             for seed in 0..40 {
@@ -1083,7 +1085,7 @@ mod tests {
         tokio::time::pause();
         let dir = tempfile::tempdir().unwrap();
         let (interval, vt) = (Duration::from_secs(1), Duration::from_millis(500));
-        let kinds: Vec<(&str, Duration)> = NEMESIS_NAMES[..7].iter().map(|&n| (n, hold_min_for(n, vt))).collect();
+        let kinds: Vec<(&str, Duration)> = LOCAL_DEFAULTS.iter().map(|&n| (n, hold_min_for(n, vt))).collect();
         // Seven faults of 0.5 s calm, 0.5 s hold (pause 1 s) and 0.5 s to act.
         let needed = Duration::from_millis(7 * 1500 + 500);
         assert_eq!(check_fit(&kinds, interval, 1, needed), Ok(()));
