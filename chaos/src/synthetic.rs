@@ -100,6 +100,9 @@ pub fn write_run(dir: &Path, ops: u64, clients: u64, seed: u64) -> std::io::Resu
                 item_id: order.item_id.clone(),
                 qty: order.qty,
                 event_id: event_id.clone(),
+                // As the harness writes them: one delivery, nothing absorbed.
+                deliveries: Some(1),
+                duplicates_absorbed: Some(0),
             }))?;
             fin.write(&FinalLine::Applied(Applied {
                 event_id,

@@ -14,13 +14,21 @@ pub enum FinalLine {
     Meta(Meta),
 }
 
-/// A row of the source-of-truth `orders` table.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A row of the source-of-truth `orders` table, with the delivery evidence
+/// of its event when the system keeps it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OrderRow {
     pub order_id: String,
     pub item_id: String,
     pub qty: i64,
     pub event_id: String,
+    /// How many times the queue handed the order's event to a worker (0 if
+    /// never). Optional: absent in run directories that do not record it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deliveries: Option<u32>,
+    /// How many of those deliveries the inbox refused as already processed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duplicates_absorbed: Option<u32>,
 }
 
 /// One application of an event to the projection (a projection ledger row).

@@ -203,7 +203,15 @@ pub const ORPHAN_ORDERS: &str = "SELECT o.order_id, o.item_id, o.qty, o.event_id
      AND NOT EXISTS (SELECT 1 FROM queue_messages q WHERE q.event_id = o.event_id) \
      AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.event_id = o.event_id) \
      ORDER BY o.created_at_ms";
-pub const FINAL_ORDERS: &str = "SELECT order_id, item_id, qty, event_id FROM orders ORDER BY created_at_ms, order_id";
+/// Each order with its event's delivery evidence: from the inbox once the
+/// event reached it, else from its message, queued or parked (a message never
+/// leased has 0 deliveries); NULL where nothing records it (no inbox under
+/// the `no-inbox` bug mode, or an event that is nowhere).
+pub const FINAL_ORDERS: &str = "SELECT o.order_id, o.item_id, o.qty, o.event_id, \
+     CAST(COALESCE(i.deliveries, (SELECT MAX(q.delivery_count) FROM queue_messages q WHERE q.event_id = o.event_id), \
+     (SELECT MAX(d.delivery_count) FROM dead_letters d WHERE d.event_id = o.event_id)) AS BIGINT), \
+     CAST(i.duplicates AS BIGINT) \
+     FROM orders o LEFT JOIN inbox_processed i ON i.event_id = o.event_id ORDER BY o.created_at_ms, o.order_id";
 pub const FINAL_LEDGER: &str = "SELECT event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms \
      FROM projection_ledger ORDER BY id";
 pub const FINAL_PENDING: &str =

@@ -838,11 +838,16 @@ impl Store {
             let mut rows = sqlx::query(sql::FINAL_ORDERS).fetch(&mut *tx);
             while let Some(row) = rows.try_next().await.map_err(NotCommitted)? {
                 let c = corrupt("orders");
+                let deliveries: Option<i64> = row.try_get(4).map_err(&c)?;
+                let duplicates: Option<i64> = row.try_get(5).map_err(&c)?;
                 emit(FinalLine::Order(haunt_format::OrderRow {
                     order_id: row.try_get(0).map_err(&c)?,
                     item_id: row.try_get(1).map_err(&c)?,
                     qty: row.try_get(2).map_err(&c)?,
                     event_id: row.try_get(3).map_err(&c)?,
+                    deliveries: deliveries.map(count),
+                    // An event the inbox never saw had nothing absorbed.
+                    duplicates_absorbed: deliveries.map(|_| count(duplicates.unwrap_or(0))),
                 }))?;
             }
         }

@@ -181,6 +181,7 @@ fn build(mut plans: Vec<Plan>, clients: usize, schedule: Vec<usize>) -> Run {
             item_id: item.clone(),
             qty: plan.qty,
             event_id: event_id(i),
+            ..OrderRow::default()
         }));
         let message = || format!("m{i}");
         match fate {
@@ -339,7 +340,7 @@ proptest! {
     fn uninvoked_effect_is_found(run in run_strategy()) {
         let mut run = run;
         let item = item_of(&run, &run.applied[0].clone());
-        run.final_state.insert(0, FinalLine::Order(OrderRow { order_id: "ghost".into(), item_id: item.clone(), qty: 4, event_id: "eg".into() }));
+        run.final_state.insert(0, FinalLine::Order(OrderRow { order_id: "ghost".into(), item_id: item.clone(), qty: 4, event_id: "eg".into(), ..OrderRow::default() }));
         run.final_state.insert(0, FinalLine::Applied(Applied { event_id: "eg".into(), order_id: "ghost".into(), item_id: item.clone(), qty: 4, delivery_attempt: 1, worker_id: "w".into(), applied_at_ms: 1 }));
         add_to_projection(&mut run, &item, 4);
         let results = check(&run);
@@ -351,7 +352,7 @@ proptest! {
         let mut run = run;
         let victim = pick.get(&run.failed).clone();
         let invoke = run.history.iter().find_map(|op| op.order().filter(|o| o.order_id == victim).cloned()).unwrap();
-        run.final_state.insert(0, FinalLine::Order(OrderRow { order_id: victim.clone(), item_id: invoke.item_id.clone(), qty: invoke.qty, event_id: "ef".into() }));
+        run.final_state.insert(0, FinalLine::Order(OrderRow { order_id: victim.clone(), item_id: invoke.item_id.clone(), qty: invoke.qty, event_id: "ef".into(), ..OrderRow::default() }));
         run.final_state.insert(0, FinalLine::Applied(Applied { event_id: "ef".into(), order_id: victim.clone(), item_id: invoke.item_id.clone(), qty: invoke.qty, delivery_attempt: 1, worker_id: "w".into(), applied_at_ms: 1 }));
         add_to_projection(&mut run, &invoke.item_id, invoke.qty);
         let results = check(&run);

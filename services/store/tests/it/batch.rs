@@ -165,3 +165,40 @@ async fn the_correct_build_applies_a_batch_whose_first_try_failed() {
         assert_eq!(store.projection().await.unwrap(), vec![("apple".into(), 3), ("pear".into(), 5)], "{}", db.kind);
     }
 }
+
+/// The final state's delivery evidence: a lost ack makes a second delivery,
+/// which the inbox absorbs and counts.
+#[tokio::test]
+async fn the_final_state_counts_each_events_deliveries_and_the_duplicates_absorbed() {
+    for db in databases().await {
+        let store = open(&db).await;
+        store.place_order(&order("o1", "apple", 3)).await.unwrap();
+        store.place_order(&order("o2", "pear", 5)).await.unwrap();
+        store.place_order(&order("o3", "plum", 7)).await.unwrap();
+        // o1 and o2 are applied; the acks are lost (the lease just expires).
+        let first = store.lease(2, Duration::from_millis(1), LeaseClock::Database).await.unwrap();
+        assert_eq!(first.len(), 2, "{}", db.kind);
+        store.apply_batch(&events(&first), "w0").await.unwrap();
+        // Both come back; o3 stays queued, never delivered.
+        let again = lease_all(&store, 3).await;
+        let redelivered: Vec<&Leased> = again.iter().filter(|l| l.delivery_count == 2).collect();
+        assert_eq!(redelivered.len(), 2, "{}", db.kind);
+        let pairs: Vec<(&Leased, OrderEvent)> = redelivered.iter().map(|l| (*l, l.event().unwrap())).collect();
+        let outcomes = store.apply_batch(&pairs, "w1").await.unwrap();
+        assert_eq!(outcomes, vec![Applied::Duplicate, Applied::Duplicate], "{}", db.kind);
+
+        let lines = final_lines(&store).await;
+        let evidence: Vec<(String, Option<u32>, Option<u32>)> = lines
+            .iter()
+            .filter_map(|l| match l {
+                haunt_format::FinalLine::Order(o) => Some((o.order_id.clone(), o.deliveries, o.duplicates_absorbed)),
+                _ => None,
+            })
+            .collect();
+        let of = |id: &str| evidence.iter().find(|(o, _, _)| o == id).map(|(_, d, a)| (*d, *a)).unwrap();
+        assert_eq!(of("o1"), (Some(2), Some(1)), "{}: delivered twice, one absorbed", db.kind);
+        assert_eq!(of("o2"), (Some(2), Some(1)), "{}", db.kind);
+        // o3 was leased once just now (lease_all) and never applied.
+        assert_eq!(of("o3"), (Some(1), Some(0)), "{}: queued, nothing absorbed", db.kind);
+    }
+}
