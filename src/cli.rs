@@ -36,7 +36,9 @@ enum Command {
     Run(crate::run_cmd::RunArgs),
     /// Run every bug mode under the faults that expose it, and the correct build
     /// under all faults; show what the checker caught. Exit 1 if a bug mode is
-    /// caught in fewer than 9 runs in 10, or the correct build is ever not valid.
+    /// caught in fewer than 9 runs in 10, or the correct build is ever not valid;
+    /// exit 2 (unknown) if a row could not run (no --db) and --only did not
+    /// leave it out.
     Matrix(crate::matrix_cmd::MatrixArgs),
     /// Benchmarks, each against a baseline measured in the same run.
     #[command(subcommand)]

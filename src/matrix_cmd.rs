@@ -6,7 +6,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::Context;
-use haunt_chaos::matrix::{Case, Expect, Needs, Row, RunRecord, ScratchDb, cases, markdown};
+use haunt_chaos::matrix::{Case, Expect, MatrixVerdict, Needs, Row, RunRecord, ScratchDb, cases, markdown, verdict};
 
 #[derive(Debug, clap::Args)]
 pub struct MatrixArgs {
@@ -18,7 +18,8 @@ pub struct MatrixArgs {
     pub time_limit_s: u64,
     /// A PostgreSQL server (any database URL on it) for the bug modes that need
     /// concurrency or a crash; each run gets a fresh database there. Without
-    /// it those rows are skipped, and say so.
+    /// it those rows are skipped, say so, and the matrix exits 2 (unknown)
+    /// unless `--only` leaves them out.
     #[arg(long)]
     pub db: Option<String>,
     /// The data directory of that server, which async-commit's runs crash.
@@ -170,11 +171,14 @@ pub async fn matrix(args: MatrixArgs) -> anyhow::Result<i32> {
     std::fs::write(dir.join("matrix.json"), serde_json::to_string_pretty(&json)? + "\n")?;
     println!("{table}");
     println!("matrix: {}", dir.join("matrix.md").display());
-    let failed: Vec<String> = rows.iter().filter(|r| !r.ok()).map(|r| r.case.name()).collect();
-    if failed.is_empty() {
-        Ok(0)
-    } else {
-        eprintln!("below the bar: {}", failed.join(", "));
-        Ok(1)
+    let verdict = verdict(&rows);
+    match &verdict {
+        MatrixVerdict::Passed => eprintln!("matrix: every row ran and met its bar"),
+        MatrixVerdict::BelowBar(rows) => eprintln!("matrix: below the bar: {}", rows.join(", ")),
+        MatrixVerdict::Incomplete(rows) => eprintln!(
+            "matrix: UNKNOWN: these rows did not run: {} (give --db and --pg-data, or name the rows you want with --only)",
+            rows.join(", ")
+        ),
     }
+    Ok(verdict.exit_code())
 }

@@ -52,8 +52,9 @@ pub struct RunArgs {
     #[arg(long)]
     pub db: Option<String>,
     /// Faults, comma-separated: kill, pause, partition, delay, ack-loss,
-    /// clock-skew, db-error, db-restart (needs --pg-data or --backend docker),
-    /// loss (--backend docker); or all, or none.
+    /// clock-skew, db-error, stall (a worker stalls past its lease right after
+    /// leasing), db-restart (needs --pg-data or --backend docker), loss
+    /// (--backend docker); or all, or none.
     #[arg(long, default_value = "kill,pause,partition,delay,ack-loss,clock-skew,db-error")]
     pub nemesis: String,
     /// Mean seconds between faults (each also lasts about this long). The

@@ -25,8 +25,8 @@ use crate::proxy::{ProxyMode, SharedProxy};
 use crate::roles::{Backend, BoxFuture, Nemesis, Node};
 
 /// The names `--nemesis` accepts.
-pub const NEMESIS_NAMES: [&str; 9] =
-    ["kill", "pause", "partition", "delay", "ack-loss", "clock-skew", "db-error", "db-restart", "loss"];
+pub const NEMESIS_NAMES: [&str; 10] =
+    ["kill", "pause", "partition", "delay", "ack-loss", "clock-skew", "db-error", "stall", "db-restart", "loss"];
 
 /// A network link the partition nemesis can cut: a fault proxy (local backend)
 /// or iptables rules in a container's network namespace (Docker backend).
@@ -375,6 +375,56 @@ impl Nemesis for ClockSkewNemesis {
     }
 }
 
+/// Stalls one worker right after its next lease that returns messages, for
+/// twice the visibility timeout: a GC pause or a swapped-out process at the
+/// worst moment. Unlike `pause`, which stops a process whatever it is doing,
+/// the stall always leaves a zombie with a lease in hand: another worker takes
+/// its messages over, and the zombie wakes up and carries on with them. A
+/// correct worker's apply finds its lease gone and writes nothing.
+#[derive(Debug)]
+pub struct StallNemesis {
+    admin: Admin,
+    stall: Duration,
+    armed: Mutex<Option<String>>,
+}
+
+impl StallNemesis {
+    pub fn new(admin: Admin, visibility_timeout: Duration) -> Self {
+        StallNemesis { admin, stall: visibility_timeout * 2, armed: Mutex::new(None) }
+    }
+}
+
+impl Nemesis for StallNemesis {
+    fn name(&self) -> &'static str {
+        "stall"
+    }
+    fn ops(&self) -> (&'static str, &'static str) {
+        ("start-stall", "stop-stall")
+    }
+    fn targets(&self) -> Vec<String> {
+        self.admin.workers.iter().map(|(n, _)| n.clone()).collect()
+    }
+    fn hold_min(&self) -> Duration {
+        hold_min_for("stall", self.stall / 2)
+    }
+    fn start<'a>(&'a self, target: &'a str) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move {
+            put(&self.armed, target.to_owned());
+            self.admin.set(target, json!({"stall_after_lease_ms": self.stall.as_millis() as u64})).await
+        })
+    }
+    /// Disarms a stall that never met a lease; one under way runs out by
+    /// itself (the window's hold covers it).
+    fn stop(&self) -> BoxFuture<'_, anyhow::Result<()>> {
+        Box::pin(async move {
+            let Some(worker) = peek(&self.armed) else { return Ok(()) };
+            self.admin.set(&worker, json!({"stall_after_lease_ms": 0})).await?;
+            clear(&self.armed);
+            Ok(())
+        })
+    }
+}
+
 /// The shortest hold of a fault that names none of its own: long enough for a
 /// few client ops and a lease to meet it.
 pub const HOLD_MIN_DEFAULT: Duration = Duration::from_millis(500);
@@ -386,6 +436,8 @@ pub fn hold_min_for(name: &str, visibility_timeout: Duration) -> Duration {
     match name {
         // Twice the lease, so another worker has time to take the message over.
         "pause" => visibility_timeout * 2,
+        // The stall (twice the lease) and a moment for the zombie to act after it.
+        "stall" => visibility_timeout * 2 + HOLD_MIN_DEFAULT,
         _ => HOLD_MIN_DEFAULT,
     }
 }

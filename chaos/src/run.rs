@@ -20,7 +20,7 @@ use crate::history::Recorder;
 use crate::local::{LocalBackend, NodeSpec, api_node, worker_node};
 use crate::nemesis::{
     ACT_ALLOWANCE, AckLossNemesis, ActiveFaults, Admin, ClockSkewNemesis, Coverage, DbErrorNemesis, DelayNemesis,
-    Faults, KillNemesis, PartitionNemesis, PauseNemesis, ScheduleOptions, SharedLink, hold_min_for,
+    Faults, KillNemesis, PartitionNemesis, PauseNemesis, ScheduleOptions, SharedLink, StallNemesis, hold_min_for,
 };
 use crate::postgres::{DbRestartNemesis, PgServer};
 use crate::proxy::FaultProxy;
@@ -514,6 +514,7 @@ fn nemeses(options: &RunOptions, cluster: &Cluster, token: &str) -> anyhow::Resu
             "db-error" => list.push(Box::new(DbErrorNemesis::new(every_service.clone(), 0.3))),
             // Half the acks lost: most messages come back at least once.
             "ack-loss" => list.push(Box::new(AckLossNemesis::new(admin.clone(), 0.5))),
+            "stall" => list.push(Box::new(StallNemesis::new(admin.clone(), options.visibility_timeout))),
             // Ten minutes ahead, as after a bad NTP step: a worker that trusts its
             // clock leases for ten minutes, past any quiesce timeout.
             "clock-skew" => {

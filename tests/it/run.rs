@@ -274,7 +274,6 @@ fn is_start(op: &Value) -> bool {
 
 #[test]
 fn a_panic_while_the_database_is_crashed_restarts_it_on_postgres() {
-    use haunt_chaos::roles::Nemesis;
     let Some(pg) = PrivatePostgres::start() else { return };
     let server = haunt_chaos::postgres::PgServer::new(&pg.dir).unwrap();
     let before = server.pid().expect("the test's server runs");
