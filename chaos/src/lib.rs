@@ -17,6 +17,8 @@
 //! - [`run`]: one run from start to verdict, and the run directory.
 //! - [`report`], which writes `report.html`.
 //! - [`synthetic`]: large synthetic run directories, for benchmarking the checker.
+//! - [`worker_metrics`]: the workers' delivery counters, scraped live for the
+//!   progress line.
 
 pub mod docker;
 pub mod history;
@@ -29,4 +31,5 @@ pub mod report;
 pub mod roles;
 pub mod run;
 pub mod synthetic;
+pub mod worker_metrics;
 pub mod workload;

@@ -844,7 +844,14 @@ async fn drive(
         },
         abort.clone(),
     ));
-    let progress = tokio::spawn(progress(options.clone(), recorder.clone(), active.clone(), deadline, abort.clone()));
+    let progress = tokio::spawn(progress(
+        options.clone(),
+        recorder.clone(),
+        active.clone(),
+        cluster.worker_admin.clone(),
+        deadline,
+        abort.clone(),
+    ));
     let schedule = ScheduleOptions { interval: options.nemesis_interval, seed: options.seed.rotate_left(17), deadline };
     let coverage =
         crate::nemesis::run_schedule(&nemeses, &recorder, &active, schedule, options.faults_at_once, abort).await;
@@ -919,11 +926,15 @@ fn say(options: &RunOptions, line: &str) {
 }
 
 /// Progress while the workload runs: a live bar on a terminal, a plain line
-/// every 5 s otherwise (a log file or CI), nothing with `--quiet`.
+/// every 5 s otherwise (a log file or CI), nothing with `--quiet`. Besides the
+/// client ops and the active faults it shows the redeliveries and the
+/// duplicates the inbox absorbed so far, scraped from the workers' metrics
+/// (`workers`: name and base URL); `?` until a worker has answered.
 async fn progress(
     options: RunOptions,
     recorder: Arc<Recorder>,
     active: Arc<ActiveFaults>,
+    workers: Vec<(String, String)>,
     deadline: Instant,
     abort: Arc<AtomicBool>,
 ) {
@@ -931,6 +942,8 @@ async fn progress(
     if options.quiet {
         return;
     }
+    // Stops scraping when this task is aborted (it is dropped with it).
+    let deliveries = crate::worker_metrics::Watch::spawn(workers);
     let terminal = std::io::stderr().is_terminal();
     let started = Instant::now();
     let total_s = deadline.saturating_duration_since(started).as_secs().max(1);
@@ -964,7 +977,14 @@ async fn progress(
         last = (now, done);
         let faults: Vec<String> = active.list().iter().map(|(f, t)| format!("{f} {t}")).collect();
         let faults = if faults.is_empty() { "none".to_owned() } else { faults.join(", ") };
-        let line = format!("{rate:>7.1} ops/s  ok {}  fail {}  info {}  faults: {faults}", t.ok, t.fail, t.info);
+        let (redeliveries, absorbed) = match deliveries.total() {
+            Some(c) => (c.redeliveries.to_string(), c.duplicates_absorbed.to_string()),
+            None => ("?".to_owned(), "?".to_owned()),
+        };
+        let line = format!(
+            "{rate:>7.1} ops/s  ok {}  fail {}  info {}  redelivered {redeliveries}  absorbed {absorbed}  faults: {faults}",
+            t.ok, t.fail, t.info
+        );
         match &bar {
             Some(bar) if now < deadline => {
                 bar.set_position((now - started).as_secs().min(total_s));
