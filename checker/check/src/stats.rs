@@ -9,9 +9,7 @@ pub fn quantiles(values: &mut [f64]) -> Quantiles {
     if n == 0 {
         return Quantiles::default();
     }
-    // Nearest rank: the smallest value with at least q of the values at or below it.
-    let rank = |q: f64| ((q * n as f64).ceil() as usize).clamp(1, n) - 1;
-    let ranks = [rank(0.50), rank(0.95), rank(0.99), n - 1];
+    let ranks = [rank(n, 0.50), rank(n, 0.95), rank(n, 0.99), n - 1];
     let mut picked = [0.0; 4];
     let mut from = 0;
     for (k, &r) in ranks.iter().enumerate() {
@@ -21,6 +19,23 @@ pub fn quantiles(values: &mut [f64]) -> Quantiles {
         from = r;
     }
     Quantiles { count: n as u64, p50: picked[0], p95: picked[1], p99: picked[2], max: picked[3] }
+}
+
+/// One quantile `q` of `values` by nearest rank (one selection: for the
+/// fault windows, which report only their p99), `None` when there are none.
+pub fn quantile(values: &mut [f64], q: f64) -> Option<f64> {
+    let n = values.len();
+    if n == 0 {
+        return None;
+    }
+    let (_, value, _) = values.select_nth_unstable_by(rank(n, q), f64::total_cmp);
+    Some(round3(*value))
+}
+
+/// Nearest rank (0-based) of `q` among `n > 0` values: the smallest value with
+/// at least `q` of the values at or below it.
+fn rank(n: usize, q: f64) -> usize {
+    ((q * n as f64).ceil() as usize).clamp(1, n) - 1
 }
 
 /// Three decimals keep results.json readable and stable across platforms.
@@ -57,6 +72,14 @@ mod tests {
             let q = quantiles(&mut v);
             assert_eq!((q.p50, q.p95, q.p99, q.max), (at(0.5), at(0.95), at(0.99), round3(sorted[n - 1])), "{n}");
         }
+    }
+
+    #[test]
+    fn one_rank_agrees_with_all_of_them() {
+        let mut v: Vec<f64> = (1..=1000).rev().map(|x| f64::from(x) / 3.0).collect();
+        let p99 = quantile(&mut v.clone(), 0.99);
+        assert_eq!(p99, Some(quantiles(&mut v).p99));
+        assert_eq!(quantile(&mut [], 0.99), None);
     }
 
     #[test]

@@ -2,61 +2,102 @@
 //! overlaps it, and the client ops invoked inside it.
 //!
 //! A run has a few dozen windows and millions of events and ops, so each event
-//! and op is placed by a search, not by a pass over every window: the windows
-//! sorted by start, a binary search finds those that start before the span ends,
-//! and a scan back over them stops at the first window before which every window
-//! has ended (a running maximum of the ends). That is a handful of comparisons
-//! per event when the windows come one after another, and never more than the
-//! number of windows (when a window that was never stopped is open from early
-//! on, every later one is scanned). A run without fault windows does none of it.
+//! and op is placed by a search, not by a pass over every window. The window
+//! ends and starts cut the history's clock into segments, and each segment
+//! lists the windows that cover it whole (a sort and a sweep, once). An op's
+//! invoke time is then a binary search and the few windows of its segment; an
+//! event's life, which is short, spans one or two segments. That stays true
+//! when a window that was never stopped is open from early on. A run without
+//! fault windows does none of it. The lists hold, per segment, the windows open
+//! over it, at most one per fault and target: a few dozen times the number of
+//! windows at most.
 
 use crate::fold::{Fold, Order};
 use crate::results::{FaultWindow, Quantiles};
-use crate::stats::quantiles;
+use crate::stats::{quantile, quantiles};
 
-/// The windows of a run sorted by start, for overlap queries.
+/// The windows of a run as segments of the history's clock, for overlap
+/// queries.
 #[derive(Debug, Default)]
 pub struct WindowIndex {
-    /// Positions in the run's window list, by start.
-    by_start: Vec<usize>,
-    starts: Vec<u64>,
-    /// `u64::MAX` for a window still open when the history ended.
-    ends: Vec<u64>,
-    /// The latest end among the windows up to this one (in start order).
-    ends_max: Vec<u64>,
+    /// Segment `k` runs from `bounds[k]` up to `bounds[k + 1]` (excluded), the
+    /// last one to the end of time. Before `bounds[0]` no window is open.
+    bounds: Vec<u64>,
+    /// The windows covering segment `k`: `covering[offsets[k]..offsets[k + 1]]`.
+    offsets: Vec<usize>,
+    covering: Vec<usize>,
+    /// Each window's first segment: a window covers a run of segments, so a
+    /// span reports it once, at the first of its segments the span reaches.
+    first_segment: Vec<usize>,
 }
 
 impl WindowIndex {
     pub fn new(windows: &[FaultWindow]) -> Self {
-        let mut by_start: Vec<usize> = (0..windows.len()).collect();
-        by_start.sort_by_key(|&w| windows[w].start_ns);
-        let starts = by_start.iter().map(|&w| windows[w].start_ns).collect();
-        let ends: Vec<u64> = by_start.iter().map(|&w| windows[w].end_ns.unwrap_or(u64::MAX)).collect();
-        let ends_max = ends
-            .iter()
-            .scan(0, |latest, &end| {
-                *latest = end.max(*latest);
-                Some(*latest)
-            })
-            .collect();
-        WindowIndex { by_start, starts, ends, ends_max }
+        // A window covers [start_ns, end_ns] on the clock: [start, end + 1) as
+        // segments, to the end of time when never stopped.
+        let end_excluded = |w: &FaultWindow| w.end_ns.and_then(|e| e.checked_add(1));
+        let mut bounds: Vec<u64> =
+            windows.iter().flat_map(|w| std::iter::once(w.start_ns).chain(end_excluded(w))).collect();
+        bounds.sort_unstable();
+        bounds.dedup();
+        let segment_of = |t: u64| bounds.partition_point(|&b| b <= t) - 1;
+        let mut per_segment: Vec<Vec<usize>> = vec![Vec::new(); bounds.len()];
+        let mut first_segment = Vec::with_capacity(windows.len());
+        for (w, window) in windows.iter().enumerate() {
+            let first = segment_of(window.start_ns);
+            let after = end_excluded(window).map_or(bounds.len(), &segment_of);
+            for segment in &mut per_segment[first..after] {
+                segment.push(w);
+            }
+            first_segment.push(first);
+        }
+        let mut offsets = Vec::with_capacity(bounds.len() + 1);
+        offsets.push(0);
+        let mut covering = Vec::new();
+        for segment in per_segment {
+            covering.extend(segment);
+            offsets.push(covering.len());
+        }
+        WindowIndex { bounds, offsets, covering, first_segment }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.starts.is_empty()
+        self.bounds.is_empty()
+    }
+
+    /// The segment holding `t`, if any window was open by then. `hint` is the
+    /// answer to the previous query: events and ops come roughly in time
+    /// order, so it is usually right, and a binary search is the fallback.
+    #[inline]
+    fn segment(&self, t: u64, hint: &mut usize) -> Option<usize> {
+        let b = &self.bounds;
+        let k = *hint;
+        if k < b.len() && b[k] <= t && b.get(k + 1).is_none_or(|&next| t < next) {
+            return Some(k);
+        }
+        let k = b.partition_point(|&bound| bound <= t).checked_sub(1)?;
+        *hint = k;
+        Some(k)
     }
 
     /// Calls `f` once with the position of each window that overlaps the
-    /// closed span `[from, to]` (a window is closed at both ends too).
+    /// closed span `[from, to]` (a window is closed at both ends too). `hint`:
+    /// see [`WindowIndex::segment`]; start it at 0.
     #[inline]
-    pub fn overlapping(&self, from: u64, to: u64, mut f: impl FnMut(usize)) {
-        let started = self.starts.partition_point(|&s| s <= to);
-        for k in (0..started).rev() {
-            if self.ends_max[k] < from {
-                break;
-            }
-            if self.ends[k] >= from {
-                f(self.by_start[k]);
+    pub fn overlapping(&self, from: u64, to: u64, hint: &mut usize, mut f: impl FnMut(usize)) {
+        // The segments the span reaches: from the one holding `from` (or the
+        // first) to the one holding `to`; the same one for most spans.
+        let Some(last) = self.segment(to, hint) else { return };
+        let first = if self.bounds[last] <= from {
+            last
+        } else {
+            self.bounds[..last].partition_point(|&b| b <= from).max(1) - 1
+        };
+        for k in first..=last {
+            for &w in &self.covering[self.offsets[k]..self.offsets[k + 1]] {
+                if k == first || self.first_segment[w] == k {
+                    f(w);
+                }
             }
         }
     }
@@ -70,6 +111,7 @@ pub struct Attribution {
     /// be placed on the history clock and nothing is attributed.
     run_started_at_ms: Option<i64>,
     per_window: Vec<EventFigures>,
+    hint: usize,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -89,6 +131,7 @@ impl Attribution {
             index: WindowIndex::new(&fold.faults),
             run_started_at_ms: fold.meta.as_ref().map(|m| m.run_started_at_ms),
             per_window: vec![EventFigures::default(); fold.faults.len()],
+            hint: 0,
         }
     }
 
@@ -116,7 +159,7 @@ impl Attribution {
         let deliveries = row.deliveries.get();
         let duplicates = row.duplicates_absorbed.get();
         let per_window = &mut self.per_window;
-        self.index.overlapping(from, to, |w| {
+        self.index.overlapping(from, to, &mut self.hint, |w| {
             let figures = &mut per_window[w];
             figures.events += 1;
             figures.delivered_more_than_once += u64::from(deliveries.is_some_and(|d| d > 1));
@@ -156,9 +199,10 @@ fn op_latencies(fold: &Fold, index: &WindowIndex, windows: &mut [FaultWindow]) -
     const NS_PER_MS: f64 = 1e6;
     let mut inside: Vec<Vec<f64>> = vec![Vec::new(); windows.len()];
     let mut outside: Vec<f64> = fold.latency_before_faults_ns.iter().map(|ns| ns / NS_PER_MS).collect();
+    let mut hint = 0;
     for &(invoked_ns, latency_ns) in &fold.latency_timed_ns {
         let mut placed = false;
-        index.overlapping(invoked_ns, invoked_ns, |w| {
+        index.overlapping(invoked_ns, invoked_ns, &mut hint, |w| {
             inside[w].push(latency_ns / NS_PER_MS);
             placed = true;
         });
@@ -169,7 +213,7 @@ fn op_latencies(fold: &Fold, index: &WindowIndex, windows: &mut [FaultWindow]) -
     let outside = quantiles(&mut outside);
     for (w, mut latencies) in windows.iter_mut().zip(inside) {
         w.ops_invoked = latencies.len() as u64;
-        w.latency_ms_p99 = (!latencies.is_empty()).then(|| quantiles(&mut latencies).p99);
+        w.latency_ms_p99 = quantile(&mut latencies, 0.99);
         w.latency_ms_p99_outside = (outside.count > 0).then_some(outside.p99);
     }
     Some(outside)
@@ -185,7 +229,9 @@ mod tests {
 
     fn hits(index: &WindowIndex, from: u64, to: u64) -> Vec<usize> {
         let mut got = Vec::new();
-        index.overlapping(from, to, |w| got.push(w));
+        // A stale hint must not change the answer.
+        let mut hint = (from as usize) % 7;
+        index.overlapping(from, to, &mut hint, |w| got.push(w));
         got.sort();
         got
     }
