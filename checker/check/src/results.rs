@@ -143,7 +143,7 @@ pub struct Delivery {
     pub histogram: BTreeMap<u32, u64>,
     /// Applied events whose (first) application came on a redelivery (from the
     /// `applied` lines' `delivery_attempt`).
-    pub redelivered_events: u64,
+    pub applied_on_redelivery: u64,
     /// Deliveries of all events (the sum of `deliveries`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deliveries: Option<u64>,
@@ -153,7 +153,11 @@ pub struct Delivery {
     pub redeliveries: Option<u64>,
     /// Events with `deliveries` above 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub delivered_more_than_once: Option<u64>,
+    pub redelivered_events: Option<u64>,
+    /// Events with `deliveries` above 2: the tutorial's scenario (delivered
+    /// three times, applied once) when none of them was applied twice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivered_three_times_or_more: Option<u64>,
     /// The sum of `duplicates_absorbed`: deliveries the inbox refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duplicates_absorbed: Option<u64>,
@@ -209,7 +213,7 @@ pub struct FaultWindow {
     pub events: Option<u64>,
     /// Of those, events with `deliveries` above 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub delivered_more_than_once: Option<u64>,
+    pub redelivered_events: Option<u64>,
     /// Of those, the sum of `duplicates_absorbed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duplicates_absorbed: Option<u64>,
@@ -237,7 +241,7 @@ impl FaultWindow {
             start_ns,
             end_ns,
             events: None,
-            delivered_more_than_once: None,
+            redelivered_events: None,
             duplicates_absorbed: None,
             applied_more_than_once: None,
             ops_invoked: 0,

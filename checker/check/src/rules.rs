@@ -79,6 +79,7 @@ struct DeliveryTally {
     total: u64,
     redeliveries: u64,
     more_than_once: u64,
+    three_or_more: u64,
     max: u64,
 }
 
@@ -102,6 +103,7 @@ impl Tally {
                 t.total += d;
                 t.redeliveries += d.saturating_sub(1);
                 t.more_than_once += u64::from(d > 1);
+                t.three_or_more += u64::from(d > 2);
                 t.max = t.max.max(d);
             }
             if let Some(d) = row.duplicates_absorbed.get() {
@@ -301,10 +303,11 @@ pub fn check(fold: &Fold) -> Results {
     let deliveries = tally.deliveries;
     let delivery = Delivery {
         histogram: fold.delivery_histogram.clone(),
-        redelivered_events: redelivered_joined + redelivered_stray as u64,
+        applied_on_redelivery: redelivered_joined + redelivered_stray as u64,
         deliveries: deliveries.map(|d| d.total),
         redeliveries: deliveries.map(|d| d.redeliveries),
-        delivered_more_than_once: deliveries.map(|d| d.more_than_once),
+        redelivered_events: deliveries.map(|d| d.more_than_once),
+        delivered_three_times_or_more: deliveries.map(|d| d.three_or_more),
         duplicates_absorbed: tally.duplicates_absorbed,
         deliveries_max: deliveries.map(|d| d.max),
         applied_more_than_once: tally.applied_more_than_once

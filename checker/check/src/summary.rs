@@ -9,17 +9,31 @@ use crate::results::{Delivery, Quantiles, Results, Verdict};
 /// anything got through twice.
 fn delivery_line(d: &Delivery) -> Option<String> {
     let (redeliveries, max) = (d.redeliveries?, d.deliveries_max?);
-    let mut parts = vec![format!("{} redeliveries", thousands(redeliveries))];
-    if let Some(absorbed) = d.duplicates_absorbed {
-        parts.push(format!("{} absorbed by the inbox", thousands(absorbed)));
+    let mut line = format!("{} redeliveries", thousands(redeliveries));
+    if let Some(events) = d.redelivered_events {
+        line.push_str(&format!(" of {} events", thousands(events)));
     }
-    parts.push(format!("{} applied more than once", thousands(d.applied_more_than_once)));
-    let most = match max {
-        0 => "no event was delivered".to_owned(),
-        1 => "no event took more than one delivery".to_owned(),
-        n => format!("one event took {} deliveries", thousands(n)),
+    if let Some(absorbed) = d.duplicates_absorbed {
+        // A redelivery the inbox did not absorb came after a delivery that
+        // never finished (a kill, a pause, a lost lease, a failed transaction).
+        let unfinished = redeliveries.saturating_sub(absorbed);
+        line.push_str(&format!(
+            ": {} absorbed by the inbox, {} after a delivery that never finished",
+            thousands(absorbed),
+            thousands(unfinished)
+        ));
+    }
+    line.push_str(&format!("; {} applied more than once", thousands(d.applied_more_than_once)));
+    let most = match (max, d.delivered_three_times_or_more) {
+        (0, _) => "no event was delivered".to_owned(),
+        (1, _) => "no event took more than one delivery".to_owned(),
+        (n, Some(1)) => format!("one event delivered {} times", thousands(n)),
+        (n, Some(three)) if three > 1 => {
+            format!("{} events delivered 3 or more times, one {} times", thousands(three), thousands(n))
+        }
+        (n, _) => format!("one event took {} deliveries", thousands(n)),
     };
-    Some(format!("{}; {most}", parts.join(", ")))
+    Some(format!("{line}; {most}"))
 }
 
 /// `1204` as `1,204`.
@@ -133,17 +147,24 @@ mod tests {
         d.deliveries = Some(5_204);
         d.redeliveries = Some(1_204);
         d.deliveries_max = Some(5);
-        d.duplicates_absorbed = Some(1_204);
+        d.duplicates_absorbed = Some(1_190);
+        d.redelivered_events = Some(1_100);
+        d.delivered_three_times_or_more = Some(40);
         assert_eq!(
             delivery_line(&d).unwrap(),
-            "1,204 redeliveries, 1,204 absorbed by the inbox, 0 applied more than once; one event took 5 deliveries"
+            "1,204 redeliveries of 1,100 events: 1,190 absorbed by the inbox, 14 after a delivery that never \
+             finished; 0 applied more than once; 40 events delivered 3 or more times, one 5 times"
         );
+        d.delivered_three_times_or_more = Some(0);
+        d.deliveries_max = Some(2);
+        assert!(delivery_line(&d).unwrap().ends_with("; one event took 2 deliveries"));
         d.duplicates_absorbed = None;
+        d.redelivered_events = None;
         d.deliveries_max = Some(1);
         d.redeliveries = Some(0);
         assert_eq!(
             delivery_line(&d).unwrap(),
-            "0 redeliveries, 0 applied more than once; no event took more than one delivery"
+            "0 redeliveries; 0 applied more than once; no event took more than one delivery"
         );
     }
 }

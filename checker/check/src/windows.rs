@@ -117,7 +117,7 @@ pub struct Attribution {
 #[derive(Debug, Default, Clone, Copy)]
 struct EventFigures {
     events: u64,
-    delivered_more_than_once: u64,
+    redelivered_events: u64,
     duplicates_absorbed: u64,
     applied_more_than_once: u64,
 }
@@ -162,7 +162,7 @@ impl Attribution {
         self.index.overlapping(from, to, &mut self.hint, |w| {
             let figures = &mut per_window[w];
             figures.events += 1;
-            figures.delivered_more_than_once += u64::from(deliveries.is_some_and(|d| d > 1));
+            figures.redelivered_events += u64::from(deliveries.is_some_and(|d| d > 1));
             figures.duplicates_absorbed += u64::from(duplicates.unwrap_or(0));
             figures.applied_more_than_once += u64::from(o.applied.count > 1);
         });
@@ -182,7 +182,7 @@ impl Attribution {
         for (w, figures) in windows.iter_mut().zip(&self.per_window) {
             w.events = clock.then_some(figures.events);
             w.applied_more_than_once = clock.then_some(figures.applied_more_than_once);
-            w.delivered_more_than_once = (clock && deliveries_known).then_some(figures.delivered_more_than_once);
+            w.redelivered_events = (clock && deliveries_known).then_some(figures.redelivered_events);
             w.duplicates_absorbed = (clock && duplicates_known).then_some(figures.duplicates_absorbed);
         }
         op_latencies(fold, &self.index, windows)
