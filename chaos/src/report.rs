@@ -334,7 +334,11 @@ impl Frame {
         let _ = write!(out, r##"<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="#333"/>"##);
         let x_ticks: Vec<(f64, String)> = match &self.x_labels {
             Some(labels) => labels.iter().enumerate().map(|(i, l)| (i as f64 + 0.5, l.clone())).collect(),
-            None => linear_ticks(0.0, self.x_max, 10, 1.0).into_iter().map(|v| (v, tick_label(v))).collect(),
+            // Whole seconds, except for a run too short to have a few.
+            None => linear_ticks(0.0, self.x_max, 10, if self.x_max >= 5.0 { 1.0 } else { 0.0 })
+                .into_iter()
+                .map(|v| (v, tick_label(v)))
+                .collect(),
         };
         for (v, label) in x_ticks {
             let x = self.x(v);
@@ -588,9 +592,13 @@ fn deliveries_plot(apps: &Applications, results: &Results, end_s: f64) -> String
     let frame = Frame::over_time(180.0, end_s, y_max, true);
     frame.open(&mut out, "redeliveries and absorbed duplicates over time");
     frame.shade_faults(&mut out, &results.faults, end_s);
-    let bar_px = ((frame.x(width_s) - frame.x(0.0)) * 0.45).max(1.0);
+    // Two bars side by side in each bucket, centred; no wider than 12 px, so
+    // that a short run's few buckets do not turn into blocks that hide the
+    // fault windows behind them.
+    let bucket_px = frame.x(width_s) - frame.x(0.0);
+    let bar_px = (bucket_px * 0.45).clamp(1.0, 12.0);
     for (i, (r, a)) in redelivered.iter().zip(&absorbed).enumerate() {
-        let x = frame.x(i as f64 * width_s) + bar_px * 0.1;
+        let x = frame.x(i as f64 * width_s) + (bucket_px - 2.0 * bar_px) / 2.0;
         let t0 = i as f64 * width_s;
         for (n, color, what, dx) in [
             (*r, REDELIVERED_COLOR, "applied on a redelivery", 0.0),

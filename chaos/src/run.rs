@@ -748,7 +748,18 @@ pub async fn run(options: RunOptions, abort: Arc<AtomicBool>) -> anyhow::Result<
             if !never_fired.is_empty() {
                 summary.push_str(&format!(" · never fired: {}", never_fired.join(",")));
             }
-            let report = crate::report::render(&results, &history, &summary);
+            let final_state = std::fs::read_to_string(run_dir.join(FINAL_STATE_FILE)).unwrap_or_default();
+            let coverage = crate::report::Coverage {
+                faults_fired: run_file.faults_fired.clone(),
+                faults_never_fired: run_file.faults_never_fired.clone(),
+            };
+            let report = crate::report::render(&crate::report::Page {
+                results: &results,
+                history: &history,
+                final_state: &final_state,
+                coverage: &coverage,
+                subtitle: &summary,
+            });
             std::fs::write(run_dir.join("report.html"), report).context("writing report.html")?;
             run_file.verdict = Some(results.valid.as_str());
             metrics.check_valid.set(match results.valid {

@@ -5,6 +5,7 @@ mod check;
 mod docker;
 mod matrix;
 mod observability;
+mod report;
 mod run;
 mod store_boundary;
 mod traces;

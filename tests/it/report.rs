@@ -1,0 +1,160 @@
+//! `report.html` for hand-made run directories: `haunt check` writes their
+//! `results.json`, and the page is rendered from the directory as a whole
+//! (`haunt_chaos::report::render_dir`), the way `haunt run` renders its own.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A copy of a checker test case in a temp dir, checked by `haunt check`
+/// (which writes `results.json` there), with `run_json` as its `run.json`
+/// when given.
+fn checked_case(name: &str, run_json: Option<serde_json::Value>) -> (tempfile::TempDir, PathBuf) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("checker/check/tests/runs").join(name);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join(name);
+    std::fs::create_dir(&dir).unwrap();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+    }
+    if let Some(run) = run_json {
+        std::fs::write(dir.join("run.json"), run.to_string()).unwrap();
+    }
+    check(&dir);
+    (tmp, dir)
+}
+
+fn check(dir: &Path) {
+    let out = Command::new(env!("CARGO_BIN_EXE_haunt")).arg("check").arg(dir).output().unwrap();
+    assert!(out.status.code().is_some_and(|c| c <= 2), "haunt check: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(dir.join("results.json").is_file());
+}
+
+fn render(dir: &Path) -> String {
+    haunt_chaos::report::render_dir(dir, "a hand-made run").unwrap()
+}
+
+/// The cells of every row of the table with class `class`, tags stripped.
+fn table_rows(html: &str, class: &str) -> Vec<Vec<String>> {
+    let start = html.find(&format!(r#"<table class="{class}">"#)).unwrap_or_else(|| panic!("no {class} table"));
+    let table = &html[start..start + html[start..].find("</table>").unwrap()];
+    table
+        .split("<tr>")
+        .skip(1)
+        .filter(|row| row.contains("<td"))
+        .map(|row| row.split("<td").skip(1).map(|cell| text_of(cell.split_once('>').unwrap().1)).collect())
+        .collect()
+}
+
+fn text_of(html: &str) -> String {
+    let mut out = String::new();
+    let mut in_tag = false;
+    for c in html.chars() {
+        match c {
+            '<' => in_tag = true,
+            '>' => in_tag = false,
+            c if !in_tag => out.push(c),
+            _ => {}
+        }
+    }
+    out.trim().to_owned()
+}
+
+/// A kill of worker-1 (10 to 41 ms) and a pause of worker-2 (60 to 81 ms),
+/// with delivery evidence on every order line: e2 delivered 3 times (2
+/// duplicates absorbed), e4 applied twice.
+const WINDOWS_CASE: &str = "delivery-evidence-in-windows";
+
+#[test]
+fn the_fault_table_gives_each_windows_figures() {
+    let (_tmp, dir) = checked_case(WINDOWS_CASE, None);
+    let html = render(&dir);
+    let rows = table_rows(&html, "faults");
+    // fault, target, start, end, ops invoked, events affected, events
+    // redelivered, duplicates absorbed, applied twice, p99 inside, p99 outside:
+    // the figures of the checker's expect.json for this case.
+    assert_eq!(
+        rows,
+        [
+            ["kill", "worker-1", "0.01", "0.04", "2", "2", "1", "2", "0", "5.0", "5.0"],
+            ["pause", "worker-2", "0.06", "0.08", "1", "1", "1", "0", "1", "13.0", "5.0"],
+        ]
+    );
+    // The double application is marked, and the slow p99 inside the pause.
+    assert!(html.contains(r#"<td class="bad">1</td><td class="slow">13.0</td>"#), "{html}");
+}
+
+#[test]
+fn the_deliveries_plot_marks_redeliveries_and_absorbed_duplicates() {
+    let (_tmp, dir) = checked_case(WINDOWS_CASE, None);
+    let html = render(&dir);
+    assert!(html.contains(r#"aria-label="applications over time""#));
+    assert!(html.contains(r#"aria-label="redeliveries and absorbed duplicates over time""#));
+    // Every application falls in the first second: e2 on attempt 3 and e4's
+    // second application on attempt 2; e2's two duplicates at e2's application.
+    assert!(html.contains("0 to 1 s: 2 applied on a redelivery"), "{html}");
+    assert!(html.contains("0 to 1 s: 2 absorbed as duplicates"), "{html}");
+    // The windows are named over the plot, and in its legend.
+    assert!(html.contains(">kill worker-1</text>") && html.contains(">pause worker-2</text>"), "{html}");
+    assert!(html.contains(r#"</span>kill</span>"#) && html.contains(r#"</span>pause</span>"#), "{html}");
+    let figures: Vec<Vec<String>> = table_rows(&html, "figures");
+    let figure = |name: &str| -> String {
+        let row = html.split("<tr><th>").find(|r| r.starts_with(name)).unwrap_or_else(|| panic!("no row {name}"));
+        text_of(row.split("<td").nth(1).unwrap().split_once('>').unwrap().1.split("</td>").next().unwrap())
+    };
+    assert_eq!(figures.len(), 8);
+    assert_eq!(figure("deliveries<"), "8");
+    assert_eq!(figure("redeliveries<"), "3");
+    assert_eq!(figure("duplicates absorbed by the inbox"), "2");
+    assert_eq!(figure("most deliveries of one event"), "3");
+    assert_eq!(figure("events applied more than once"), "1");
+}
+
+#[test]
+fn every_enabled_fault_that_never_fired_gets_a_line() {
+    let run = serde_json::json!({
+        "seed": 1,
+        "faults_fired": {"kill": 1, "pause": 1, "delay": 0, "ack-loss": 0},
+        "faults_never_fired": ["delay", "ack-loss"],
+    });
+    let (_tmp, dir) = checked_case(WINDOWS_CASE, Some(run));
+    let html = render(&dir);
+    for fault in ["delay", "ack-loss"] {
+        let line = format!("{fault} was enabled but never fired");
+        // Under the verdict, and again with the faults.
+        assert_eq!(html.matches(&line).count(), 2, "{fault}: {html}");
+    }
+    assert!(!html.contains("kill was enabled but never fired"));
+    assert!(html.contains("ack-loss ×0, delay ×0, kill ×1, pause ×1"), "{html}");
+
+    let every_one = serde_json::json!({"faults_fired": {"kill": 1, "pause": 1}, "faults_never_fired": []});
+    let (_tmp, dir) = checked_case(WINDOWS_CASE, Some(every_one));
+    assert!(!render(&dir).contains("never fired"));
+}
+
+#[test]
+fn a_foreign_run_directory_without_the_new_fields_still_renders() {
+    // No delivery evidence on its order lines, no run.json.
+    let (_tmp, dir) = checked_case("delivery-evidence-absent", None);
+    let html = render(&dir);
+    assert!(html.contains("records no delivery evidence"), "{html}");
+    assert!(html.contains("does not record the duplicates the inbox absorbed"), "{html}");
+    assert!(!html.contains("never fired"));
+    assert!(!html.contains("absorbed as duplicates<"), "nothing absorbed is drawn: {html}");
+    // Its windows are listed; the evidence-based figures are unknown, not 0.
+    let rows = table_rows(&html, "faults");
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0][..7], ["kill", "worker-1", "0.01", "0.04", "2", "2", "–"]);
+    assert!(html.ends_with("</body></html>\n"));
+
+    // And without a meta line there is no clock to place the applications on.
+    let final_state = std::fs::read_to_string(dir.join("final-state.jsonl")).unwrap();
+    let without_meta: String =
+        final_state.lines().filter(|l| !l.contains("\"meta\"")).map(|l| format!("{l}\n")).collect();
+    std::fs::write(dir.join("final-state.jsonl"), without_meta).unwrap();
+    check(&dir);
+    let html = render(&dir);
+    assert!(html.contains("cannot be placed on the history's clock"), "{html}");
+    assert!(!html.contains(r#"aria-label="applications over time""#));
+    assert!(html.contains(r#"aria-label="client op latency over time""#));
+}
