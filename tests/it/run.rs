@@ -381,3 +381,45 @@ fn the_harness_exports_faults_client_ops_and_the_verdict_as_metrics() {
     assert!(saw_fault, "an active pause showed as haunt_fault_active 1");
     assert!(saw_verdict, "the verdict was served after the check");
 }
+
+/// The delivery evidence end to end: under ack loss the run directory records
+/// redeliveries and the duplicates the inbox absorbed, and results.json and the
+/// summary agree with the final state line by line.
+#[test]
+fn a_run_with_ack_loss_records_redeliveries_and_absorbed_duplicates_and_the_results_agree() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = haunt_run(
+        tmp.path(),
+        &["--time-limit-s", "6", "--nemesis", "ack-loss", "--visibility-timeout-ms", "500", "--seed", "3"],
+    )
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let run = latest(tmp.path());
+    let (mut deliveries, mut redeliveries, mut absorbed, mut most, mut orders) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    for line in std::fs::read_to_string(run.join("final-state.jsonl")).unwrap().lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        if v["kind"] == "order" {
+            orders += 1;
+            let d = v["deliveries"].as_u64().unwrap_or_else(|| panic!("an order line without deliveries: {line}"));
+            deliveries += d;
+            redeliveries += d.saturating_sub(1);
+            most = most.max(d);
+            absorbed += v["duplicates_absorbed"].as_u64().unwrap();
+        }
+    }
+    assert!(orders > 100, "{orders} orders");
+    assert!(absorbed > 0, "half the acks were lost for a while, yet the inbox absorbed nothing");
+    assert!(redeliveries >= absorbed, "every absorbed duplicate is a redelivery");
+    let results = read_json(&run.join("results.json"));
+    let d = &results["delivery"];
+    assert_eq!(d["deliveries"], deliveries, "{d}");
+    assert_eq!(d["redeliveries"], redeliveries, "{d}");
+    assert_eq!(d["duplicates_absorbed"], absorbed, "{d}");
+    assert_eq!(d["deliveries_max"], most, "{d}");
+    assert_eq!(d["applied_more_than_once"], 0, "{d}");
+    assert!(stdout.contains("absorbed by the inbox"), "{stdout}");
+    let window = results["faults"].as_array().unwrap().iter().find(|w| w["fault"] == "ack-loss").expect("a window");
+    assert!(window["duplicates_absorbed"].as_u64().unwrap() > 0, "the ack-loss window caused them: {window}");
+}
