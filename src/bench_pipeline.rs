@@ -1,21 +1,37 @@
 //! `haunt bench pipeline`: the worker and the API against what the database can
 //! do, all measured in one run on one database.
 //!
-//! - the raw-SQL ceiling: the pipeline's protocol in hand-written batched SQL
-//!   (lease 100, apply, delete: three statements), as a pgbench script would
-//!   (PostgreSQL only: it reads the JSON payload in SQL); and beside it a
-//!   lock-based variant with one transaction per batch and no lease;
+//! - the server-side limit, the figure the worker is measured against: haunt's
+//!   own protocol on haunt's own tables run inside the database at haunt's
+//!   batch size, three commits per batch (lease; inbox, projection and ledger;
+//!   ack) as the worker commits, and the same with the ack in the effect's
+//!   transaction (two commits). On PostgreSQL one `CALL` of a PL/pgSQL
+//!   procedure per batch, with as many consumers as haunt's workers run lease
+//!   loops, and also
+//!   the three-commit protocol with the lease's and ack's commits
+//!   asynchronous; on SQLite a prepared-statement loop on one native
+//!   connection (one writer);
+//! - the client-side SQL baseline (PostgreSQL only; the bench's "raw
+//!   ceiling" until 2026-12-01, which it was not): the protocol as three
+//!   hand-written statements sent by the client, the JSON parsed in SQL, at
+//!   batch 100 and at haunt's batch size; and beside it a lock-based variant
+//!   with one transaction per batch and no lease;
 //! - the per-message design of the tutorial: lease one, apply it, ack it, three
 //!   transactions per event (haunt's store with batches of one);
-//! - haunt's workers draining the same pre-enqueued events;
+//! - haunt's workers draining the same pre-enqueued events, in this process
+//!   (no tracing subscriber: their spans cost nothing here);
+//! - a `haunt worker` process draining alone: its rate, peak memory and CPU
+//!   time, and the CPU time of its server backends (`--worker-rust-log` sets
+//!   its logging, so that the cost of spans and logs shows;
+//!   `--profile-worker` runs it under a profiler and nothing else);
 //! - API ingest over HTTP with C clients, against the raw two-statement insert
 //!   transaction at the same concurrency.
 //!
 //! The database must be empty; the bench empties the pipeline's tables between
 //! phases and at the end.
 //!
-//! The raw baselines and the resets are SQL on the pipeline's tables, so they
-//! live in the store ([`haunt_store::Baseline`]); this file only calls them.
+//! The baselines and the resets are SQL on the pipeline's tables, so they live
+//! in the store ([`haunt_store::Baseline`]); this file only calls them.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,7 +43,7 @@ use serde_json::json;
 #[derive(Debug, clap::Args)]
 pub struct PipelineBench {
     /// The database: an empty one (postgres://… for every phase; sqlite://…
-    /// leaves out the PostgreSQL-only raw ceiling).
+    /// leaves out the PostgreSQL-only client-side SQL baselines).
     #[arg(long)]
     pub db: String,
     /// Events pre-enqueued for each drain phase, and orders sent for each ingest phase.
@@ -49,13 +65,41 @@ pub struct PipelineBench {
     /// The worker counts of the sweep (comma-separated).
     #[arg(long, value_delimiter = ',', requires = "sweep_batch_sizes")]
     pub sweep_workers: Vec<usize>,
+    /// RUST_LOG of the `haunt worker` process the bench starts: `warn` logs
+    /// nothing per delivery; `info` (the worker's default) logs each one.
+    #[arg(long, default_value = "warn")]
+    pub worker_rust_log: String,
+    /// Run only one phase: --events pre-enqueued, drained by a `haunt worker`
+    /// process started under this command (split at spaces, the worker's own
+    /// command line appended), e.g. "perf record -g -o worker.perf --". The
+    /// command is sent SIGINT once the queue is empty, so that a profiler
+    /// writes its data.
+    #[arg(long)]
+    pub profile_worker: Option<String>,
     /// Write the results as JSON here too.
     #[arg(long)]
     pub out: Option<std::path::PathBuf>,
 }
 
-/// Messages per batch of the raw ceiling, as in the issue's pgbench script.
-const RAW_BATCH: i64 = 100;
+/// Messages per batch of the client-side SQL baseline, as in issue 8's
+/// pgbench script.
+const CLIENT_SQL_BATCH: i64 = 100;
+
+/// Events of the per-message phase at most: three commits per event make it
+/// one to two orders of magnitude slower than the batched phases, and 2,000
+/// events are seconds of it, enough for a steady rate.
+const PER_MESSAGE_EVENTS_MAX: usize = 2_000;
+
+/// How long a stopped worker process (or the profiler around it) may take to
+/// exit: a profiler writes its data in seconds; past this it is killed.
+const WORKER_EXIT_GRACE: Duration = Duration::from_secs(60);
+
+/// The PostgreSQL application_name of the worker process's connections.
+const WORKER_APPLICATION_NAME: &str = "haunt-bench-worker";
+
+/// Linux's clock ticks per second in /proc/PID/stat (USER_HZ, 100 on every
+/// architecture the kernel exports it for).
+const USER_HZ: f64 = 100.0;
 
 /// Every event applied once, the queue empty: a phase that cheated would show.
 async fn verify_drained(baseline: &Baseline, n: usize, phase: &str) -> anyhow::Result<()> {
@@ -146,34 +190,108 @@ async fn wait_drained(
     }
 }
 
-/// A `haunt worker` process (this executable) drains `n` pre-enqueued events
-/// with batches of `batch_size`; returns its peak resident set in MiB (VmHWM,
-/// read from /proc before it is stopped).
-async fn worker_peak_rss_mib(db: &str, batch_size: u32, n: usize, watcher: &Store) -> anyhow::Result<f64> {
+/// What a `haunt worker` process cost while it drained a queue alone.
+#[derive(Debug, Default)]
+struct WorkerProcess {
+    events_per_s: f64,
+    /// VmHWM, MiB.
+    peak_rss_mib: Option<f64>,
+    /// User and system CPU time of the worker process.
+    cpu_s: Option<f64>,
+    /// User and system CPU time of the server backends it connected to
+    /// (PostgreSQL on this machine only).
+    backends_cpu_s: Option<f64>,
+}
+
+/// User plus system CPU seconds of a process, from /proc/PID/stat.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let (utime, stime): (f64, f64) = (fields.get(11)?.parse().ok()?, fields.get(12)?.parse().ok()?);
+    Some((utime + stime) / USER_HZ)
+}
+
+/// The `haunt` process at or below `pid`: the worker itself, or the child of a
+/// profiler that started it (followed down at most 4 levels: a wrapper of a
+/// wrapper is as deep as it goes).
+fn haunt_process(pid: u32) -> Option<u32> {
+    let mut pid = pid;
+    for _ in 0..4 {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        if comm.trim() == "haunt" {
+            return Some(pid);
+        }
+        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+        pid = children.split_whitespace().next()?.parse().ok()?;
+    }
+    None
+}
+
+/// A `haunt worker` process (this executable, under `wrapper` if given)
+/// drains `n` pre-enqueued events with batches of `batch_size`; its peak
+/// resident set (VmHWM) and CPU times are read from /proc before it is stopped.
+async fn worker_process(
+    baseline: &Baseline,
+    (db, rust_log): (&str, &str),
+    batch_size: u32,
+    n: usize,
+    watcher: &Store,
+    wrapper: Option<&str>,
+) -> anyhow::Result<WorkerProcess> {
     let exe = std::env::current_exe()?;
-    let mut child = tokio::process::Command::new(exe)
-        .args(["worker", "--db", db, "--worker-id", "bench-memory", "--poll-interval-ms", "5"])
+    let mut words: Vec<String> = wrapper.map(|w| w.split_whitespace().map(String::from).collect()).unwrap_or_default();
+    words.push(exe.display().to_string());
+    // Its connections are named, so that their server backends can be found.
+    let url = if db.starts_with("postgres") {
+        format!("{db}{}application_name={WORKER_APPLICATION_NAME}", if db.contains('?') { '&' } else { '?' })
+    } else {
+        db.to_owned()
+    };
+    let started = Instant::now();
+    let mut child = tokio::process::Command::new(&words[0])
+        .args(&words[1..])
+        .args(["worker", "--db", &url, "--worker-id", "bench-process", "--poll-interval-ms", "5"])
         .args(["--batch-size-max", &batch_size.to_string()])
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", rust_log)
         .stdout(std::process::Stdio::null())
+        // Its logs (one line per delivery at info) would drown the bench's.
+        .stderr(if wrapper.is_some() { std::process::Stdio::inherit() } else { std::process::Stdio::null() })
         .kill_on_drop(true)
         .spawn()
-        .context("starting a haunt worker")?;
+        .with_context(|| format!("starting {}", words.join(" ")))?;
     let pid = child.id().context("the worker has no pid")?;
-    wait_drained(watcher, Instant::now(), || match child.try_wait()? {
+    wait_drained(watcher, started, || match child.try_wait()? {
         Some(status) => anyhow::bail!("the worker exited with {status} before draining"),
         None => Ok(()),
     })
     .await
     .with_context(|| format!("a worker process, {n} events"))?;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).context("reading the worker's /proc status")?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .context("no VmHWM in /proc/PID/status")?;
-    child.kill().await?;
-    Ok(kib / 1024.0)
+    let events_per_s = n as f64 / started.elapsed().as_secs_f64();
+    let worker = haunt_process(pid);
+    let peak_rss_mib = worker.and_then(|w| {
+        let status = std::fs::read_to_string(format!("/proc/{w}/status")).ok()?;
+        let kib: f64 =
+            status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+        Some(kib / 1024.0)
+    });
+    let cpu_s = worker.and_then(cpu_seconds);
+    let backends = baseline.backend_pids(WORKER_APPLICATION_NAME).await?;
+    let backends_cpu_s = if backends.is_empty() {
+        None
+    } else {
+        backends.iter().map(|&p| u32::try_from(p).ok().and_then(cpu_seconds)).sum::<Option<f64>>()
+    };
+    if wrapper.is_some() {
+        // SIGINT, so that a profiler stops, writes its data and ends the worker.
+        let _ = std::process::Command::new("kill").args(["-INT", &pid.to_string()]).status();
+        if tokio::time::timeout(WORKER_EXIT_GRACE, child.wait()).await.is_err() {
+            child.kill().await?;
+        }
+    } else {
+        child.kill().await?;
+    }
+    Ok(WorkerProcess { events_per_s, peak_rss_mib, cpu_s, backends_cpu_s })
 }
 
 /// Runs `tasks` copies of `f` side by side and returns the events per second.
@@ -208,6 +326,49 @@ async fn http_ingest(
     Ok(())
 }
 
+/// `tasks` consumers of the server-side limit drain the queue; events per second.
+async fn server_side_at(
+    baseline: &Baseline,
+    n: usize,
+    tasks: usize,
+    batch: i64,
+    (ack_in_effect, async_lease_ack): (bool, bool),
+) -> anyhow::Result<f64> {
+    let b = baseline.clone();
+    timed(n, tasks, move |t| {
+        let b = b.clone();
+        async move {
+            b.server_side_drain(t, batch, ack_in_effect, async_lease_ack).await?;
+            Ok(())
+        }
+    })
+    .await
+}
+
+fn worker_process_json(w: &WorkerProcess, n: usize, rust_log: &str) -> serde_json::Value {
+    json!({
+        "events_per_s": w.events_per_s,
+        "peak_rss_mib": w.peak_rss_mib,
+        "rust_log": rust_log,
+        "cpu_s": w.cpu_s,
+        "cpu_us_per_event": w.cpu_s.map(|c| c * 1e6 / n as f64),
+        "postgres_backends_cpu_s": w.backends_cpu_s,
+        "postgres_backends_cpu_us_per_event": w.backends_cpu_s.map(|c| c * 1e6 / n as f64),
+    })
+}
+
+fn write_report(
+    report: serde_json::Map<String, serde_json::Value>,
+    out: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(&serde_json::Value::Object(report))?;
+    println!("{text}");
+    if let Some(out) = out {
+        std::fs::write(out, format!("{text}\n")).with_context(|| format!("writing {}", out.display()))?;
+    }
+    Ok(())
+}
+
 pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
     anyhow::ensure!(args.events > 0 && args.workers > 0 && args.clients > 0, "--events, --workers, --clients > 0");
     anyhow::ensure!(
@@ -230,53 +391,117 @@ pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
     report.insert("workers".into(), json!(args.workers));
     report.insert("clients".into(), json!(args.clients));
     report.insert("batch_size".into(), json!(args.batch_size));
-
     let size = (n, items);
-    let (raw, raw_same_batch, raw_one_txn) = if baseline.has_raw_ceiling() {
-        let raw_at = |batch: i64| {
+    let log = args.worker_rust_log.as_str();
+
+    if let Some(wrapper) = &args.profile_worker {
+        let w = drain_phase(&baseline, size, "profiled worker process", || {
+            worker_process(&baseline, (&args.db, log), args.batch_size, n, &store, Some(wrapper))
+        })
+        .await?;
+        eprintln!("haunt worker process under {wrapper:?}: {:>10.0} events/s", w.events_per_s);
+        report.insert("profile_worker".into(), json!(wrapper));
+        report.insert("worker_process".into(), worker_process_json(&w, n, log));
+        write_report(report, args.out.as_deref())?;
+        baseline.close().await;
+        store.close().await;
+        return Ok(());
+    }
+
+    // The limit: haunt's protocol inside the database, at haunt's batch size,
+    // with as many consumers as haunt's workers run lease loops (each worker
+    // runs WorkerConfig::concurrency of them): with commits that wait for the
+    // WAL flush, concurrency is throughput. SQLite has one writer, so one
+    // connection is its limit.
+    let batch = i64::from(args.batch_size);
+    let lease_loops = args.workers * haunt_worker::WorkerConfig::default().concurrency;
+    let consumers = if postgres { lease_loops } else { 1 };
+    baseline.install_server_side().await?;
+    let limit_3 = drain_phase(&baseline, size, "server-side limit, 3 commits", || {
+        server_side_at(&baseline, n, consumers, batch, (false, false))
+    })
+    .await?;
+    eprintln!("server-side limit, 3 commits, batch {batch:<4}     {limit_3:>10.0} events/s");
+    let limit_2 = drain_phase(&baseline, size, "server-side limit, 2 commits", || {
+        server_side_at(&baseline, n, consumers, batch, (true, false))
+    })
+    .await?;
+    eprintln!("server-side limit, 2 commits, batch {batch:<4}     {limit_2:>10.0} events/s");
+    let limit_async = if postgres {
+        let rate = drain_phase(&baseline, size, "server-side limit, async lease and ack", || {
+            server_side_at(&baseline, n, consumers, batch, (false, true))
+        })
+        .await?;
+        eprintln!("server-side limit, 3 commits, lease+ack async  {rate:>10.0} events/s");
+        Some(rate)
+    } else {
+        None
+    };
+    baseline.drop_server_side().await?;
+
+    let (client_sql, client_sql_same_batch, client_sql_locked) = if baseline.has_client_sql_baseline() {
+        let at = |batch: i64| {
             let b = baseline.clone();
             timed(n, args.workers, move |t| {
                 let b = b.clone();
-                async move { Ok(b.raw_drain(t, batch).await?) }
+                async move { Ok(b.client_sql_drain(t, batch).await?) }
             })
         };
-        let rate = drain_phase(&baseline, size, "raw ceiling", || raw_at(RAW_BATCH)).await?;
-        eprintln!("raw lease/apply/delete (ceiling) {rate:>10.0} events/s");
-        // The same protocol at haunt's batch size, for the like-for-like ratio.
+        let rate = drain_phase(&baseline, size, "client-side SQL baseline", || at(CLIENT_SQL_BATCH)).await?;
+        eprintln!("client-side SQL, batch {CLIENT_SQL_BATCH:<4}                  {rate:>10.0} events/s");
         let same_batch =
-            drain_phase(&baseline, size, "raw ceiling at haunt's batch size", || raw_at(i64::from(args.batch_size)))
-                .await?;
-        eprintln!("raw lease/apply/delete, batch {:<4} {same_batch:>8.0} events/s", args.batch_size);
+            drain_phase(&baseline, size, "client-side SQL baseline at haunt's batch size", || at(batch)).await?;
+        eprintln!("client-side SQL, batch {batch:<4}                  {same_batch:>10.0} events/s");
         let b = baseline.clone();
-        let one_txn = drain_phase(&baseline, size, "raw one transaction", || {
+        let locked = drain_phase(&baseline, size, "client-side SQL, locked", || {
             timed(n, args.workers, move |_| {
                 let b = b.clone();
-                async move { Ok(b.raw_one_txn_drain(RAW_BATCH).await?) }
+                async move { Ok(b.client_sql_locked_drain(CLIENT_SQL_BATCH).await?) }
             })
         })
         .await?;
-        eprintln!("raw locked, one txn per batch    {one_txn:>10.0} events/s");
-        (Some(rate), Some(same_batch), Some(one_txn))
+        eprintln!("client-side SQL, locked, one txn per batch  {locked:>10.0} events/s");
+        (Some(rate), Some(same_batch), Some(locked))
     } else {
         (None, None, None)
     };
 
     let s = store.clone();
-    let per_message =
-        drain_phase(&baseline, size, "per-message", || timed(n, args.workers, move |_| per_message_drain(s.clone())))
-            .await?;
-    eprintln!("per-message (3 txn/event)   {per_message:>10.0} events/s");
+    let pm = n.min(PER_MESSAGE_EVENTS_MAX);
+    let per_message = drain_phase(&baseline, (pm, items), "per-message", || {
+        timed(pm, lease_loops, move |_| per_message_drain(s.clone()))
+    })
+    .await?;
+    eprintln!("per-message (3 txn/event)                   {per_message:>10.0} events/s");
 
     let haunt =
         drain_phase(&baseline, size, "haunt workers", || haunt_drain(&args.db, args.workers, args.batch_size, n))
             .await?;
-    eprintln!("haunt workers (batch {:>4})  {haunt:>10.0} events/s", args.batch_size);
+    eprintln!(
+        "haunt workers (batch {:>4}, {} workers)       {haunt:>10.0} events/s: {:.2} of the 3-commit limit, \
+         {:.2} of the 2-commit limit",
+        args.batch_size,
+        args.workers,
+        haunt / limit_3,
+        haunt / limit_2
+    );
 
-    // Memory: a worker process of its own, at the batch size measured above.
-    let rss_mib =
-        drain_phase(&baseline, size, "worker memory", || worker_peak_rss_mib(&args.db, args.batch_size, n, &store))
-            .await?;
-    eprintln!("haunt worker process, batch {:>4}: peak RSS {rss_mib:.1} MiB", args.batch_size);
+    // A worker process of its own, at the batch size measured above: memory,
+    // CPU, and what its connections cost the server.
+    let process = drain_phase(&baseline, size, "worker process", || {
+        worker_process(&baseline, (&args.db, log), args.batch_size, n, &store, None)
+    })
+    .await?;
+    eprintln!(
+        "haunt worker process, batch {:>4}, RUST_LOG={log}: {:.0} events/s ({:.2} of the 3-commit limit), \
+         peak RSS {:.1} MiB, CPU {:.1} us/event, its server backends {:.1} us/event",
+        args.batch_size,
+        process.events_per_s,
+        process.events_per_s / limit_3,
+        process.peak_rss_mib.unwrap_or(f64::NAN),
+        process.cpu_s.map_or(f64::NAN, |c| c * 1e6 / n as f64),
+        process.backends_cpu_s.map_or(f64::NAN, |c| c * 1e6 / n as f64),
+    );
 
     let b = baseline.clone();
     let clients = args.clients;
@@ -286,7 +511,7 @@ pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
     })
     .await?;
     baseline.reset().await?;
-    eprintln!("raw insert txn ({clients} clients) {raw_insert:>10.0} orders/s");
+    eprintln!("raw insert txn ({clients} clients)                {raw_insert:>10.0} orders/s");
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}/orders", listener.local_addr()?);
@@ -297,7 +522,7 @@ pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
     let api = timed(n, clients, move |c| http_ingest(http.clone(), url.clone(), c, clients, n)).await?;
     server.abort();
     baseline.reset().await?;
-    eprintln!("API over HTTP ({clients} clients)  {api:>10.0} orders/s");
+    eprintln!("API over HTTP ({clients} clients)                 {api:>10.0} orders/s");
 
     let mut sweep = Vec::new();
     for &batch in &args.sweep_batch_sizes {
@@ -308,24 +533,36 @@ pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
         }
     }
 
+    report.insert("server_side_consumers".into(), json!(consumers));
+    report.insert("lease_loops".into(), json!(lease_loops));
+    report.insert("per_message_events".into(), json!(pm));
     report.insert(
         "events_per_s".into(),
         json!({
-            "raw_ceiling": raw,
-            "raw_ceiling_same_batch": raw_same_batch,
-            "raw_one_txn": raw_one_txn,
+            "server_side_limit_3_commits": limit_3,
+            "server_side_limit_2_commits": limit_2,
+            "server_side_limit_3_commits_async_lease_ack": limit_async,
+            "client_sql_baseline": client_sql,
+            "client_sql_baseline_same_batch": client_sql_same_batch,
+            "client_sql_locked_one_txn": client_sql_locked,
             "per_message": per_message,
             "haunt_workers": haunt,
+            "worker_process": process.events_per_s,
         }),
     );
-    report.insert("worker_peak_rss_mib".into(), json!(rss_mib));
+    report.insert("worker_process".into(), worker_process_json(&process, n, log));
+    report.insert("worker_peak_rss_mib".into(), json!(process.peak_rss_mib));
     report.insert("orders_per_s".into(), json!({"raw_insert_txn": raw_insert, "api_http": api}));
     report.insert(
         "ratios".into(),
         json!({
-            "haunt_vs_raw_ceiling": raw.map(|r| haunt / r),
-            "haunt_vs_raw_ceiling_same_batch": raw_same_batch.map(|r| haunt / r),
-            "haunt_vs_raw_one_txn": raw_one_txn.map(|r| haunt / r),
+            "haunt_vs_server_side_3_commits": haunt / limit_3,
+            "haunt_vs_server_side_2_commits": haunt / limit_2,
+            "haunt_vs_server_side_3_commits_async_lease_ack": limit_async.map(|r| haunt / r),
+            "worker_process_vs_server_side_3_commits": process.events_per_s / limit_3,
+            "haunt_vs_client_sql_baseline": client_sql.map(|r| haunt / r),
+            "haunt_vs_client_sql_baseline_same_batch": client_sql_same_batch.map(|r| haunt / r),
+            "haunt_vs_client_sql_locked_one_txn": client_sql_locked.map(|r| haunt / r),
             "haunt_vs_per_message": haunt / per_message,
             "api_vs_raw_insert": api / raw_insert,
         }),
@@ -333,11 +570,7 @@ pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
     if !sweep.is_empty() {
         report.insert("sweep".into(), json!(sweep));
     }
-    let text = serde_json::to_string_pretty(&serde_json::Value::Object(report))?;
-    println!("{text}");
-    if let Some(out) = &args.out {
-        std::fs::write(out, format!("{text}\n")).with_context(|| format!("writing {}", out.display()))?;
-    }
+    write_report(report, args.out.as_deref())?;
     baseline.close().await;
     store.close().await;
     Ok(())

@@ -1,5 +1,7 @@
 //! `haunt bench pipeline` runs every phase end to end (figures are reported,
-//! never asserted) and refuses a database that holds data.
+//! never asserted: each phase verifies its own drain, every event applied once
+//! and the queue empty, or the bench fails) and refuses a database that holds
+//! data.
 
 use std::process::Command;
 
@@ -19,20 +21,30 @@ fn the_pipeline_bench_measures_every_phase_on_sqlite() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     for rate in [
+        &report["events_per_s"]["server_side_limit_3_commits"],
+        &report["events_per_s"]["server_side_limit_2_commits"],
         &report["events_per_s"]["per_message"],
         &report["events_per_s"]["haunt_workers"],
+        &report["events_per_s"]["worker_process"],
         &report["orders_per_s"]["raw_insert_txn"],
         &report["orders_per_s"]["api_http"],
+        &report["ratios"]["haunt_vs_server_side_3_commits"],
+        &report["ratios"]["haunt_vs_server_side_2_commits"],
+        &report["worker_process"]["cpu_s"],
     ] {
         assert!(rate.as_f64().is_some_and(|r| r > 0.0), "{report:#}");
     }
-    assert!(report["events_per_s"]["raw_ceiling"].is_null(), "the raw ceiling is PostgreSQL's only");
+    // SQLite has one writer: its limit runs on one connection.
+    assert_eq!(report["server_side_consumers"], 1, "{report:#}");
+    for postgres_only in ["client_sql_baseline", "server_side_limit_3_commits_async_lease_ack"] {
+        assert!(report["events_per_s"][postgres_only].is_null(), "{postgres_only} is PostgreSQL's only");
+    }
     assert!(report["worker_peak_rss_mib"].as_f64().is_some_and(|m| m > 1.0), "{report:#}");
     assert_eq!(report["sweep"].as_array().map(Vec::len), Some(2));
 }
 
 #[test]
-fn the_pipeline_bench_measures_the_raw_baselines_on_postgres() {
+fn the_pipeline_bench_measures_the_server_side_limits_and_baselines_on_postgres() {
     let Some(admin) = haunt_testkit::postgres_admin_url() else { return };
     let rt = tokio::runtime::Runtime::new().unwrap();
     let name = format!("haunt_bench_test_{}", std::process::id());
@@ -43,16 +55,44 @@ fn the_pipeline_bench_measures_the_raw_baselines_on_postgres() {
     assert!(out.status.success(), "{stderr}");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     for rate in [
-        &report["events_per_s"]["raw_ceiling"],
-        &report["events_per_s"]["raw_ceiling_same_batch"],
-        &report["events_per_s"]["raw_one_txn"],
+        &report["events_per_s"]["server_side_limit_3_commits"],
+        &report["events_per_s"]["server_side_limit_2_commits"],
+        &report["events_per_s"]["server_side_limit_3_commits_async_lease_ack"],
+        &report["events_per_s"]["client_sql_baseline"],
+        &report["events_per_s"]["client_sql_baseline_same_batch"],
+        &report["events_per_s"]["client_sql_locked_one_txn"],
         &report["events_per_s"]["haunt_workers"],
+        &report["events_per_s"]["worker_process"],
         &report["orders_per_s"]["api_http"],
-        &report["ratios"]["haunt_vs_raw_ceiling"],
+        &report["ratios"]["haunt_vs_server_side_3_commits"],
+        &report["ratios"]["haunt_vs_server_side_2_commits"],
+        &report["ratios"]["worker_process_vs_server_side_3_commits"],
+        &report["worker_process"]["postgres_backends_cpu_s"],
     ] {
         assert!(rate.as_f64().is_some_and(|r| r > 0.0), "{report:#}");
     }
+    // As many consumers as haunt's lease loops (two per worker).
+    assert_eq!(report["server_side_consumers"], report["lease_loops"], "{report:#}");
     assert!(report["worker_peak_rss_mib"].as_f64().is_some_and(|m| m > 1.0), "{report:#}");
+}
+
+#[test]
+fn the_pipeline_bench_runs_a_worker_process_under_a_wrapper_alone() {
+    // `env` stands in for a profiler: it runs the worker's command line as
+    // given, and the bench stops it with SIGINT once the queue is drained.
+    let tmp = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", tmp.path().join("profile.db").display());
+    let out = Command::new(env!("CARGO_BIN_EXE_haunt"))
+        .args(["bench", "pipeline", "--db", &db, "--events", "300", "--profile-worker", "env"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["profile_worker"], "env", "{report:#}");
+    assert!(report["worker_process"]["events_per_s"].as_f64().is_some_and(|r| r > 0.0), "{report:#}");
+    assert!(report["worker_process"]["peak_rss_mib"].as_f64().is_some_and(|m| m > 1.0), "{report:#}");
+    // Only that phase ran.
+    assert!(report.get("events_per_s").is_none(), "{report:#}");
 }
 
 #[test]

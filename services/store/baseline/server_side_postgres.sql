@@ -1,0 +1,141 @@
+-- The server-side limit of `haunt bench pipeline` on PostgreSQL: haunt's own
+-- protocol on haunt's own tables, run entirely inside the database, one CALL
+-- per batch. Nothing crosses the wire but the call and its count, so what this
+-- reaches is what the database can do with haunt's protocol: the limit that
+-- haunt's workers are measured against.
+--
+-- Per batch, as haunt's worker does it (services/store/src/store.rs):
+--   1. lease: up to batch_size visible messages, oldest first, skipping rows
+--      another consumer holds; each gets a fresh lease token, its delivery
+--      count goes up and it turns invisible for the visibility timeout.
+--      COMMIT, so that the lease means something to the others.
+--   2. apply, fenced by the lease: lock the batch's rows the token still
+--      holds, insert their events into the inbox in event order (conflicts are
+--      duplicates, counted on the inbox row), upsert the projection once per
+--      item in item order with the sum of the new events, write one ledger row
+--      per new event. The payload is parsed here, once per message, as the
+--      worker parses it.
+--   3. ack: delete the held messages, fenced by the token. COMMIT.
+-- With ack_in_effect the delete joins the apply's transaction: two commits per
+-- batch instead of three. With async_lease_ack the lease's and the ack's
+-- commits do not wait for the WAL flush (synchronous_commit = off), the apply's
+-- does: what a lost lease or ack costs is a redelivery, which the inbox absorbs.
+--
+-- The bench creates this procedure when it runs (CREATE OR REPLACE) and drops
+-- it at the end; it is not part of the schema. Plain SQL and PL/pgSQL, ours.
+CREATE OR REPLACE PROCEDURE haunt_bench_server_side_batch(
+    batch_size bigint,
+    worker text,
+    ack_in_effect boolean,
+    async_lease_ack boolean,
+    INOUT leased bigint DEFAULT NULL
+)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    -- One lease token per batch, as the worker draws one per lease.
+    token text := CAST(gen_random_uuid() AS text);
+    -- haunt's default visibility timeout (WorkerConfig::visibility_timeout).
+    visibility_ms constant bigint := 5000;
+    ids text[];
+    events text[];
+    attempts bigint[];
+    order_ids text[];
+    item_ids text[];
+    qtys bigint[];
+    held text[];
+BEGIN
+    -- 1. Lease.
+    IF async_lease_ack THEN
+        SET LOCAL synchronous_commit = off;
+    END IF;
+    WITH l AS (
+        UPDATE queue_messages
+        SET delivery_count = delivery_count + 1,
+            lease_token = token,
+            lease_until_ms = CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS bigint) + visibility_ms,
+            visible_at_ms = CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS bigint) + visibility_ms
+        WHERE message_id IN (
+            SELECT message_id FROM queue_messages
+            WHERE visible_at_ms <= CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS bigint)
+            ORDER BY visible_at_ms
+            LIMIT batch_size
+            FOR UPDATE SKIP LOCKED)
+        RETURNING message_id, event_id, payload, delivery_count, enqueued_at_ms
+    )
+    SELECT array_agg(l.message_id ORDER BY l.enqueued_at_ms, l.message_id),
+           array_agg(l.event_id ORDER BY l.enqueued_at_ms, l.message_id),
+           array_agg(l.delivery_count ORDER BY l.enqueued_at_ms, l.message_id),
+           array_agg(p.order_id ORDER BY l.enqueued_at_ms, l.message_id),
+           array_agg(p.item_id ORDER BY l.enqueued_at_ms, l.message_id),
+           array_agg(p.qty ORDER BY l.enqueued_at_ms, l.message_id)
+    INTO ids, events, attempts, order_ids, item_ids, qtys
+    FROM l CROSS JOIN LATERAL json_to_record(CAST(l.payload AS json)) AS p(order_id text, item_id text, qty bigint);
+    COMMIT;
+    IF ids IS NULL THEN
+        leased := 0;
+        RETURN;
+    END IF;
+
+    -- 2. Apply, fenced: the rows the lease still holds, locked by primary key.
+    SELECT array_agg(h.message_id) INTO held
+    FROM (SELECT message_id FROM queue_messages
+          WHERE message_id = ANY(ids) AND lease_token = token
+          FOR UPDATE) h;
+    IF held IS NOT NULL THEN
+        WITH b AS (
+            SELECT u.* FROM unnest(ids, events, attempts, order_ids, item_ids, qtys)
+                WITH ORDINALITY AS u(message_id, event_id, attempt, order_id, item_id, qty, ord)
+            WHERE u.message_id = ANY(held)
+        ),
+        fresh AS (
+            INSERT INTO inbox_processed (event_id, deliveries, processed_at_ms)
+            SELECT DISTINCT ON (b.event_id) b.event_id, b.attempt,
+                   CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS bigint)
+            FROM b ORDER BY b.event_id, b.ord
+            ON CONFLICT (event_id) DO NOTHING
+            RETURNING event_id
+        ),
+        -- Each new event once, its first copy in batch order.
+        firsts AS (
+            SELECT DISTINCT ON (b.event_id) b.* FROM b JOIN fresh USING (event_id)
+            ORDER BY b.event_id, b.ord
+        ),
+        -- Deliveries of events the inbox already held (a lost ack, a zombie).
+        -- A second copy inside one batch is not counted here: the inbox row
+        -- it would count on is this statement's own insert, which no other
+        -- part of the statement sees. The bench's drains have no duplicates.
+        dups AS (
+            UPDATE inbox_processed i
+            SET duplicates = i.duplicates + d.n, deliveries = GREATEST(i.deliveries, d.attempt)
+            FROM (SELECT b.event_id, count(*) AS n, max(b.attempt) AS attempt FROM b
+                  WHERE NOT EXISTS (SELECT 1 FROM fresh f WHERE f.event_id = b.event_id)
+                  GROUP BY b.event_id ORDER BY b.event_id) d
+            WHERE i.event_id = d.event_id
+        ),
+        projection AS (
+            INSERT INTO inventory_projection (item_id, reserved_qty)
+            SELECT firsts.item_id, SUM(firsts.qty) FROM firsts GROUP BY firsts.item_id ORDER BY firsts.item_id
+            ON CONFLICT (item_id) DO UPDATE
+            SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty
+        )
+        INSERT INTO projection_ledger (event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms)
+        SELECT firsts.event_id, firsts.order_id, firsts.item_id, firsts.qty, firsts.attempt, worker,
+               CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS bigint)
+        FROM firsts ORDER BY firsts.ord;
+    END IF;
+
+    -- 3. Ack: its own transaction, or the apply's.
+    IF NOT ack_in_effect THEN
+        COMMIT;
+        IF async_lease_ack THEN
+            SET LOCAL synchronous_commit = off;
+        END IF;
+    END IF;
+    IF held IS NOT NULL THEN
+        DELETE FROM queue_messages WHERE message_id = ANY(held) AND lease_token = token;
+    END IF;
+    COMMIT;
+    leased := cardinality(ids);
+END
+$$;
