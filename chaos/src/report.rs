@@ -784,14 +784,19 @@ fn faults_table(results: &Results) -> String {
 /// The enabled faults that never fired, one warning each; nothing when
 /// `run.json` does not say.
 fn never_fired(coverage: &Coverage) -> String {
-    let mut h = String::new();
-    for fault in coverage.faults_never_fired.iter().flatten() {
+    let faults = coverage.faults_never_fired.as_deref().unwrap_or_default();
+    if faults.is_empty() {
+        return String::new();
+    }
+    let mut h = String::from("<div class=\"warn\">");
+    for fault in faults {
         let _ = write!(
             h,
-            "<p class=\"warn never-fired\">{} was enabled but never fired: this run says nothing about it.</p>",
+            "<div class=\"never-fired\">{} was enabled but never fired: this run says nothing about it.</div>",
             esc(fault)
         );
     }
+    h.push_str("</div>");
     h
 }
 
@@ -822,7 +827,7 @@ body{{font-family:sans-serif;margin:2em;max-width:960px;color:#222}}
 h1{{font-size:1.4em}} h2{{font-size:1.1em;margin-top:1.6em}}
 .verdict{{padding:.6em 1em;border-radius:4px;font-weight:bold}}
 .valid{{background:#e8f5e9;color:#1b5e20}} .invalid{{background:#ffebee;color:#b71c1c}} .unknown{{background:#fff8e1;color:#e65100}}
-.warn{{background:#fff8e1;color:#8a4b00;padding:.3em .8em;border-left:4px solid #ef6c00}}
+.warn{{background:#fff8e1;color:#8a4b00;padding:.4em .8em;margin:1em 0;border-left:4px solid #ef6c00;line-height:1.5}}
 table{{border-collapse:collapse}} td,th{{border:1px solid #ddd;padding:3px 8px;text-align:left;font-size:.9em}}
 table.faults td,table.faults th{{text-align:right}} table.faults td:nth-child(-n+2),table.faults th:nth-child(-n+2){{text-align:left}}
 table.faults th{{vertical-align:bottom;max-width:6em}} table.faults td{{white-space:nowrap;font-size:.85em}}
@@ -938,6 +943,7 @@ td.bad{{background:#ffebee;color:#b71c1c;font-weight:bold}} td.slow{{background:
              applications cannot be placed on the history's clock.</p>",
         ),
     }
+    h.push_str("<h3>Delivery figures</h3>");
     h.push_str(&delivery_table(&results.delivery));
     h.push_str("<h2>Delivery attempt of each application</h2>");
     h.push_str(&delivery_plot(&results.delivery));
