@@ -744,10 +744,8 @@ pub async fn run(options: RunOptions, abort: Arc<AtomicBool>) -> anyhow::Result<
             let results = RunDirChecker.check(&run_dir).map_err(|e| anyhow::anyhow!("checking the run: {e}"))?;
             write_json(&run_dir.join(RESULTS_FILE), &results)?;
             let history = std::fs::read_to_string(run_dir.join(HISTORY_FILE)).unwrap_or_default();
-            let mut summary = run_file_summary(&options, &db, &run_dir);
-            if !never_fired.is_empty() {
-                summary.push_str(&format!(" · never fired: {}", never_fired.join(",")));
-            }
+            // Faults that never fired get their own warning box in the report.
+            let summary = run_file_summary(&options, &db, &run_dir);
             let final_state = std::fs::read_to_string(run_dir.join(FINAL_STATE_FILE)).unwrap_or_default();
             let coverage = crate::report::Coverage {
                 faults_fired: run_file.faults_fired.clone(),
