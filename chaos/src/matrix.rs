@@ -30,6 +30,9 @@ pub struct Case {
     /// Extra `haunt run` arguments.
     pub args: &'static [&'static str],
     pub needs: Needs,
+    /// Runs on PostgreSQL (`--db`) rather than on a fresh SQLite file. A bug
+    /// mode that needs nothing of the database runs on both, a row each.
+    pub postgres: bool,
     /// What every run must show.
     pub expected: Expect,
 }
@@ -70,11 +73,18 @@ fn bug_name<S: serde::Serializer>(bug: &Option<Bug>, s: S) -> Result<S::Ok, S::E
 
 impl Case {
     pub fn name(&self) -> String {
-        match (self.bug, self.needs) {
-            (Some(b), _) => b.name().to_owned(),
-            (None, Needs::Any) => "correct (sqlite)".into(),
-            (None, _) => "correct (postgres)".into(),
+        let what = self.bug.map_or("correct", |b| b.name());
+        match (self.needs, self.postgres) {
+            // Only PostgreSQL shows it: the name says enough.
+            (Needs::Postgres | Needs::PostgresCrash, _) => what.to_owned(),
+            (Needs::Any, false) => format!("{what} (sqlite)"),
+            (Needs::Any, true) => format!("{what} (postgres)"),
         }
+    }
+
+    /// The backend the row runs on, as `--backends` names it.
+    pub fn backend(&self) -> &'static str {
+        if self.postgres { "postgres" } else { "sqlite" }
     }
 
     /// Whether one run's results count as caught (or, for the correct build, as passing).
@@ -95,12 +105,13 @@ pub fn cases() -> Vec<Case> {
     // Every fault, three at a time: a short run fits each of them once (the
     // run refuses a time limit that cannot), and faults overlap as in the wild.
     const ALL_FAULTS: &[&str] = &["--visibility-timeout-ms", "500", "--faults-at-once", "3"];
-    vec![
+    let on_sqlite = vec![
         Case {
             bug: Some(Bug::NoInbox),
             nemesis: "ack-loss",
             args: FAST_LEASE,
             needs: Needs::Any,
+            postgres: false,
             expected: Expect::Anomaly("double-applied"),
         },
         Case {
@@ -108,6 +119,7 @@ pub fn cases() -> Vec<Case> {
             nemesis: "db-error",
             args: FAST_LEASE,
             needs: Needs::Any,
+            postgres: false,
             expected: Expect::Anomaly("lost-effect"),
         },
         Case {
@@ -115,6 +127,7 @@ pub fn cases() -> Vec<Case> {
             nemesis: "db-error",
             args: FAST_LEASE,
             needs: Needs::Any,
+            postgres: false,
             expected: Expect::Anomaly("lost-effect"),
         },
         Case {
@@ -122,6 +135,7 @@ pub fn cases() -> Vec<Case> {
             nemesis: "db-error",
             args: FAST_LEASE,
             needs: Needs::Any,
+            postgres: false,
             expected: Expect::Anomaly("failed-but-present"),
         },
         Case {
@@ -130,6 +144,7 @@ pub fn cases() -> Vec<Case> {
             // Many writers on two hot items: lost updates need overlap.
             args: &["--rate", "300", "--concurrency", "16", "--items", "2", "--workers", "4"],
             needs: Needs::Postgres,
+            postgres: true,
             expected: Expect::Anomaly("projection-mismatch"),
         },
         Case {
@@ -150,6 +165,7 @@ pub fn cases() -> Vec<Case> {
                 "15",
             ],
             needs: Needs::Any,
+            postgres: false,
             expected: Expect::NotDrained,
         },
         Case {
@@ -161,6 +177,7 @@ pub fn cases() -> Vec<Case> {
             nemesis: "stall",
             args: &["--visibility-timeout-ms", "500", "--delivery-attempts-max", "1"],
             needs: Needs::Any,
+            postgres: false,
             expected: Expect::Anomaly("projection-mismatch"),
         },
         Case {
@@ -168,6 +185,7 @@ pub fn cases() -> Vec<Case> {
             nemesis: "delay",
             args: &[],
             needs: Needs::Any,
+            postgres: false,
             expected: Expect::Anomaly("unexpected-effect"),
         },
         Case {
@@ -175,6 +193,7 @@ pub fn cases() -> Vec<Case> {
             nemesis: "db-error",
             args: &["--visibility-timeout-ms", "500", "--delivery-attempts-max", "2"],
             needs: Needs::Any,
+            postgres: false,
             expected: Expect::Anomaly("lost-effect"),
         },
         Case {
@@ -193,11 +212,28 @@ pub fn cases() -> Vec<Case> {
                 "16",
             ],
             needs: Needs::PostgresCrash,
+            postgres: true,
             expected: Expect::Anomaly("lost-order"),
         },
-        Case { bug: None, nemesis: "all", args: ALL_FAULTS, needs: Needs::Any, expected: Expect::Valid },
-        Case { bug: None, nemesis: "all", args: ALL_FAULTS, needs: Needs::Postgres, expected: Expect::Valid },
-    ]
+        Case {
+            bug: None,
+            nemesis: "all",
+            args: ALL_FAULTS,
+            needs: Needs::Any,
+            postgres: false,
+            expected: Expect::Valid,
+        },
+    ];
+    // What needs nothing of the database runs on PostgreSQL too, right after.
+    let mut out = Vec::with_capacity(on_sqlite.len() * 2);
+    for case in on_sqlite {
+        let both = case.needs == Needs::Any;
+        out.push(case.clone());
+        if both {
+            out.push(Case { postgres: true, ..case });
+        }
+    }
+    out
 }
 
 /// One run of one case.
@@ -376,12 +412,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_bug_mode_has_a_row_and_the_correct_build_two() {
+    fn every_bug_mode_has_a_row_on_each_backend_it_applies_to() {
         let cases = cases();
         for bug in Bug::ALL {
-            assert_eq!(cases.iter().filter(|c| c.bug == Some(bug)).count(), 1, "{bug}");
+            let rows: Vec<&Case> = cases.iter().filter(|c| c.bug == Some(bug)).collect();
+            let backends: Vec<bool> = rows.iter().map(|c| c.postgres).collect();
+            match rows[0].needs {
+                Needs::Any => assert_eq!(backends, vec![false, true], "{bug}: SQLite, then PostgreSQL"),
+                _ => assert_eq!(backends, vec![true], "{bug}: PostgreSQL only"),
+            }
         }
-        assert_eq!(cases.iter().filter(|c| c.bug.is_none()).count(), 2);
+        let correct: Vec<String> = cases.iter().filter(|c| c.bug.is_none()).map(|c| c.name()).collect();
+        assert_eq!(correct, vec!["correct (sqlite)", "correct (postgres)"]);
+        let mut names: Vec<String> = cases.iter().map(|c| c.name()).collect();
+        names.dedup();
+        assert_eq!(names.len(), cases.len(), "row names are unique");
         for c in &cases {
             assert_eq!(
                 c.bug.is_none(),
@@ -431,7 +476,7 @@ mod tests {
 
         let mut missed = one_skipped.clone();
         missed.push(row(Some(Bug::DlqDrop), &[false]));
-        assert_eq!(verdict(&missed), MatrixVerdict::BelowBar(vec!["dlq-drop".into()]));
+        assert_eq!(verdict(&missed), MatrixVerdict::BelowBar(vec!["dlq-drop (sqlite)".into()]));
         assert_eq!(verdict(&missed).exit_code(), 1);
     }
 }
