@@ -87,6 +87,16 @@ fn injected() -> StoreError {
 /// process holding it was paused, and then failing is the honest answer.
 const SQLITE_BUSY_TIMEOUT_MS: u32 = 5_000;
 
+/// The error of a statement that commits on its own: an error the server
+/// answered with means it rolled back; a connection lost on the way leaves
+/// unknown whether it committed.
+fn autocommitted(e: sqlx::Error) -> StoreError {
+    match e {
+        sqlx::Error::Database(_) => NotCommitted(e),
+        _ => CommitUnknown(e),
+    }
+}
+
 fn corrupt(table: &'static str) -> impl Fn(sqlx::Error) -> StoreError {
     move |e| StoreError::Corrupt { table, why: e.to_string() }
 }
@@ -224,13 +234,7 @@ impl Store {
             .bind(headers)
             .execute(&mut *conn)
             .await
-            // The statement commits on its own: an error the server answered
-            // with means it rolled back; a connection lost on the way leaves
-            // unknown whether it committed.
-            .map_err(|e| match e {
-                sqlx::Error::Database(_) => NotCommitted(e),
-                _ => CommitUnknown(e),
-            })?
+            .map_err(autocommitted)?
             .rows_affected();
         drop(conn);
         if enqueued == 1 {
@@ -681,16 +685,7 @@ impl Store {
                 None => sqlx::query(sql::REDRIVE_ALL_POSTGRES),
                 Some(id) => sqlx::query(sql::REDRIVE_ONE_POSTGRES).bind(id),
             };
-            let moved = query
-                .execute(&self.pool)
-                .await
-                // An error the server answered with means it rolled back; a
-                // connection lost on the way leaves unknown whether it committed.
-                .map_err(|e| match e {
-                    sqlx::Error::Database(_) => NotCommitted(e),
-                    _ => CommitUnknown(e),
-                })?
-                .rows_affected();
+            let moved = query.execute(&self.pool).await.map_err(autocommitted)?.rows_affected();
             return Ok(moved);
         }
         // SQLite: DELETE … RETURNING, then an insert of exactly the rows it
