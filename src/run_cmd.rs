@@ -82,6 +82,10 @@ pub struct RunArgs {
     /// Deliveries a message gets before the workers dead-letter it.
     #[arg(long, default_value_t = 10)]
     pub delivery_attempts_max: u32,
+    /// The chance that a worker drops an ack after the effect committed, for
+    /// the whole run (a lossy broker), on top of the ack-loss fault's windows.
+    #[arg(long, default_value_t = 0.0, value_name = "RATE")]
+    pub ack_fail_rate: f64,
     /// How long to wait for the queue to drain after healing.
     #[arg(long, default_value_t = 60)]
     pub quiesce_timeout_s: u64,
@@ -149,6 +153,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
     anyhow::ensure!(args.rate > 0.0, "--rate must be positive");
     anyhow::ensure!(args.concurrency > 0 && args.workers > 0, "--concurrency and --workers must be positive");
     anyhow::ensure!(args.nemesis_interval_s > 0.0, "--nemesis-interval-s must be positive");
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&args.ack_fail_rate),
+        "--ack-fail-rate must be within 0 and 1, got {}",
+        args.ack_fail_rate
+    );
     let db_is_postgres = args.db.as_deref().is_some_and(|d| d.starts_with("postgres"));
     if let Some(db) = &args.db {
         haunt_store::Backend::from_url(db)?;
@@ -189,6 +198,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         visibility_timeout: Duration::from_millis(args.visibility_timeout_ms),
         quiesce_timeout: Duration::from_secs(args.quiesce_timeout_s),
         delivery_attempts_max: args.delivery_attempts_max.max(1),
+        ack_fail_rate: args.ack_fail_rate,
         faults_at_once: args.faults_at_once.max(1),
         fit_check: !args.skip_fit_check,
         metrics_listen: args.metrics_listen,

@@ -274,11 +274,14 @@ impl Admin {
 pub struct AckLossNemesis {
     admin: Admin,
     rate: f64,
+    /// The rate the workers run with outside the fault's windows
+    /// (`--ack-fail-rate`), which a stop restores.
+    background: f64,
 }
 
 impl AckLossNemesis {
-    pub fn new(admin: Admin, rate: f64) -> Self {
-        AckLossNemesis { admin, rate }
+    pub fn new(admin: Admin, rate: f64, background: f64) -> Self {
+        AckLossNemesis { admin, rate: rate.max(background), background }
     }
 }
 
@@ -296,7 +299,7 @@ impl Nemesis for AckLossNemesis {
         Box::pin(async move { self.admin.set_all(json!({"ack_fail_rate": self.rate})).await })
     }
     fn stop(&self) -> BoxFuture<'_, anyhow::Result<()>> {
-        Box::pin(async move { self.admin.set_all(json!({"ack_fail_rate": 0.0})).await })
+        Box::pin(async move { self.admin.set_all(json!({"ack_fail_rate": self.background})).await })
     }
 }
 

@@ -81,6 +81,8 @@ pub struct RunOptions {
     pub quiesce_timeout: Duration,
     /// Deliveries a message gets before the workers dead-letter it.
     pub delivery_attempts_max: u32,
+    /// Acks the workers drop all run long (0: none but the ack-loss fault's).
+    pub ack_fail_rate: f64,
     /// Fault schedules running side by side (kinds dealt among them).
     pub faults_at_once: usize,
     /// Refuse a time limit that cannot fire every enabled fault once.
@@ -394,6 +396,9 @@ fn worker_args(options: &RunOptions, db: &str, node: &Node, metrics: &str) -> Ve
         "--metrics-listen".into(),
         metrics.to_owned(),
     ];
+    if options.ack_fail_rate > 0.0 {
+        args.extend(["--ack-fail-rate".into(), options.ack_fail_rate.to_string()]);
+    }
     if let Some(bug) = options.bug {
         args.extend(["--bug".into(), bug.name().into()]);
     }
@@ -513,7 +518,7 @@ fn nemeses(options: &RunOptions, cluster: &Cluster, token: &str) -> anyhow::Resu
             // few enough that retries get through.
             "db-error" => list.push(Box::new(DbErrorNemesis::new(every_service.clone(), 0.3))),
             // Half the acks lost: most messages come back at least once.
-            "ack-loss" => list.push(Box::new(AckLossNemesis::new(admin.clone(), 0.5))),
+            "ack-loss" => list.push(Box::new(AckLossNemesis::new(admin.clone(), 0.5, options.ack_fail_rate))),
             "stall" => list.push(Box::new(StallNemesis::new(admin.clone(), options.visibility_timeout))),
             // Ten minutes ahead, as after a bad NTP step: a worker that trusts its
             // clock leases for ten minutes, past any quiesce timeout.

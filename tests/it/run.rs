@@ -305,6 +305,7 @@ fn bad_options_are_refused_before_anything_starts() {
         (vec!["--db", "mysql://x"], "unsupported database URL"),
         (vec!["--bug", "no-such"], "unknown bug mode"),
         (vec!["--rate", "0"], "--rate must be positive"),
+        (vec!["--ack-fail-rate", "1.5"], "--ack-fail-rate must be within 0 and 1"),
         (vec!["--nemesis", "loss"], "needs --backend docker"),
         (vec!["--nemesis", "db-restart"], "needs --pg-data"),
         (vec!["--backend", "docker", "--db", "sqlite://x.db"], "runs its own PostgreSQL container"),
