@@ -78,7 +78,32 @@ impl PgServer {
             let _ = kill(child, Signal::SIGKILL);
         }
         kill(pid, Signal::SIGKILL).context("killing the postmaster")?;
+        self.kill_leftovers();
         Ok(())
+    }
+
+    /// SIGKILLs every process still working in the data directory (server
+    /// processes run there). A backend forked while the postmaster was being
+    /// stopped escapes the list of its children, and one that waits on a
+    /// lightweight lock a killed process held never notices its postmaster
+    /// died: it would keep the old shared memory busy, and no restart could
+    /// succeed (seen: a backend in UPDATE, orphaned, for minutes). A crash
+    /// kills them all, so this does too.
+    fn kill_leftovers(&self) {
+        // Each round kills what it finds; a few rounds cover processes forked
+        // by a postmaster already stopped (none can be) and slow exits.
+        const ROUNDS_MAX: u32 = 20;
+        let Ok(dir) = std::fs::canonicalize(&self.data_dir) else { return };
+        for _ in 0..ROUNDS_MAX {
+            let left = working_in(&dir);
+            if left.is_empty() {
+                return;
+            }
+            for pid in left {
+                let _ = kill(pid, Signal::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Starts the server with the options of its last start, as the owner of
@@ -96,6 +121,8 @@ impl PgServer {
             forget_crashed(&self.data_dir);
             return Ok(());
         }
+        // Whatever of the crashed server is left holds its shared memory.
+        self.kill_leftovers();
         if self.lock_pid().is_some() {
             // The lock file of a dead server: the postmaster would take a zombie
             // for a live owner and refuse to start.
@@ -175,6 +202,24 @@ fn alive(pid: Pid) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
     let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
     !matches!(state, None | Some("Z") | Some("X"))
+}
+
+/// The live PostgreSQL processes whose working directory is `dir` (from
+/// `/proc/*/cwd` and `comm`; another user's processes are visible to root
+/// only, as the harness runs when it crashes a server it does not own).
+fn working_in(dir: &Path) -> Vec<Pid> {
+    let me = std::process::id() as i32;
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cwd = std::fs::read_link(e.path().join("cwd")).ok()?;
+            let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+            let postgres = comm.trim_end() == "postgres";
+            (pid != me && postgres && cwd == dir && alive(Pid::from_raw(pid))).then(|| Pid::from_raw(pid))
+        })
+        .collect()
 }
 
 /// The processes whose parent is `parent` (from `/proc/*/stat`).

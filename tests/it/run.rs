@@ -424,3 +424,35 @@ fn a_run_with_ack_loss_records_redeliveries_and_absorbed_duplicates_and_the_resu
     let window = results["faults"].as_array().unwrap().iter().find(|w| w["fault"] == "ack-loss").expect("a window");
     assert!(window["duplicates_absorbed"].as_u64().unwrap() > 0, "the ack-loss window caused them: {window}");
 }
+
+/// A crash leaves no server process behind, also one that escaped the
+/// postmaster's list of children (a backend forked as the postmaster was being
+/// stopped, or orphaned and stuck on a lock a killed process held): one left
+/// holds the old shared memory, and no restart can succeed (seen in a matrix
+/// run: async-commit's db-restart left the server down for good).
+#[test]
+fn a_crash_kills_every_process_of_the_server_and_the_restart_succeeds_on_postgres() {
+    let Some(pg) = PrivatePostgres::start() else { return };
+    let server = haunt_chaos::postgres::PgServer::new(&pg.dir).unwrap();
+    // A stand-in for the escaped backend: named postgres, working in the data
+    // directory, but no child of the postmaster.
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = tmp.path().join("postgres");
+    std::fs::copy("/bin/sleep", &fake).unwrap();
+    let mut escaped = Command::new(&fake).arg("600").current_dir(&pg.dir).spawn().unwrap();
+    server.crash().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match escaped.try_wait().unwrap() {
+            Some(_) => break,
+            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            None => {
+                let _ = escaped.kill();
+                panic!("a process working in the data directory outlived the crash");
+            }
+        }
+    }
+    server.start_blocking().expect("the server starts again");
+    let port: u16 = pg.url.rsplit(':').next().unwrap().split('/').next().unwrap().parse().unwrap();
+    std::net::TcpStream::connect(("127.0.0.1", port)).expect("the server accepts connections");
+}
