@@ -97,6 +97,9 @@ const WORKER_EXIT_GRACE: Duration = Duration::from_secs(60);
 /// The PostgreSQL application_name of the worker process's connections.
 const WORKER_APPLICATION_NAME: &str = "haunt-bench-worker";
 
+/// The PostgreSQL application_name of the server-side limit's connections.
+const LIMIT_APPLICATION_NAME: &str = "haunt-bench-limit";
+
 /// Linux's clock ticks per second in /proc/PID/stat (USER_HZ, 100 on every
 /// architecture the kernel exports it for).
 const USER_HZ: f64 = 100.0;
@@ -243,11 +246,7 @@ async fn worker_process(
     let mut words: Vec<String> = wrapper.map(|w| w.split_whitespace().map(String::from).collect()).unwrap_or_default();
     words.push(exe.display().to_string());
     // Its connections are named, so that their server backends can be found.
-    let url = if db.starts_with("postgres") {
-        format!("{db}{}application_name={WORKER_APPLICATION_NAME}", if db.contains('?') { '&' } else { '?' })
-    } else {
-        db.to_owned()
-    };
+    let url = named(db, WORKER_APPLICATION_NAME);
     let started = Instant::now();
     let mut child = tokio::process::Command::new(&words[0])
         .args(&words[1..])
@@ -326,23 +325,52 @@ async fn http_ingest(
     Ok(())
 }
 
-/// `tasks` consumers of the server-side limit drain the queue; events per second.
+/// `url` with its PostgreSQL connections named `name` (SQLite's unchanged).
+fn named(url: &str, name: &str) -> String {
+    if url.starts_with("postgres") {
+        format!("{url}{}application_name={name}", if url.contains('?') { '&' } else { '?' })
+    } else {
+        url.to_owned()
+    }
+}
+
+/// CPU seconds so far of each server backend named `name` (PostgreSQL on this
+/// machine; empty otherwise).
+async fn backends_cpu(baseline: &Baseline, name: &str) -> anyhow::Result<std::collections::HashMap<i64, f64>> {
+    let pids = baseline.backend_pids(name).await?;
+    Ok(pids.into_iter().filter_map(|p| Some((p, cpu_seconds(u32::try_from(p).ok()?)?))).collect())
+}
+
+/// A server-side limit's rate, and the CPU its backends spent, in µs per event.
+#[derive(Debug, Clone, Copy)]
+struct Limit {
+    events_per_s: f64,
+    backends_cpu_us_per_event: Option<f64>,
+}
+
+/// `tasks` consumers of the server-side limit drain the queue over `limit`'s
+/// pool, whose backends are named [`LIMIT_APPLICATION_NAME`].
 async fn server_side_at(
-    baseline: &Baseline,
+    (baseline, limit): (&Baseline, &Baseline),
     n: usize,
     tasks: usize,
     batch: i64,
     (ack_in_effect, async_lease_ack): (bool, bool),
-) -> anyhow::Result<f64> {
-    let b = baseline.clone();
-    timed(n, tasks, move |t| {
+) -> anyhow::Result<Limit> {
+    let before = backends_cpu(baseline, LIMIT_APPLICATION_NAME).await?;
+    let b = limit.clone();
+    let events_per_s = timed(n, tasks, move |t| {
         let b = b.clone();
         async move {
             b.server_side_drain(t, batch, ack_in_effect, async_lease_ack).await?;
             Ok(())
         }
     })
-    .await
+    .await?;
+    let after = backends_cpu(baseline, LIMIT_APPLICATION_NAME).await?;
+    let spent: f64 = after.iter().map(|(pid, cpu)| cpu - before.get(pid).copied().unwrap_or(0.0)).sum();
+    let backends_cpu_us_per_event = (!after.is_empty()).then(|| spent * 1e6 / n as f64);
+    Ok(Limit { events_per_s, backends_cpu_us_per_event })
 }
 
 fn worker_process_json(w: &WorkerProcess, n: usize, rust_log: &str) -> serde_json::Value {
@@ -417,27 +445,44 @@ pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
     let lease_loops = args.workers * haunt_worker::WorkerConfig::default().concurrency;
     let consumers = if postgres { lease_loops } else { 1 };
     baseline.install_server_side().await?;
+    let limit_pool = Baseline::connect(&named(&args.db, LIMIT_APPLICATION_NAME), consumers as u32).await?;
+    let pools = (&baseline, &limit_pool);
+    let limit = |name: &str, l: &Limit| {
+        eprintln!(
+            "server-side limit, {name:<28} {:>10.0} events/s, its backends {:.1} us/event",
+            l.events_per_s,
+            l.backends_cpu_us_per_event.unwrap_or(f64::NAN)
+        )
+    };
     let limit_3 = drain_phase(&baseline, size, "server-side limit, 3 commits", || {
-        server_side_at(&baseline, n, consumers, batch, (false, false))
+        server_side_at(pools, n, consumers, batch, (false, false))
     })
     .await?;
-    eprintln!("server-side limit, 3 commits, batch {batch:<4}     {limit_3:>10.0} events/s");
+    limit(&format!("3 commits, batch {batch}"), &limit_3);
     let limit_2 = drain_phase(&baseline, size, "server-side limit, 2 commits", || {
-        server_side_at(&baseline, n, consumers, batch, (true, false))
+        server_side_at(pools, n, consumers, batch, (true, false))
     })
     .await?;
-    eprintln!("server-side limit, 2 commits, batch {batch:<4}     {limit_2:>10.0} events/s");
+    limit(&format!("2 commits, batch {batch}"), &limit_2);
     let limit_async = if postgres {
-        let rate = drain_phase(&baseline, size, "server-side limit, async lease and ack", || {
-            server_side_at(&baseline, n, consumers, batch, (false, true))
+        let l = drain_phase(&baseline, size, "server-side limit, async lease and ack", || {
+            server_side_at(pools, n, consumers, batch, (false, true))
         })
         .await?;
-        eprintln!("server-side limit, 3 commits, lease+ack async  {rate:>10.0} events/s");
-        Some(rate)
+        limit("3 commits, lease+ack async", &l);
+        Some(l)
     } else {
         None
     };
+    limit_pool.close().await;
     baseline.drop_server_side().await?;
+    let limit_cpu = json!({
+        "server_side_limit_3_commits": limit_3.backends_cpu_us_per_event,
+        "server_side_limit_2_commits": limit_2.backends_cpu_us_per_event,
+        "server_side_limit_3_commits_async_lease_ack": limit_async.and_then(|l| l.backends_cpu_us_per_event),
+    });
+    let (limit_async, limit_3, limit_2) =
+        (limit_async.map(|l| l.events_per_s), limit_3.events_per_s, limit_2.events_per_s);
 
     let (client_sql, client_sql_same_batch, client_sql_locked) = if baseline.has_client_sql_baseline() {
         let at = |batch: i64| {
@@ -551,6 +596,7 @@ pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
         }),
     );
     report.insert("worker_process".into(), worker_process_json(&process, n, log));
+    report.insert("postgres_backends_cpu_us_per_event".into(), limit_cpu);
     report.insert("worker_peak_rss_mib".into(), json!(process.peak_rss_mib));
     report.insert("orders_per_s".into(), json!({"raw_insert_txn": raw_insert, "api_http": api}));
     report.insert(

@@ -45,7 +45,9 @@ DECLARE
     qtys bigint[];
     held text[];
 BEGIN
-    -- 1. Lease.
+    -- 1. Lease. The batch's ids as an array (`= ANY(ARRAY(…))`), so that the
+    -- update finds them by primary key; `IN (SELECT …)` plans a hash semi-join
+    -- over a scan of the whole queue.
     IF async_lease_ack THEN
         SET LOCAL synchronous_commit = off;
     END IF;
@@ -55,12 +57,12 @@ BEGIN
             lease_token = token,
             lease_until_ms = CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS bigint) + visibility_ms,
             visible_at_ms = CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS bigint) + visibility_ms
-        WHERE message_id IN (
+        WHERE message_id = ANY(ARRAY(
             SELECT message_id FROM queue_messages
             WHERE visible_at_ms <= CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS bigint)
             ORDER BY visible_at_ms
             LIMIT batch_size
-            FOR UPDATE SKIP LOCKED)
+            FOR UPDATE SKIP LOCKED))
         RETURNING message_id, event_id, payload, delivery_count, enqueued_at_ms
     )
     SELECT array_agg(l.message_id ORDER BY l.enqueued_at_ms, l.message_id),
@@ -83,10 +85,12 @@ BEGIN
           WHERE message_id = ANY(ids) AND lease_token = token
           FOR UPDATE) h;
     IF held IS NOT NULL THEN
+        -- The held deliveries: a join, not `= ANY(held)` in a filter, which
+        -- compares every message with every held id (quadratic in the batch).
         WITH b AS (
             SELECT u.* FROM unnest(ids, events, attempts, order_ids, item_ids, qtys)
                 WITH ORDINALITY AS u(message_id, event_id, attempt, order_id, item_id, qty, ord)
-            WHERE u.message_id = ANY(held)
+            JOIN unnest(held) AS h(message_id) USING (message_id)
         ),
         fresh AS (
             INSERT INTO inbox_processed (event_id, deliveries, processed_at_ms)
