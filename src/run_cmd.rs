@@ -86,6 +86,11 @@ pub struct RunArgs {
     /// the whole run (a lossy broker), on top of the ack-loss fault's windows.
     #[arg(long, default_value_t = 0.0, value_name = "RATE")]
     pub ack_fail_rate: f64,
+    /// Narrow the faults that can hit any of these targets to them, e.g.
+    /// `client<->api` (delay and partition then spare the database links);
+    /// other faults keep their own targets. Comma-separated.
+    #[arg(long, value_delimiter = ',', value_name = "TARGET")]
+    pub fault_targets: Vec<String>,
     /// How long to wait for the queue to drain after healing.
     #[arg(long, default_value_t = 60)]
     pub quiesce_timeout_s: u64,
@@ -199,6 +204,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         quiesce_timeout: Duration::from_secs(args.quiesce_timeout_s),
         delivery_attempts_max: args.delivery_attempts_max.max(1),
         ack_fail_rate: args.ack_fail_rate,
+        fault_targets: args.fault_targets,
         faults_at_once: args.faults_at_once.max(1),
         fit_check: !args.skip_fit_check,
         metrics_listen: args.metrics_listen,

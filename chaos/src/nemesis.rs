@@ -428,6 +428,56 @@ impl Nemesis for StallNemesis {
     }
 }
 
+/// A fault whose targets are narrowed to those named by `--fault-targets`
+/// (when it has any of them): `delay` on `client<->api` only, say, to make the
+/// client retry, rather than on a database link.
+pub struct OnlyTargets {
+    inner: Box<dyn Nemesis>,
+    allowed: Vec<String>,
+}
+
+impl std::fmt::Debug for OnlyTargets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OnlyTargets").field("fault", &self.inner.name()).field("allowed", &self.allowed).finish()
+    }
+}
+
+impl OnlyTargets {
+    /// Wraps `inner` if some of its targets are in `allowed`; a fault with none
+    /// of them keeps all of its own.
+    pub fn wrap(inner: Box<dyn Nemesis>, allowed: &[String]) -> Box<dyn Nemesis> {
+        if inner.targets().iter().any(|t| allowed.contains(t)) {
+            Box::new(OnlyTargets { inner, allowed: allowed.to_vec() })
+        } else {
+            inner
+        }
+    }
+}
+
+impl Nemesis for OnlyTargets {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn ops(&self) -> (&'static str, &'static str) {
+        self.inner.ops()
+    }
+    fn targets(&self) -> Vec<String> {
+        self.inner.targets().into_iter().filter(|t| self.allowed.contains(t)).collect()
+    }
+    fn start<'a>(&'a self, target: &'a str) -> BoxFuture<'a, anyhow::Result<()>> {
+        self.inner.start(target)
+    }
+    fn stop(&self) -> BoxFuture<'_, anyhow::Result<()>> {
+        self.inner.stop()
+    }
+    fn hold_min(&self) -> Duration {
+        self.inner.hold_min()
+    }
+    fn heal_blocking(&self) {
+        self.inner.heal_blocking()
+    }
+}
+
 /// The shortest hold of a fault that names none of its own: long enough for a
 /// few client ops and a lease to meet it.
 pub const HOLD_MIN_DEFAULT: Duration = Duration::from_millis(500);
@@ -984,6 +1034,37 @@ mod tests {
             haunt_format::OpValue::Other(v) => v.get("result").and_then(|r| r.as_str()).map(str::to_owned),
             _ => None,
         }
+    }
+
+    /// A fault that only names its targets.
+    struct Named(&'static str, &'static [&'static str]);
+
+    impl Nemesis for Named {
+        fn name(&self) -> &'static str {
+            self.0
+        }
+        fn ops(&self) -> (&'static str, &'static str) {
+            ("start", "stop")
+        }
+        fn targets(&self) -> Vec<String> {
+            self.1.iter().map(|t| t.to_string()).collect()
+        }
+        fn start<'a>(&'a self, _target: &'a str) -> BoxFuture<'a, anyhow::Result<()>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn stop(&self) -> BoxFuture<'_, anyhow::Result<()>> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    #[test]
+    fn only_targets_narrows_the_faults_that_have_them_and_leaves_the_rest() {
+        let allowed = vec!["client<->api".to_owned()];
+        let delay = OnlyTargets::wrap(Box::new(Named("delay", &["client<->api", "worker-1<->db"])), &allowed);
+        assert_eq!(delay.targets(), vec!["client<->api"]);
+        assert_eq!(delay.name(), "delay");
+        let kill = OnlyTargets::wrap(Box::new(Named("kill", &["api", "worker-1"])), &allowed);
+        assert_eq!(kill.targets(), vec!["api", "worker-1"], "no allowed target: all of its own");
     }
 
     #[tokio::test]

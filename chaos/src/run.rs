@@ -20,7 +20,8 @@ use crate::history::Recorder;
 use crate::local::{LocalBackend, NodeSpec, api_node, worker_node};
 use crate::nemesis::{
     ACT_ALLOWANCE, AckLossNemesis, ActiveFaults, Admin, ClockSkewNemesis, Coverage, DbErrorNemesis, DelayNemesis,
-    Faults, KillNemesis, PartitionNemesis, PauseNemesis, ScheduleOptions, SharedLink, StallNemesis, hold_min_for,
+    Faults, KillNemesis, OnlyTargets, PartitionNemesis, PauseNemesis, ScheduleOptions, SharedLink, StallNemesis,
+    hold_min_for,
 };
 use crate::postgres::{DbRestartNemesis, PgServer};
 use crate::proxy::FaultProxy;
@@ -83,6 +84,8 @@ pub struct RunOptions {
     pub delivery_attempts_max: u32,
     /// Acks the workers drop all run long (0: none but the ack-loss fault's).
     pub ack_fail_rate: f64,
+    /// Faults that can hit any of these targets hit only these (empty: all).
+    pub fault_targets: Vec<String>,
     /// Fault schedules running side by side (kinds dealt among them).
     pub faults_at_once: usize,
     /// Refuse a time limit that cannot fire every enabled fault once.
@@ -545,6 +548,9 @@ fn nemeses(options: &RunOptions, cluster: &Cluster, token: &str) -> anyhow::Resu
             }
             other => anyhow::bail!("unknown nemesis {other:?}"),
         }
+    }
+    if !options.fault_targets.is_empty() {
+        list = list.into_iter().map(|n| OnlyTargets::wrap(n, &options.fault_targets)).collect();
     }
     for n in &list {
         // The fit check ran on hold_min_for before the nemeses existed.
