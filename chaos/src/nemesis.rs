@@ -859,10 +859,24 @@ pub async fn heal_all(
             failed.push(format!("{fault} on {target}"));
         }
     }
-    // Stop the rest too: stop is idempotent, and heal must not trust bookkeeping.
+    // Stop the rest too: stop is idempotent, and heal must not trust
+    // bookkeeping. Retried like any stop: a worker just restarted by the kill
+    // fault's heal refuses its admin call until it listens again.
     for n in nemeses {
-        if let Err(e) = n.stop().await {
-            failed.push(format!("{}: {e:#}", n.name()));
+        let deadline = Instant::now() + retry_for;
+        let mut wait = STOP_RETRY_WAIT_MIN;
+        loop {
+            match n.stop().await {
+                Ok(()) => break,
+                Err(e) if Instant::now() + wait > deadline => {
+                    failed.push(format!("{}: {e:#}", n.name()));
+                    break;
+                }
+                Err(_) => {
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(STOP_RETRY_WAIT_MAX);
+                }
+            }
         }
     }
     anyhow::ensure!(failed.is_empty(), "could not heal: {}", failed.join("; "));

@@ -45,7 +45,7 @@ fn a_short_run_with_every_local_fault_on_sqlite_is_valid() {
         tmp.path(),
         &[
             "--time-limit-s",
-            "12",
+            "15",
             "--nemesis",
             "all",
             "--nemesis-interval-s",
