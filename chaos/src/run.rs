@@ -172,11 +172,15 @@ fn timestamp(ms: i64) -> String {
     format!("{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
-fn free_port() -> anyhow::Result<SocketAddr> {
-    // Bound and released: another process could take it in between, which on a
-    // test machine is rare enough, and then the service fails loudly to bind.
+/// A free port and the listener that holds it. Held until the ports of a
+/// cluster are all chosen and its fault proxies listen, so that none of them
+/// is handed the same port (a proxy that got the API's port forwarded to
+/// itself, and the API could not bind: a run that never became ready). Once
+/// released another process could still take it before the service binds,
+/// which on a test machine is rare enough, and then the service fails loudly.
+fn reserve_port() -> anyhow::Result<(SocketAddr, std::net::TcpListener)> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?)
+    Ok((l.local_addr()?, l))
 }
 
 /// Creates `store/<name>/<timestamp>/` and points `store/latest` at it.
@@ -352,7 +356,9 @@ async fn start_cluster(options: &RunOptions, db: &str, run_dir: &Path, token: &s
         let link = format!("{name}<->db");
         proxies.iter().find(|(l, _, _)| *l == link).map_or_else(|| db.to_owned(), |(_, _, url)| url.clone())
     };
-    let api_addr = free_port()?;
+    let mut reserved = Vec::new();
+    let (api_addr, held) = reserve_port()?;
+    reserved.push(held);
     let bug: Vec<String> = options.bug.map(|b| vec!["--bug".into(), b.name().into()]).unwrap_or_default();
     let mut specs = vec![NodeSpec {
         node: api_node(),
@@ -362,7 +368,8 @@ async fn start_cluster(options: &RunOptions, db: &str, run_dir: &Path, token: &s
     let mut worker_admin = Vec::new();
     for i in 1..=options.workers {
         let node = worker_node(i);
-        let metrics = free_port()?;
+        let (metrics, held) = reserve_port()?;
+        reserved.push(held);
         worker_admin.push((node.name.clone(), format!("http://{metrics}")));
         let args = worker_args(options, &db_for(&node.name), &node, &metrics.to_string());
         specs.push(NodeSpec { node, args });
@@ -370,6 +377,8 @@ async fn start_cluster(options: &RunOptions, db: &str, run_dir: &Path, token: &s
     let env = vec![("HAUNT_ADMIN_TOKEN".to_owned(), token.to_owned()), ("NO_COLOR".to_owned(), "1".to_owned())];
     let backend = LocalBackend::new(options.exe.clone(), run_dir.join("logs"), env, specs);
     let client_proxy = Arc::new(FaultProxy::start(api_addr).await?);
+    // Every port is chosen and every proxy listens: the services may bind theirs.
+    drop(reserved);
     let mut all: Vec<(String, Arc<FaultProxy>)> = vec![("client<->api".into(), client_proxy.clone())];
     all.extend(proxies.into_iter().map(|(link, proxy, _)| (link, proxy)));
     Ok(Cluster {
@@ -420,8 +429,15 @@ async fn start_docker_cluster(
     let pg = postgres_node();
     let pg_host = format!("haunt-{run_id}-{}", pg.name);
     let db_inside = format!("postgres://postgres@{pg_host}:5432/postgres");
-    let pg_port = free_port()?.port();
-    let api_port = free_port()?.port();
+    // Held until every port is chosen, so that no two are the same.
+    let mut reserved = Vec::new();
+    let mut port = || -> anyhow::Result<u16> {
+        let (addr, held) = reserve_port()?;
+        reserved.push(held);
+        Ok(addr.port())
+    };
+    let pg_port = port()?;
+    let api_port = port()?;
     let common_env = vec![("HAUNT_ADMIN_TOKEN".to_owned(), token.to_owned()), ("NO_COLOR".to_owned(), "1".to_owned())];
     let bug: Vec<String> = options.bug.map(|b| vec!["--bug".into(), b.name().into()]).unwrap_or_default();
     let mut specs = vec![
@@ -449,7 +465,7 @@ async fn start_docker_cluster(
     let mut worker_admin = Vec::new();
     for i in 1..=options.workers {
         let node = worker_node(i);
-        let metrics_port = free_port()?.port();
+        let metrics_port = port()?;
         worker_admin.push((node.name.clone(), format!("http://127.0.0.1:{metrics_port}")));
         let mut env = common_env.clone();
         env.push(("HAUNT_HEALTH_URL".into(), format!("http://127.0.0.1:{METRICS_PORT}/healthz")));
@@ -462,6 +478,8 @@ async fn start_docker_cluster(
             net_admin: true,
         });
     }
+    // Released for the engine, which binds them when the containers start.
+    drop(reserved);
     let mount = options.docker.mount_exe.then(|| options.exe.clone());
     let docker = Arc::new(DockerBackend::create(run_id, mount, specs).await?);
     docker.start(&pg).await?;
