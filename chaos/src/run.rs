@@ -208,12 +208,17 @@ async fn wait_http_ok(url: &str, limit: Duration) -> anyhow::Result<()> {
     let http = reqwest::Client::builder().timeout(Duration::from_secs(1)).build()?;
     let deadline = Instant::now() + limit;
     loop {
-        if let Ok(r) = http.get(url).send().await
-            && r.status().is_success()
-        {
-            return Ok(());
-        }
-        anyhow::ensure!(Instant::now() < deadline, "{url} did not answer within {limit:?}");
+        // The last answer is kept for the error: refused (the process is not
+        // listening, or died), a timeout, or the service's own reason.
+        let last = match http.get(url).send().await {
+            Ok(r) if r.status().is_success() => return Ok(()),
+            Ok(r) => format!("{}: {}", r.status(), r.text().await.unwrap_or_default().trim()),
+            Err(e) => format!("{e:#}"),
+        };
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{url} did not answer within {limit:?} (last: {last}; the service's log is in the run's logs/)"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
