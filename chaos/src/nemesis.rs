@@ -341,14 +341,46 @@ impl Nemesis for DbErrorNemesis {
 /// clock and does not notice.
 #[derive(Debug)]
 pub struct ClockSkewNemesis {
-    admin: Admin,
-    offset_ms: i64,
-    skewed: Mutex<Option<String>>,
+    switch: WorkerSwitch,
 }
 
 impl ClockSkewNemesis {
     pub fn new(admin: Admin, offset_ms: i64) -> Self {
-        ClockSkewNemesis { admin, offset_ms, skewed: Mutex::new(None) }
+        let switch = WorkerSwitch::new(admin, json!({"clock_offset_ms": offset_ms}), json!({"clock_offset_ms": 0}));
+        ClockSkewNemesis { switch }
+    }
+}
+
+/// An admin switch flipped on one worker at a time: on at the start, off at
+/// the stop, and the worker forgotten only once the stop took effect (a stop
+/// that failed is tried again on the same worker).
+#[derive(Debug)]
+struct WorkerSwitch {
+    admin: Admin,
+    on: serde_json::Value,
+    off: serde_json::Value,
+    target: Mutex<Option<String>>,
+}
+
+impl WorkerSwitch {
+    fn new(admin: Admin, on: serde_json::Value, off: serde_json::Value) -> Self {
+        WorkerSwitch { admin, on, off, target: Mutex::new(None) }
+    }
+
+    fn targets(&self) -> Vec<String> {
+        self.admin.workers.iter().map(|(n, _)| n.clone()).collect()
+    }
+
+    async fn start(&self, worker: &str) -> anyhow::Result<()> {
+        put(&self.target, worker.to_owned());
+        self.admin.set(worker, self.on.clone()).await
+    }
+
+    async fn stop(&self) -> anyhow::Result<()> {
+        let Some(worker) = peek(&self.target) else { return Ok(()) };
+        self.admin.set(&worker, self.off.clone()).await?;
+        clear(&self.target);
+        Ok(())
     }
 }
 
@@ -360,21 +392,13 @@ impl Nemesis for ClockSkewNemesis {
         ("start-clock-skew", "stop-clock-skew")
     }
     fn targets(&self) -> Vec<String> {
-        self.admin.workers.iter().map(|(n, _)| n.clone()).collect()
+        self.switch.targets()
     }
     fn start<'a>(&'a self, target: &'a str) -> BoxFuture<'a, anyhow::Result<()>> {
-        Box::pin(async move {
-            put(&self.skewed, target.to_owned());
-            self.admin.set(target, json!({"clock_offset_ms": self.offset_ms})).await
-        })
+        Box::pin(self.switch.start(target))
     }
     fn stop(&self) -> BoxFuture<'_, anyhow::Result<()>> {
-        Box::pin(async move {
-            let Some(worker) = peek(&self.skewed) else { return Ok(()) };
-            self.admin.set(&worker, json!({"clock_offset_ms": 0})).await?;
-            clear(&self.skewed);
-            Ok(())
-        })
+        Box::pin(self.switch.stop())
     }
 }
 
@@ -386,14 +410,17 @@ impl Nemesis for ClockSkewNemesis {
 /// correct worker's apply finds its lease gone and writes nothing.
 #[derive(Debug)]
 pub struct StallNemesis {
-    admin: Admin,
     stall: Duration,
-    armed: Mutex<Option<String>>,
+    /// Off disarms a stall that never met a lease; one under way runs out by
+    /// itself (the window's hold covers it).
+    switch: WorkerSwitch,
 }
 
 impl StallNemesis {
     pub fn new(admin: Admin, visibility_timeout: Duration) -> Self {
-        StallNemesis { admin, stall: visibility_timeout * 2, armed: Mutex::new(None) }
+        let stall = visibility_timeout * 2;
+        let on = json!({"stall_after_lease_ms": stall.as_millis() as u64});
+        StallNemesis { stall, switch: WorkerSwitch::new(admin, on, json!({"stall_after_lease_ms": 0})) }
     }
 }
 
@@ -405,26 +432,16 @@ impl Nemesis for StallNemesis {
         ("start-stall", "stop-stall")
     }
     fn targets(&self) -> Vec<String> {
-        self.admin.workers.iter().map(|(n, _)| n.clone()).collect()
+        self.switch.targets()
     }
     fn hold_min(&self) -> Duration {
         hold_min_for("stall", self.stall / 2)
     }
     fn start<'a>(&'a self, target: &'a str) -> BoxFuture<'a, anyhow::Result<()>> {
-        Box::pin(async move {
-            put(&self.armed, target.to_owned());
-            self.admin.set(target, json!({"stall_after_lease_ms": self.stall.as_millis() as u64})).await
-        })
+        Box::pin(self.switch.start(target))
     }
-    /// Disarms a stall that never met a lease; one under way runs out by
-    /// itself (the window's hold covers it).
     fn stop(&self) -> BoxFuture<'_, anyhow::Result<()>> {
-        Box::pin(async move {
-            let Some(worker) = peek(&self.armed) else { return Ok(()) };
-            self.admin.set(&worker, json!({"stall_after_lease_ms": 0})).await?;
-            clear(&self.armed);
-            Ok(())
-        })
+        Box::pin(self.switch.stop())
     }
 }
 
