@@ -410,7 +410,7 @@ impl Nemesis for ClockSkewNemesis {
 /// correct worker's apply finds its lease gone and writes nothing.
 #[derive(Debug)]
 pub struct StallNemesis {
-    stall: Duration,
+    visibility_timeout: Duration,
     /// Off disarms a stall that never met a lease; one under way runs out by
     /// itself (the window's hold covers it).
     switch: WorkerSwitch,
@@ -418,9 +418,9 @@ pub struct StallNemesis {
 
 impl StallNemesis {
     pub fn new(admin: Admin, visibility_timeout: Duration) -> Self {
-        let stall = visibility_timeout * 2;
-        let on = json!({"stall_after_lease_ms": stall.as_millis() as u64});
-        StallNemesis { stall, switch: WorkerSwitch::new(admin, on, json!({"stall_after_lease_ms": 0})) }
+        // Twice the lease: another worker has time to take the messages over.
+        let on = json!({"stall_after_lease_ms": (visibility_timeout * 2).as_millis() as u64});
+        StallNemesis { visibility_timeout, switch: WorkerSwitch::new(admin, on, json!({"stall_after_lease_ms": 0})) }
     }
 }
 
@@ -435,7 +435,7 @@ impl Nemesis for StallNemesis {
         self.switch.targets()
     }
     fn hold_min(&self) -> Duration {
-        hold_min_for("stall", self.stall / 2)
+        hold_min_for("stall", self.visibility_timeout)
     }
     fn start<'a>(&'a self, target: &'a str) -> BoxFuture<'a, anyhow::Result<()>> {
         Box::pin(self.switch.start(target))
