@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use haunt_chaos::nemesis::NEMESIS_NAMES;
+use haunt_chaos::fault::Fault;
 use haunt_chaos::run::{BackendKind, DockerOptions, RunOptions};
 use haunt_store::Bug;
 
@@ -125,87 +125,33 @@ pub struct RunArgs {
     pub quiet: bool,
 }
 
-/// `db_restart_possible`: the database is a PostgreSQL server whose data
-/// directory was given, so `all` includes `db-restart`.
-fn parse_nemesis(list: &str, db_restart_possible: bool, docker: bool) -> anyhow::Result<Vec<String>> {
-    let mut out = Vec::new();
-    for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        match name {
-            "none" => {}
-            "all" => out.extend(
-                NEMESIS_NAMES
-                    .iter()
-                    .filter(|n| **n != "db-restart" || db_restart_possible)
-                    .filter(|n| **n != "loss" || docker)
-                    .map(|n| n.to_string()),
-            ),
-            n if NEMESIS_NAMES.contains(&n) => out.push(n.to_owned()),
-            other => anyhow::bail!("unknown nemesis {other:?}; known: {}, all, none", NEMESIS_NAMES.join(", ")),
-        }
-    }
-    // A kind must run in one schedule only: it is never active twice at once.
-    let mut seen = std::collections::HashSet::new();
-    out.retain(|n| seen.insert(n.clone()));
-    Ok(out)
-}
-
 pub fn revision() -> &'static str {
     option_env!("HAUNT_GIT_REVISION").unwrap_or("unknown")
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
-    anyhow::ensure!(args.time_limit_s > 0, "--time-limit-s must be positive");
-    anyhow::ensure!(args.rate > 0.0, "--rate must be positive");
-    anyhow::ensure!(args.concurrency > 0 && args.workers > 0, "--concurrency and --workers must be positive");
-    anyhow::ensure!(args.nemesis_interval_s > 0.0, "--nemesis-interval-s must be positive");
-    anyhow::ensure!(
-        (0.0..=1.0).contains(&args.ack_fail_rate),
-        "--ack-fail-rate must be within 0 and 1, got {}",
-        args.ack_fail_rate
-    );
-    let db_is_postgres = args.db.as_deref().is_some_and(|d| d.starts_with("postgres"));
-    if let Some(db) = &args.db {
-        haunt_store::Backend::from_url(db)?;
-    }
-    let docker = matches!(args.backend, BackendArg::Docker);
-    anyhow::ensure!(
-        !docker || (args.db.is_none() && args.pg_data.is_none()),
-        "--backend docker runs its own PostgreSQL container; leave out --db and --pg-data"
-    );
-    let nemesis = parse_nemesis(&args.nemesis, docker || (db_is_postgres && args.pg_data.is_some()), docker)?;
-    // Refused here, before a run directory exists, rather than when the faults are built.
-    anyhow::ensure!(
-        docker || !nemesis.iter().any(|n| n == "loss"),
-        "--nemesis loss drops packets with iptables in containers: it needs --backend docker"
-    );
-    anyhow::ensure!(
-        docker || args.pg_data.is_some() || !nemesis.iter().any(|n| n == "db-restart"),
-        "--nemesis db-restart needs --pg-data DIR (the data directory of the PostgreSQL server behind --db), \
-         or --backend docker"
-    );
-    anyhow::ensure!(
-        args.pg_data.is_none() || db_is_postgres,
-        "--pg-data names the PostgreSQL server behind --db; give --db postgres://… too"
-    );
     let seed = args.seed.unwrap_or_else(|| haunt_store::Rng::from_entropy().next_u64() >> 16);
-    let options = RunOptions {
-        backend: if docker { BackendKind::Docker } else { BackendKind::Local },
+    let mut options = RunOptions {
+        backend: match args.backend {
+            BackendArg::Local => BackendKind::Local,
+            BackendArg::Docker => BackendKind::Docker,
+        },
         docker: DockerOptions { image: args.image, postgres_image: args.postgres_image, mount_exe: !args.image_binary },
         time_limit: Duration::from_secs(args.time_limit_s),
         rate: args.rate,
         concurrency: args.concurrency,
         workers: args.workers,
         db: args.db,
-        nemesis,
-        nemesis_interval: Duration::from_secs_f64(args.nemesis_interval_s),
+        faults: Vec::new(),
+        nemesis_interval: Duration::try_from_secs_f64(args.nemesis_interval_s).unwrap_or_default(),
         seed,
         store: args.store,
         visibility_timeout: Duration::from_millis(args.visibility_timeout_ms),
         quiesce_timeout: Duration::from_secs(args.quiesce_timeout_s),
-        delivery_attempts_max: args.delivery_attempts_max.max(1),
+        delivery_attempts_max: args.delivery_attempts_max,
         ack_fail_rate: args.ack_fail_rate,
         fault_targets: args.fault_targets,
-        faults_at_once: args.faults_at_once.max(1),
+        faults_at_once: args.faults_at_once,
         fit_check: !args.skip_fit_check,
         metrics_listen: args.metrics_listen,
         metrics_linger: Duration::from_secs(args.metrics_linger_s),
@@ -213,11 +159,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         bug: args.bug,
         quiet: args.quiet,
         request_timeout: Duration::from_millis(args.request_timeout_ms),
-        items: args.items.max(1),
+        items: args.items,
         exe: std::env::current_exe().context("finding the haunt executable")?,
         git_revision: revision().to_owned(),
         pg_data: args.pg_data,
     };
+    // `all` depends on the rest: db-restart with a database node, loss in containers.
+    options.faults = Fault::parse_list(&args.nemesis, &options.all_faults())?;
+    // Every other check is the run's own (`RunOptions::validate`), before it creates anything.
     let abort = Arc::new(AtomicBool::new(false));
     let flag = abort.clone();
     tokio::spawn(async move {
@@ -261,20 +210,4 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         println!("seed: {seed} (replay with --seed {seed})");
     }
     Ok(results.valid.exit_code())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_nemesis;
-
-    #[test]
-    fn nemesis_lists() {
-        assert_eq!(parse_nemesis("none", false, false).unwrap(), Vec::<String>::new());
-        assert_eq!(parse_nemesis("kill, pause", false, false).unwrap(), vec!["kill", "pause"]);
-        assert!(!parse_nemesis("all", false, false).unwrap().contains(&"db-restart".to_string()));
-        assert!(parse_nemesis("all", true, false).unwrap().contains(&"db-restart".to_string()));
-        assert!(parse_nemesis("kil", false, false).unwrap_err().to_string().contains("kill"));
-        // all: the seven defaults and stall (db-restart and loss need more).
-        assert_eq!(parse_nemesis("kill,pause,kill,all", false, false).unwrap().len(), 8, "each kind once");
-    }
 }

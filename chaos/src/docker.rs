@@ -288,40 +288,51 @@ impl Backend for DockerBackend {
         self.specs.iter().map(|s| s.node.clone()).collect()
     }
 
-    async fn start(&self, node: &Node) -> anyhow::Result<()> {
-        // `docker start` on a running container is a no-op.
-        docker(&["start", &self.container(node)]).await.map(drop)
+    fn start<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move {
+            // `docker start` on a running container is a no-op.
+            docker(&["start", &self.container(node)]).await.map(drop)
+        })
     }
 
-    async fn stop(&self, node: &Node) -> anyhow::Result<()> {
-        let name = self.container(node);
-        if self.state(node).await?.starts_with("paused") {
-            docker(&["unpause", &name]).await?;
-        }
-        // SIGTERM, then SIGKILL after 5 s, as the local backend does.
-        docker(&["stop", "--time", "5", &name]).await.map(drop)
+    fn stop<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move {
+            let name = self.container(node);
+            if self.state(node).await?.starts_with("paused") {
+                docker(&["unpause", &name]).await?;
+            }
+            // SIGTERM, then SIGKILL after 5 s, as the local backend does.
+            docker(&["stop", "--time", "5", &name]).await.map(drop)
+        })
     }
 
-    async fn kill(&self, node: &Node) -> anyhow::Result<()> {
-        let name = self.container(node);
-        match docker(&["kill", "--signal", "KILL", &name]).await {
-            Ok(_) => Ok(()),
-            // Already dead is what was asked for.
-            Err(e) if format!("{e}").contains("is not running") => Ok(()),
-            Err(e) => Err(e),
-        }
+    fn kill<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move {
+            let name = self.container(node);
+            match docker(&["kill", "--signal", "KILL", &name]).await {
+                Ok(_) => Ok(()),
+                // Already dead is what was asked for.
+                Err(e) if format!("{e}").contains("is not running") => Ok(()),
+                Err(e) => Err(e),
+            }
+        })
     }
 
-    async fn pause(&self, node: &Node) -> anyhow::Result<()> {
-        docker(&["pause", &self.container(node)]).await.map(drop)
+    fn pause<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move { docker(&["pause", &self.container(node)]).await.map(drop) })
     }
 
-    async fn resume(&self, node: &Node) -> anyhow::Result<()> {
-        docker(&["unpause", &self.container(node)]).await.map(drop)
+    fn resume<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move { docker(&["unpause", &self.container(node)]).await.map(drop) })
     }
 
     fn resume_blocking(&self, node: &Node) -> anyhow::Result<()> {
         docker_blocking(&["unpause", &self.container(node)]).map(drop)
+    }
+
+    fn teardown(&self, logs: &Path) {
+        self.save_logs(logs);
+        self.remove();
     }
 
     fn is_running(&self, node: &Node) -> bool {

@@ -16,7 +16,7 @@ use anyhow::Context;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::roles::{Backend, Node, Role};
+use crate::roles::{Backend, BoxFuture, Node, Role};
 
 /// How a node is started.
 #[derive(Debug, Clone)]
@@ -125,53 +125,64 @@ impl Backend for LocalBackend {
         self.specs.iter().map(|s| s.node.clone()).collect()
     }
 
-    async fn start(&self, node: &Node) -> anyhow::Result<()> {
-        if self.is_running(node) {
-            return Ok(());
-        }
-        let spec = self.spec(node)?;
-        let child = spawn(&self.exe, &spec.args, &self.env, &self.log_path(node))?;
-        self.children.lock().unwrap_or_else(|p| p.into_inner()).insert(node.name.clone(), child);
-        Ok(())
+    fn start<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move {
+            if self.is_running(node) {
+                return Ok(());
+            }
+            let spec = self.spec(node)?;
+            let child = spawn(&self.exe, &spec.args, &self.env, &self.log_path(node))?;
+            self.children.lock().unwrap_or_else(|p| p.into_inner()).insert(node.name.clone(), child);
+            Ok(())
+        })
     }
 
-    async fn stop(&self, node: &Node) -> anyhow::Result<()> {
-        if !self.is_running(node) {
-            return Ok(());
-        }
-        // A paused process cannot act on SIGTERM.
-        let _ = self.signal(node, Signal::SIGCONT);
-        let _ = self.signal(node, Signal::SIGTERM);
-        let node2 = node.clone();
-        let done = tokio::task::block_in_place(|| self.reap(&node2, STOP_GRACE));
-        if !done {
-            tracing::warn!(node = %node.name, "did not stop within {STOP_GRACE:?}; killing it");
-            self.kill(node).await?;
-        }
-        Ok(())
+    fn stop<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move {
+            if !self.is_running(node) {
+                return Ok(());
+            }
+            // A paused process cannot act on SIGTERM.
+            let _ = self.signal(node, Signal::SIGCONT);
+            let _ = self.signal(node, Signal::SIGTERM);
+            let node2 = node.clone();
+            let done = tokio::task::block_in_place(|| self.reap(&node2, STOP_GRACE));
+            if !done {
+                tracing::warn!(node = %node.name, "did not stop within {STOP_GRACE:?}; killing it");
+                self.kill(node).await?;
+            }
+            Ok(())
+        })
     }
 
-    async fn kill(&self, node: &Node) -> anyhow::Result<()> {
-        if !self.is_running(node) {
-            return Ok(());
-        }
-        self.signal(node, Signal::SIGKILL)?;
-        let node2 = node.clone();
-        // SIGKILL cannot be ignored; the wait is for the kernel to tear down.
-        tokio::task::block_in_place(|| self.reap(&node2, Duration::from_secs(5)));
-        Ok(())
+    fn kill<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move {
+            if !self.is_running(node) {
+                return Ok(());
+            }
+            self.signal(node, Signal::SIGKILL)?;
+            let node2 = node.clone();
+            // SIGKILL cannot be ignored; the wait is for the kernel to tear down.
+            tokio::task::block_in_place(|| self.reap(&node2, Duration::from_secs(5)));
+            Ok(())
+        })
     }
 
-    async fn pause(&self, node: &Node) -> anyhow::Result<()> {
-        self.signal(node, Signal::SIGSTOP)
+    fn pause<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move { self.signal(node, Signal::SIGSTOP) })
     }
 
-    async fn resume(&self, node: &Node) -> anyhow::Result<()> {
-        self.signal(node, Signal::SIGCONT)
+    fn resume<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move { self.signal(node, Signal::SIGCONT) })
     }
 
     fn resume_blocking(&self, node: &Node) -> anyhow::Result<()> {
         self.signal(node, Signal::SIGCONT)
+    }
+
+    fn teardown(&self, _logs: &Path) {
+        // The children already write their logs there.
+        self.kill_all();
     }
 
     fn is_running(&self, node: &Node) -> bool {

@@ -20,13 +20,10 @@ use haunt_store::Rng;
 use serde_json::json;
 use tokio::time::Instant;
 
+use crate::fault::Fault;
 use crate::history::Recorder;
 use crate::proxy::{ProxyMode, SharedProxy};
 use crate::roles::{Backend, BoxFuture, Nemesis, Node};
-
-/// The names `--nemesis` accepts.
-pub const NEMESIS_NAMES: [&str; 10] =
-    ["kill", "pause", "partition", "delay", "ack-loss", "clock-skew", "db-error", "stall", "db-restart", "loss"];
 
 /// A network link the partition nemesis can cut: a fault proxy (local backend)
 /// or iptables rules in a container's network namespace (Docker backend).
@@ -74,26 +71,26 @@ fn clear<T>(slot: &Mutex<Option<T>>) {
 
 /// SIGKILL a node, later start it again.
 #[derive(Debug)]
-pub struct KillNemesis<B> {
+pub struct KillNemesis {
     name: &'static str,
-    backend: Arc<B>,
+    backend: Arc<dyn Backend>,
     targets: Vec<Node>,
     killed: Mutex<Option<Node>>,
 }
 
-impl<B: Backend> KillNemesis<B> {
-    pub fn new(backend: Arc<B>, targets: Vec<Node>) -> Self {
+impl KillNemesis {
+    pub fn new(backend: Arc<dyn Backend>, targets: Vec<Node>) -> Self {
         KillNemesis::named("kill", backend, targets)
     }
 
-    /// The same fault under another `--nemesis` name (`db-restart` of a
-    /// database container).
-    pub fn named(name: &'static str, backend: Arc<B>, targets: Vec<Node>) -> Self {
+    /// The same fault under another `--nemesis` name: `db-restart` is a kill
+    /// of the database node, a container or a server of its own.
+    pub fn named(name: &'static str, backend: Arc<dyn Backend>, targets: Vec<Node>) -> Self {
         KillNemesis { name, backend, targets, killed: Mutex::new(None) }
     }
 }
 
-impl<B: Backend + 'static> Nemesis for KillNemesis<B> {
+impl Nemesis for KillNemesis {
     fn name(&self) -> &'static str {
         self.name
     }
@@ -118,28 +115,34 @@ impl<B: Backend + 'static> Nemesis for KillNemesis<B> {
             Ok(())
         })
     }
-    // The default heal_blocking: a killed node is the backend's, which ends
-    // every node when it drops; starting it only to end it helps no one.
+    /// A killed node the backend owns ends with the backend, and starting it
+    /// only to end it helps no one; one that outlives the run (a database
+    /// server the harness does not own) the backend brings back.
+    fn heal_blocking(&self) {
+        if let Some(node) = peek(&self.killed) {
+            self.backend.restore_blocking(&node);
+        }
+    }
 }
 
 /// SIGSTOP a worker for longer than the visibility timeout: when it resumes it
 /// is a zombie holding an expired lease.
 #[derive(Debug)]
-pub struct PauseNemesis<B> {
-    backend: Arc<B>,
+pub struct PauseNemesis {
+    backend: Arc<dyn Backend>,
     targets: Vec<Node>,
     hold_min: Duration,
     paused: Mutex<Option<Node>>,
 }
 
-impl<B: Backend> PauseNemesis<B> {
-    pub fn new(backend: Arc<B>, targets: Vec<Node>, visibility_timeout: Duration) -> Self {
-        let hold_min = hold_min_for("pause", visibility_timeout);
+impl PauseNemesis {
+    pub fn new(backend: Arc<dyn Backend>, targets: Vec<Node>, visibility_timeout: Duration) -> Self {
+        let hold_min = Fault::Pause.hold_min(visibility_timeout);
         PauseNemesis { backend, targets, hold_min, paused: Mutex::new(None) }
     }
 }
 
-impl<B: Backend + 'static> Nemesis for PauseNemesis<B> {
+impl Nemesis for PauseNemesis {
     fn name(&self) -> &'static str {
         "pause"
     }
@@ -435,7 +438,7 @@ impl Nemesis for StallNemesis {
         self.switch.targets()
     }
     fn hold_min(&self) -> Duration {
-        hold_min_for("stall", self.visibility_timeout)
+        Fault::Stall.hold_min(self.visibility_timeout)
     }
     fn start<'a>(&'a self, target: &'a str) -> BoxFuture<'a, anyhow::Result<()>> {
         Box::pin(self.switch.start(target))
@@ -498,19 +501,6 @@ impl Nemesis for OnlyTargets {
 /// The shortest hold of a fault that names none of its own: long enough for a
 /// few client ops and a lease to meet it.
 pub const HOLD_MIN_DEFAULT: Duration = Duration::from_millis(500);
-
-/// The shortest hold of the fault `--nemesis NAME`, known before its nemesis
-/// exists (for [`check_fit`]). Each nemesis reports the same through
-/// [`Nemesis::hold_min`]; `run` checks that they agree.
-pub fn hold_min_for(name: &str, visibility_timeout: Duration) -> Duration {
-    match name {
-        // Twice the lease, so another worker has time to take the message over.
-        "pause" => visibility_timeout * 2,
-        // The stall (twice the lease) and a moment for the zombie to act after it.
-        "stall" => visibility_timeout * 2 + HOLD_MIN_DEFAULT,
-        _ => HOLD_MIN_DEFAULT,
-    }
-}
 
 /// Time allowed for starting and stopping one fault, in [`check_fit`] and in
 /// the first round's plan. Locally a signal, a proxy switch or an admin call
@@ -1173,26 +1163,28 @@ mod tests {
         fn nodes(&self) -> Vec<Node> {
             vec![worker_node(1)]
         }
-        async fn start(&self, _: &Node) -> anyhow::Result<()> {
-            self.starts.fetch_add(1, Ordering::Relaxed);
-            let left = self.failures.load(Ordering::Relaxed);
-            if left > 0 {
-                self.failures.store(left - 1, Ordering::Relaxed);
-                anyhow::bail!("no");
-            }
-            Ok(())
+        fn start<'a>(&'a self, _: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+            Box::pin(async move {
+                self.starts.fetch_add(1, Ordering::Relaxed);
+                let left = self.failures.load(Ordering::Relaxed);
+                if left > 0 {
+                    self.failures.store(left - 1, Ordering::Relaxed);
+                    anyhow::bail!("no");
+                }
+                Ok(())
+            })
         }
-        async fn stop(&self, _: &Node) -> anyhow::Result<()> {
-            Ok(())
+        fn stop<'a>(&'a self, _: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+            Box::pin(async move { Ok(()) })
         }
-        async fn kill(&self, _: &Node) -> anyhow::Result<()> {
-            Ok(())
+        fn kill<'a>(&'a self, _: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+            Box::pin(async move { Ok(()) })
         }
-        async fn pause(&self, _: &Node) -> anyhow::Result<()> {
-            Ok(())
+        fn pause<'a>(&'a self, _: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+            Box::pin(async move { Ok(()) })
         }
-        async fn resume(&self, _: &Node) -> anyhow::Result<()> {
-            Ok(())
+        fn resume<'a>(&'a self, _: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+            Box::pin(async move { Ok(()) })
         }
         fn resume_blocking(&self, _: &Node) -> anyhow::Result<()> {
             Ok(())
@@ -1214,6 +1206,10 @@ mod tests {
         assert_eq!(backend.starts.load(Ordering::Relaxed), 2, "and a healed fault has nothing left to stop");
     }
 
+    fn hold(name: &str, visibility_timeout: Duration) -> Duration {
+        Fault::from_name(name).expect("a fault's name").hold_min(visibility_timeout)
+    }
+
     /// The seven local faults as fakes: holds as `haunt run` gives them, each
     /// start and stop taking `act`.
     const LOCAL_DEFAULTS: [&str; 7] = ["kill", "pause", "partition", "delay", "ack-loss", "clock-skew", "db-error"];
@@ -1221,7 +1217,7 @@ mod tests {
     fn seven_local_faults(active: &Arc<ActiveFaults>, visibility_timeout: Duration, act: Duration) -> Vec<Fake> {
         LOCAL_DEFAULTS
             .into_iter()
-            .map(|name| Fake { act, ..Fake::new(name, hold_min_for(name, visibility_timeout), active) })
+            .map(|name| Fake { act, ..Fake::new(name, hold(name, visibility_timeout), active) })
             .collect()
     }
 
@@ -1231,7 +1227,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         // haunt run's defaults: 60 s, --nemesis-interval-s 5, --visibility-timeout-ms 2000.
         let (limit, interval, vt) = (Duration::from_secs(60), Duration::from_secs(5), Duration::from_secs(2));
-        let kinds: Vec<(&str, Duration)> = LOCAL_DEFAULTS.iter().map(|&n| (n, hold_min_for(n, vt))).collect();
+        let kinds: Vec<(&str, Duration)> = LOCAL_DEFAULTS.iter().map(|&n| (n, hold(n, vt))).collect();
         assert_eq!(check_fit(&kinds, interval, 1, limit), Ok(()));
         for at_once in [1, 2, 3] {
             for seed in 0..40 {
@@ -1252,7 +1248,7 @@ mod tests {
         tokio::time::pause();
         let dir = tempfile::tempdir().unwrap();
         let (interval, vt) = (Duration::from_secs(1), Duration::from_millis(500));
-        let kinds: Vec<(&str, Duration)> = LOCAL_DEFAULTS.iter().map(|&n| (n, hold_min_for(n, vt))).collect();
+        let kinds: Vec<(&str, Duration)> = LOCAL_DEFAULTS.iter().map(|&n| (n, hold(n, vt))).collect();
         // Seven faults of 0.5 s calm, 0.5 s hold (pause 1 s) and 0.5 s to act.
         let needed = Duration::from_millis(7 * 1500 + 500);
         assert_eq!(check_fit(&kinds, interval, 1, needed), Ok(()));

@@ -12,7 +12,8 @@ use anyhow::Context;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::roles::{BoxFuture, Nemesis};
+use crate::docker::postgres_node;
+use crate::roles::{Backend, BoxFuture, Node};
 
 #[derive(Debug, Clone)]
 pub struct PgServer {
@@ -237,41 +238,43 @@ fn children_of(parent: Pid) -> Vec<Pid> {
         .collect()
 }
 
-/// Kills PostgreSQL with SIGKILL, later starts it again (crash recovery).
-#[derive(Debug)]
-pub struct DbRestartNemesis {
-    server: PgServer,
-}
-
-impl DbRestartNemesis {
-    pub fn new(server: PgServer) -> Self {
-        DbRestartNemesis { server }
+/// The server as the database node of a run (`postgres`, the same name as the
+/// Docker backend's container): a kill crashes it, a start brings it back
+/// through crash recovery, and a server the harness crashed is started again
+/// however the run ends. The harness never stops or pauses it: it is the
+/// user's server, not the run's.
+impl Backend for PgServer {
+    fn nodes(&self) -> Vec<Node> {
+        vec![postgres_node()]
     }
-}
-
-impl Nemesis for DbRestartNemesis {
-    fn name(&self) -> &'static str {
-        "db-restart"
+    fn start<'a>(&'a self, _: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(PgServer::start(self))
     }
-    fn ops(&self) -> (&'static str, &'static str) {
-        ("kill", "restart")
+    fn stop<'a>(&'a self, _: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async { Ok(()) })
     }
-    fn targets(&self) -> Vec<String> {
-        vec!["postgres".into()]
+    fn kill<'a>(&'a self, _: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move { self.crash() })
     }
-    fn start<'a>(&'a self, _target: &'a str) -> BoxFuture<'a, anyhow::Result<()>> {
-        Box::pin(async move { self.server.crash() })
+    fn pause<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move { anyhow::bail!("{} is a server of its own: the harness does not pause it", node.name) })
     }
-    fn stop(&self) -> BoxFuture<'_, anyhow::Result<()>> {
-        Box::pin(async move { self.server.start().await })
+    fn resume<'a>(&'a self, _: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
+    fn resume_blocking(&self, _: &Node) -> anyhow::Result<()> {
+        Ok(())
     }
     /// Starts the server again if this process crashed it: a database the
     /// harness killed must not stay down because the harness panicked.
-    fn heal_blocking(&self) {
-        let crashed = CRASHED.lock().unwrap_or_else(|p| p.into_inner()).contains(&self.server.data_dir);
-        if crashed && let Err(e) = self.server.start_blocking() {
-            eprintln!("haunt: restarting PostgreSQL in {}: {e:#}", self.server.data_dir.display());
+    fn restore_blocking(&self, _: &Node) {
+        let crashed = CRASHED.lock().unwrap_or_else(|p| p.into_inner()).contains(&self.data_dir);
+        if crashed && let Err(e) = self.start_blocking() {
+            eprintln!("haunt: restarting PostgreSQL in {}: {e:#}", self.data_dir.display());
         }
+    }
+    fn is_running(&self, _: &Node) -> bool {
+        self.pid().is_some()
     }
 }
 

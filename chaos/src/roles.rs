@@ -1,11 +1,13 @@
 //! The roles of a run, Jepsen's split: a [`Client`] performs one workload op
 //! against the system, a [`Nemesis`] starts and stops one kind of fault, a
 //! [`Backend`] starts, stops, kills and pauses the nodes of a cluster, and a
-//! [`Checker`] turns a run directory into results. Each has a no-op
-//! implementation, so any one role can be switched off.
+//! [`Checker`] turns a run directory into results. A run takes each as a value
+//! (a trait object: `crate::run::Roles`), so a test can swap any of them; each
+//! has a no-op implementation, so any one can be switched off.
 
 use std::future::Future;
 use std::path::Path;
+use std::sync::Arc;
 
 use haunt_checker::Results;
 use haunt_format::OrderValue;
@@ -22,7 +24,8 @@ pub enum Completion {
 }
 
 pub trait Client: Send + Sync {
-    fn place(&self, order: &OrderValue, correlation_id: &str) -> impl Future<Output = Completion> + Send;
+    /// Places one order and says what came of it.
+    fn place<'a>(&'a self, order: &'a OrderValue, correlation_id: &'a str) -> BoxFuture<'a, Completion>;
 }
 
 /// Sends nothing: every op certainly had no effect.
@@ -30,8 +33,8 @@ pub trait Client: Send + Sync {
 pub struct NoopClient;
 
 impl Client for NoopClient {
-    async fn place(&self, _order: &OrderValue, _correlation_id: &str) -> Completion {
-        Completion::Fail { error: "no-op client".into() }
+    fn place<'a>(&'a self, _order: &'a OrderValue, _correlation_id: &'a str) -> BoxFuture<'a, Completion> {
+        Box::pin(async { Completion::Fail { error: "no-op client".into() } })
     }
 }
 
@@ -50,46 +53,114 @@ pub enum Role {
     Database,
 }
 
-pub trait Backend: Send + Sync {
+/// The nodes of a cluster, and what can be done to them. Object-safe: a run
+/// holds its backend as `Arc<dyn Backend>`, whatever runs the nodes.
+pub trait Backend: Send + Sync + std::fmt::Debug {
     fn nodes(&self) -> Vec<Node>;
-    /// Starts a node that is not running.
-    fn start(&self, node: &Node) -> impl Future<Output = anyhow::Result<()>> + Send;
+    /// Starts a node that is not running (a running one is left as it is).
+    fn start<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>>;
     /// Stops a node gracefully (SIGTERM, then SIGKILL after a grace period).
-    fn stop(&self, node: &Node) -> impl Future<Output = anyhow::Result<()>> + Send;
+    fn stop<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>>;
     /// Kills a node at once (SIGKILL).
-    fn kill(&self, node: &Node) -> impl Future<Output = anyhow::Result<()>> + Send;
+    fn kill<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>>;
     /// Freezes a node (SIGSTOP): it holds its leases and connections, does nothing.
-    fn pause(&self, node: &Node) -> impl Future<Output = anyhow::Result<()>> + Send;
-    fn resume(&self, node: &Node) -> impl Future<Output = anyhow::Result<()>> + Send;
+    fn pause<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>>;
+    fn resume<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>>;
     /// [`Backend::resume`] without a runtime: the last-resort heal of a paused
     /// node when a run unwinds (see [`crate::nemesis::Faults`]).
     fn resume_blocking(&self, node: &Node) -> anyhow::Result<()>;
+    /// Brings back, without a runtime, a killed node that outlives the run (a
+    /// database server the harness does not own): the last-resort heal of a
+    /// kill. Nothing, for nodes the backend ends when it drops.
+    fn restore_blocking(&self, _node: &Node) {}
     /// Whether the node's process is alive (paused counts as alive).
     fn is_running(&self, node: &Node) -> bool;
+    /// Ends every node the backend owns at once, keeping what it can of their
+    /// logs in `logs`. Idempotent; also what a drop does.
+    fn teardown(&self, _logs: &Path) {}
+}
+
+/// Several backends as one: each node is handled by the backend that lists it
+/// (the services as child processes, the database as a server of its own).
+#[derive(Debug)]
+pub struct Joined {
+    parts: Vec<Arc<dyn Backend>>,
+}
+
+impl Joined {
+    pub fn new(parts: Vec<Arc<dyn Backend>>) -> Joined {
+        Joined { parts }
+    }
+
+    fn owner(&self, node: &Node) -> anyhow::Result<&dyn Backend> {
+        let owner = self.parts.iter().find(|b| b.nodes().contains(node));
+        owner.map(|b| b.as_ref()).ok_or_else(|| anyhow::anyhow!("no node {}", node.name))
+    }
+}
+
+impl Backend for Joined {
+    fn nodes(&self) -> Vec<Node> {
+        self.parts.iter().flat_map(|b| b.nodes()).collect()
+    }
+    fn start<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move { self.owner(node)?.start(node).await })
+    }
+    fn stop<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move { self.owner(node)?.stop(node).await })
+    }
+    fn kill<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move { self.owner(node)?.kill(node).await })
+    }
+    fn pause<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move { self.owner(node)?.pause(node).await })
+    }
+    fn resume<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move { self.owner(node)?.resume(node).await })
+    }
+    fn resume_blocking(&self, node: &Node) -> anyhow::Result<()> {
+        self.owner(node)?.resume_blocking(node)
+    }
+    fn restore_blocking(&self, node: &Node) {
+        if let Ok(owner) = self.owner(node) {
+            owner.restore_blocking(node);
+        }
+    }
+    fn is_running(&self, node: &Node) -> bool {
+        self.owner(node).is_ok_and(|b| b.is_running(node))
+    }
+    fn teardown(&self, logs: &Path) {
+        for part in &self.parts {
+            part.teardown(logs);
+        }
+    }
 }
 
 /// A cluster with no nodes.
 #[derive(Debug, Default)]
 pub struct NoopBackend;
 
+fn done<'a>() -> BoxFuture<'a, anyhow::Result<()>> {
+    Box::pin(async { Ok(()) })
+}
+
 impl Backend for NoopBackend {
     fn nodes(&self) -> Vec<Node> {
         Vec::new()
     }
-    async fn start(&self, _: &Node) -> anyhow::Result<()> {
-        Ok(())
+    fn start<'a>(&'a self, _: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        done()
     }
-    async fn stop(&self, _: &Node) -> anyhow::Result<()> {
-        Ok(())
+    fn stop<'a>(&'a self, _: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        done()
     }
-    async fn kill(&self, _: &Node) -> anyhow::Result<()> {
-        Ok(())
+    fn kill<'a>(&'a self, _: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        done()
     }
-    async fn pause(&self, _: &Node) -> anyhow::Result<()> {
-        Ok(())
+    fn pause<'a>(&'a self, _: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        done()
     }
-    async fn resume(&self, _: &Node) -> anyhow::Result<()> {
-        Ok(())
+    fn resume<'a>(&'a self, _: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        done()
     }
     fn resume_blocking(&self, _: &Node) -> anyhow::Result<()> {
         Ok(())
@@ -151,7 +222,7 @@ impl Nemesis for NoopNemesis {
     }
 }
 
-pub trait Checker {
+pub trait Checker: Send + Sync {
     fn check(&self, run_dir: &Path) -> Result<Results, haunt_checker::InputError>;
 }
 

@@ -11,7 +11,7 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 use crate::history::Recorder;
-use crate::roles::{Client, Completion};
+use crate::roles::{BoxFuture, Client, Completion};
 
 /// Talks to the API over HTTP.
 #[derive(Debug, Clone)]
@@ -34,41 +34,43 @@ impl HttpClient {
 }
 
 impl Client for HttpClient {
-    async fn place(&self, order: &OrderValue, correlation_id: &str) -> Completion {
-        let body = serde_json::json!({"order_id": order.order_id, "item_id": order.item_id, "qty": order.qty});
-        let response =
-            self.http.post(&self.orders_url).header("x-correlation-id", correlation_id).json(&body).send().await;
-        let response = match response {
-            Ok(r) => r,
-            Err(e) if e.is_connect() => {
-                return Completion::Fail { error: format!("connect: {e}") };
+    fn place<'a>(&'a self, order: &'a OrderValue, correlation_id: &'a str) -> BoxFuture<'a, Completion> {
+        Box::pin(async move {
+            let body = serde_json::json!({"order_id": order.order_id, "item_id": order.item_id, "qty": order.qty});
+            let response =
+                self.http.post(&self.orders_url).header("x-correlation-id", correlation_id).json(&body).send().await;
+            let response = match response {
+                Ok(r) => r,
+                Err(e) if e.is_connect() => {
+                    return Completion::Fail { error: format!("connect: {e}") };
+                }
+                Err(e) if e.is_timeout() => {
+                    return Completion::Info { error: "timeout".into() };
+                }
+                Err(e) => return Completion::Info { error: format!("{e}") },
+            };
+            let status = response.status();
+            let definite_failure = response.headers().get("haunt-outcome").is_some_and(|v| v == "not-committed");
+            let body: serde_json::Value = match response.json().await {
+                Ok(b) => b,
+                // The status was read, the body was not: for a success the commit
+                // happened, but without the event id the op cannot count as ok.
+                Err(e) if status.is_success() => {
+                    return Completion::Info { error: format!("reading the answer: {e}") };
+                }
+                Err(_) => serde_json::Value::Null,
+            };
+            if status.is_success() {
+                match body["event_id"].as_str() {
+                    Some(e) => Completion::Ok { event_id: e.to_owned() },
+                    None => Completion::Info { error: format!("{status} without an event_id") },
+                }
+            } else if status.is_client_error() || (status.as_u16() == 503 && definite_failure) {
+                Completion::Fail { error: format!("{status}: {}", body["error"].as_str().unwrap_or_default()) }
+            } else {
+                Completion::Info { error: format!("{status}: {}", body["error"].as_str().unwrap_or_default()) }
             }
-            Err(e) if e.is_timeout() => {
-                return Completion::Info { error: "timeout".into() };
-            }
-            Err(e) => return Completion::Info { error: format!("{e}") },
-        };
-        let status = response.status();
-        let definite_failure = response.headers().get("haunt-outcome").is_some_and(|v| v == "not-committed");
-        let body: serde_json::Value = match response.json().await {
-            Ok(b) => b,
-            // The status was read, the body was not: for a success the commit
-            // happened, but without the event id the op cannot count as ok.
-            Err(e) if status.is_success() => {
-                return Completion::Info { error: format!("reading the answer: {e}") };
-            }
-            Err(_) => serde_json::Value::Null,
-        };
-        if status.is_success() {
-            match body["event_id"].as_str() {
-                Some(e) => Completion::Ok { event_id: e.to_owned() },
-                None => Completion::Info { error: format!("{status} without an event_id") },
-            }
-        } else if status.is_client_error() || (status.as_u16() == 503 && definite_failure) {
-            Completion::Fail { error: format!("{status}: {}", body["error"].as_str().unwrap_or_default()) }
-        } else {
-            Completion::Info { error: format!("{status}: {}", body["error"].as_str().unwrap_or_default()) }
-        }
+        })
     }
 }
 
@@ -109,12 +111,7 @@ impl Pacer {
 
 /// Runs `concurrency` clients until the deadline or `stop`. Returns once every
 /// client has completed its op in flight.
-pub async fn run<C: Client + 'static>(
-    client: Arc<C>,
-    recorder: Arc<Recorder>,
-    options: WorkloadOptions,
-    stop: Arc<AtomicBool>,
-) {
+pub async fn run(client: Arc<dyn Client>, recorder: Arc<Recorder>, options: WorkloadOptions, stop: Arc<AtomicBool>) {
     let rate = options.rate.max(0.1);
     let pacer = Arc::new(Pacer { interval: Duration::from_secs_f64(1.0 / rate), next: Mutex::new(Instant::now()) });
     let mut tasks = tokio::task::JoinSet::new();
@@ -126,9 +123,9 @@ pub async fn run<C: Client + 'static>(
     while tasks.join_next().await.is_some() {}
 }
 
-async fn client_loop<C: Client>(
+async fn client_loop(
     thread: usize,
-    client: Arc<C>,
+    client: Arc<dyn Client>,
     recorder: Arc<Recorder>,
     pacer: Arc<Pacer>,
     options: WorkloadOptions,

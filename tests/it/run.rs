@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -280,8 +281,12 @@ fn a_panic_while_the_database_is_crashed_restarts_it_on_postgres() {
     let task_server = server.clone();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let run = runtime.spawn(async move {
-        let nemesis = haunt_chaos::postgres::DbRestartNemesis::new(task_server.clone());
-        let faults = haunt_chaos::nemesis::Faults::new(vec![Box::new(nemesis)]);
+        // The one db-restart fault, built as a run builds it: a kill of the
+        // database node, here the server itself.
+        let surfaces = haunt_chaos::system::Surfaces::nodes_only(Arc::new(task_server.clone()));
+        let settings = haunt_chaos::options::RunOptions::default().fault_settings();
+        let nemesis = haunt_chaos::fault::Fault::DbRestart.build(&surfaces, &settings).unwrap();
+        let faults = haunt_chaos::nemesis::Faults::new(vec![nemesis]);
         faults[0].start("postgres").await.unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
         while task_server.pid().is_some() {

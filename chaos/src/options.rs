@@ -1,0 +1,275 @@
+//! A run's options, typed and checked once ([`RunOptions::validate`]) before
+//! anything exists, so that a refused run leaves nothing behind.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use haunt_store::Bug;
+use serde::Serialize;
+
+use crate::fault::{Fault, FaultSettings};
+use crate::nemesis::ACT_ALLOWANCE;
+
+/// Where the pipeline runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// Child processes of the harness, over SQLite or a PostgreSQL server given by URL.
+    #[default]
+    Local,
+    /// Containers on a private network, with a PostgreSQL container of their own.
+    Docker,
+}
+
+impl BackendKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Local => "local",
+            BackendKind::Docker => "docker",
+        }
+    }
+}
+
+/// The images of a Docker run.
+#[derive(Debug, Clone, Serialize)]
+pub struct DockerOptions {
+    pub image: String,
+    pub postgres_image: String,
+    /// Mount the harness's own executable over the image's, so the services run
+    /// exactly the harness's code (as the local backend does).
+    pub mount_exe: bool,
+}
+
+impl Default for DockerOptions {
+    fn default() -> Self {
+        DockerOptions { image: "haunt:latest".into(), postgres_image: "haunt-postgres:latest".into(), mount_exe: true }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunOptions {
+    pub backend: BackendKind,
+    pub docker: DockerOptions,
+    pub time_limit: Duration,
+    pub rate: f64,
+    pub concurrency: usize,
+    pub workers: usize,
+    /// `None`: a fresh SQLite file in the run directory.
+    pub db: Option<String>,
+    /// The faults to inject (`--nemesis`; `nemesis` in `run.json`).
+    #[serde(rename = "nemesis")]
+    pub faults: Vec<Fault>,
+    pub nemesis_interval: Duration,
+    pub seed: u64,
+    pub store: PathBuf,
+    pub visibility_timeout: Duration,
+    pub quiesce_timeout: Duration,
+    /// Deliveries a message gets before the workers dead-letter it.
+    pub delivery_attempts_max: u32,
+    /// Acks the workers drop all run long (0: none but the ack-loss fault's).
+    pub ack_fail_rate: f64,
+    /// Faults that can hit any of these targets hit only these (empty: all).
+    pub fault_targets: Vec<String>,
+    /// Fault schedules running side by side (kinds dealt among them).
+    pub faults_at_once: usize,
+    /// Refuse a time limit that cannot fire every enabled fault once.
+    pub fit_check: bool,
+    /// Serve the harness's own metrics here while the run lasts.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Keep serving them this long after the verdict, for a last scrape.
+    pub metrics_linger: Duration,
+    /// Write the scrape targets of this run (API, workers, harness) here, as a
+    /// Prometheus `file_sd_configs` file.
+    pub prometheus_sd: Option<PathBuf>,
+    #[serde(serialize_with = "bug_name")]
+    pub bug: Option<Bug>,
+    pub quiet: bool,
+    pub request_timeout: Duration,
+    pub items: usize,
+    /// The data directory of the PostgreSQL server behind `db`, when the
+    /// harness may crash and restart it (`db-restart`).
+    pub pg_data: Option<PathBuf>,
+    /// The executable that runs the services (the current `haunt`).
+    pub exe: PathBuf,
+    pub git_revision: String,
+}
+
+fn bug_name<S: serde::Serializer>(bug: &Option<Bug>, s: S) -> Result<S::Ok, S::Error> {
+    match bug {
+        Some(b) => s.serialize_str(b.name()),
+        None => s.serialize_none(),
+    }
+}
+
+/// The database a run's pipeline uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DbKind {
+    Sqlite,
+    Postgres,
+}
+
+impl DbKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            DbKind::Sqlite => "sqlite",
+            DbKind::Postgres => "postgres",
+        }
+    }
+}
+
+impl Default for RunOptions {
+    /// `haunt run`'s defaults: a minute of 100 ops/s from 8 clients against 3
+    /// workers on SQLite, the seven local faults.
+    fn default() -> Self {
+        RunOptions {
+            backend: BackendKind::Local,
+            docker: DockerOptions::default(),
+            time_limit: Duration::from_secs(60),
+            rate: 100.0,
+            concurrency: 8,
+            workers: 3,
+            db: None,
+            faults: DEFAULT_FAULTS.to_vec(),
+            nemesis_interval: Duration::from_secs(5),
+            seed: 0,
+            store: PathBuf::from("store"),
+            visibility_timeout: Duration::from_secs(2),
+            quiesce_timeout: Duration::from_secs(60),
+            delivery_attempts_max: 10,
+            ack_fail_rate: 0.0,
+            fault_targets: Vec::new(),
+            faults_at_once: 1,
+            fit_check: true,
+            metrics_listen: None,
+            metrics_linger: Duration::ZERO,
+            prometheus_sd: None,
+            bug: None,
+            quiet: false,
+            request_timeout: Duration::from_secs(2),
+            items: 5,
+            pg_data: None,
+            exe: PathBuf::from("haunt"),
+            git_revision: "unknown".into(),
+        }
+    }
+}
+
+/// The faults of a run that names none: every kind a local run on SQLite can fire but the stall.
+pub const DEFAULT_FAULTS: [Fault; 7] =
+    [Fault::Kill, Fault::Pause, Fault::Partition, Fault::Delay, Fault::AckLoss, Fault::ClockSkew, Fault::DbError];
+
+impl RunOptions {
+    /// The database the pipeline will use: the Docker backend's own
+    /// PostgreSQL, the server `db` names, or a SQLite file in the run directory.
+    pub fn db_kind(&self) -> DbKind {
+        match &self.db {
+            _ if self.backend == BackendKind::Docker => DbKind::Postgres,
+            Some(url) if haunt_store::Backend::from_url(url).is_ok_and(|b| b == haunt_store::Backend::Postgres) => {
+                DbKind::Postgres
+            }
+            _ => DbKind::Sqlite,
+        }
+    }
+
+    /// Whether the database is a node the harness can crash and restart.
+    pub fn db_is_node(&self) -> bool {
+        self.backend == BackendKind::Docker || (self.db_kind() == DbKind::Postgres && self.pg_data.is_some())
+    }
+
+    /// What `--nemesis all` means for this run.
+    pub fn all_faults(&self) -> Vec<Fault> {
+        crate::fault::all_possible(self.db_is_node(), self.backend == BackendKind::Docker)
+    }
+
+    pub fn fault_settings(&self) -> FaultSettings {
+        FaultSettings {
+            visibility_timeout: self.visibility_timeout,
+            request_timeout: self.request_timeout,
+            ack_fail_rate: self.ack_fail_rate,
+            fault_targets: self.fault_targets.clone(),
+        }
+    }
+
+    /// Every check of the options, before anything is created: each error
+    /// names the flag.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(!self.time_limit.is_zero(), "--time-limit-s must be positive");
+        anyhow::ensure!(self.rate > 0.0 && self.rate.is_finite(), "--rate must be positive");
+        anyhow::ensure!(self.concurrency > 0, "--concurrency must be positive");
+        anyhow::ensure!(self.workers > 0, "--workers must be positive");
+        anyhow::ensure!(self.items > 0, "--items must be positive");
+        anyhow::ensure!(self.faults_at_once > 0, "--faults-at-once must be positive");
+        anyhow::ensure!(self.delivery_attempts_max > 0, "--delivery-attempts-max must be positive");
+        anyhow::ensure!(!self.nemesis_interval.is_zero(), "--nemesis-interval-s must be positive");
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&self.ack_fail_rate),
+            "--ack-fail-rate must be within 0 and 1, got {}",
+            self.ack_fail_rate
+        );
+        if let Some(db) = &self.db {
+            haunt_store::Backend::from_url(db).map_err(|e| anyhow::anyhow!("--db: {e}"))?;
+        }
+        let docker = self.backend == BackendKind::Docker;
+        anyhow::ensure!(
+            !docker || (self.db.is_none() && self.pg_data.is_none()),
+            "--backend docker runs its own PostgreSQL container; leave out --db and --pg-data"
+        );
+        anyhow::ensure!(
+            self.pg_data.is_none() || self.db_kind() == DbKind::Postgres,
+            "--pg-data names the PostgreSQL server behind --db; give --db postgres://… too"
+        );
+        anyhow::ensure!(
+            docker || !self.faults.contains(&Fault::Loss),
+            "--nemesis loss drops packets with iptables in containers: it needs --backend docker"
+        );
+        anyhow::ensure!(
+            self.db_is_node() || !self.faults.contains(&Fault::DbRestart),
+            "--nemesis db-restart needs --pg-data DIR (the data directory of the PostgreSQL server behind --db), \
+             or --backend docker"
+        );
+        if self.fit_check {
+            check_fault_fit(self)?;
+        }
+        Ok(())
+    }
+}
+
+/// Seconds for a message: `2.5`, `4`.
+fn secs(d: Duration) -> String {
+    let text = format!("{:.1}", d.as_secs_f64());
+    text.strip_suffix(".0").map(str::to_owned).unwrap_or(text)
+}
+
+/// Refuses a time limit that cannot fire every enabled fault once, and says
+/// what would fit.
+fn check_fault_fit(options: &RunOptions) -> anyhow::Result<()> {
+    let kinds: Vec<(&str, Duration)> =
+        options.faults.iter().map(|f| (f.name(), f.hold_min(options.visibility_timeout))).collect();
+    let (interval, limit) = (options.nemesis_interval, options.time_limit);
+    let Err(unfit) = crate::nemesis::check_fit(&kinds, interval, options.faults_at_once, limit) else {
+        return Ok(());
+    };
+    let holds: Vec<String> = kinds.iter().map(|(n, h)| format!("{n} {}", secs((*h).max(interval / 2)))).collect();
+    let busiest = match options.faults_at_once {
+        1 => String::new(),
+        n => format!(" for the busiest of {n} schedules"),
+    };
+    let fewer = match unfit.fitting.as_slice() {
+        [] => format!("no fault fits in {} s", secs(limit)),
+        fitting => format!("--nemesis {} fits in {} s", fitting.join(","), secs(limit)),
+    };
+    anyhow::bail!(
+        "a {} s run cannot fire each of its {} faults once: each takes at least {} s of calm before it (half of \
+         --nemesis-interval-s), its hold in s ({}) and {} s to start and stop, {} s in all{busiest}. \
+         Use --time-limit-s {} or more, or fewer faults ({fewer}), or a shorter --nemesis-interval-s; \
+         --skip-fit-check runs anyway",
+        secs(limit),
+        kinds.len(),
+        secs(interval / 2),
+        holds.join(", "),
+        secs(ACT_ALLOWANCE),
+        secs(unfit.needed),
+        unfit.needed.as_secs_f64().ceil() as u64,
+    )
+}

@@ -1,0 +1,408 @@
+//! The reference pipeline as a [`System`]: the API and the workers over
+//! SQLite or PostgreSQL, as child processes (the local backend) or as
+//! containers on a private network with a PostgreSQL container of their own
+//! (the Docker backend). Everything about how it is laid out lives here: the
+//! ports, the fault proxies in front of the API and the database, the
+//! services' arguments, the admin token of their fault switches.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use haunt_store::{Rng, Store, StoreOptions};
+use tokio::time::Instant;
+
+use crate::docker::{ContainerSpec, DockerBackend, IptablesLink, Peer, postgres_node};
+use crate::local::{LocalBackend, NodeSpec, api_node, worker_node};
+use crate::nemesis::{Admin, SharedLink};
+use crate::options::{BackendKind, RunOptions};
+use crate::postgres::PgServer;
+use crate::progress::say;
+use crate::proxy::FaultProxy;
+use crate::roles::{Backend, BoxFuture, Client, Joined, Node};
+use crate::system::{FinalSink, Surfaces, Switches, System};
+use crate::workload::HttpClient;
+
+/// The reference pipeline of one run, its nodes created (a Docker run's
+/// database started) but not started.
+#[derive(Debug)]
+pub struct Pipeline {
+    surfaces: Surfaces,
+    /// The harness's own connection, for the queue's depth and the final state.
+    store: Store,
+    /// The database as the harness reaches it.
+    db: String,
+    client: Arc<HttpClient>,
+    /// Each service and the base URL of its metrics (the API's is its own).
+    endpoints: Vec<(Node, String)>,
+}
+
+/// What is checked before the run directory exists, so that a refused run
+/// leaves nothing behind: the database given by URL is empty, the Docker
+/// engine answers and has the images.
+#[derive(Debug)]
+pub struct Prepared {
+    given: Option<(String, Store)>,
+}
+
+impl Pipeline {
+    pub async fn prepare(options: &RunOptions) -> anyhow::Result<Prepared> {
+        if options.backend == BackendKind::Docker {
+            crate::docker::ensure_engine().await?;
+            crate::docker::ensure_image(&options.docker.image).await?;
+            crate::docker::ensure_image(&options.docker.postgres_image).await?;
+        }
+        let given = match &options.db {
+            Some(url) => Some((url.clone(), open_empty(url).await?)),
+            None => None,
+        };
+        Ok(Prepared { given })
+    }
+
+    /// Lays the pipeline out: its ports, proxies and nodes, the run's store
+    /// open on its database (a fresh SQLite file in `run_dir` by default).
+    pub async fn create(options: &RunOptions, prepared: Prepared, run_dir: &Path) -> anyhow::Result<Pipeline> {
+        let mut rng = Rng::from_entropy();
+        let token = format!("{:016x}{:016x}", rng.next_u64(), rng.next_u64());
+        if options.backend == BackendKind::Docker {
+            let run_id = format!("{:08x}", rng.next_u64() as u32);
+            say(options.quiet, &format!("starting containers haunt-{run_id}-* (PostgreSQL first)"));
+            return docker_pipeline(options, &run_id, &token).await;
+        }
+        let (db, store) = match prepared.given {
+            Some(given) => given,
+            None => {
+                let url = format!("sqlite://{}", run_dir.join("haunt.db").display());
+                let store = open_empty(&url).await?;
+                (url, store)
+            }
+        };
+        local_pipeline(options, db, store, run_dir, &token).await
+    }
+}
+
+impl System for Pipeline {
+    fn surfaces(&self) -> &Surfaces {
+        &self.surfaces
+    }
+
+    fn client(&self) -> Arc<dyn Client> {
+        self.client.clone()
+    }
+
+    fn ready(&self) -> BoxFuture<'_, anyhow::Result<()>> {
+        Box::pin(async move {
+            // A cold start compiles nothing but opens the database and
+            // migrates; 30 s covers a slow disk.
+            for (node, url) in &self.endpoints {
+                let path = if node.name == api_node().name { "readyz" } else { "healthz" };
+                wait_http_ok(&format!("{url}/{path}"), Duration::from_secs(30)).await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn is_quiet(&self) -> BoxFuture<'_, anyhow::Result<bool>> {
+        Box::pin(async move {
+            let s = self.store.queue_stats().await?;
+            Ok(s.visible + s.leased + s.delayed == 0)
+        })
+    }
+
+    fn read_final_state<'a>(&'a self, sink: &'a mut FinalSink<'_>) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move { self.store.final_state(sink).await.context("reading the final state") })
+    }
+
+    fn metrics(&self) -> Vec<(Node, String)> {
+        self.endpoints.clone()
+    }
+
+    fn database(&self) -> String {
+        self.db.clone()
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.store.close())
+    }
+}
+
+/// The fault switches of the API and the workers, behind `token`.
+fn switches(token: &str, endpoints: &[(Node, String)]) -> anyhow::Result<Switches> {
+    let named = |e: &[(Node, String)]| e.iter().map(|(n, url)| (n.name.clone(), url.clone())).collect();
+    let workers: Vec<_> = endpoints.iter().filter(|(n, _)| n.role == crate::roles::Role::Worker).cloned().collect();
+    Ok(Switches {
+        workers: Admin::new(token.to_owned(), named(&workers))?,
+        services: Admin::new(token.to_owned(), named(endpoints))?,
+    })
+}
+
+/// A free port and the listener that holds it. Held until the ports of a
+/// cluster are all chosen and its fault proxies listen, so that none of them
+/// is handed the same port (a proxy that got the API's port forwarded to
+/// itself, and the API could not bind: a run that never became ready). Once
+/// released another process could still take it before the service binds,
+/// which on a test machine is rare enough, and then the service fails loudly.
+fn reserve_port() -> anyhow::Result<(SocketAddr, std::net::TcpListener)> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok((l.local_addr()?, l))
+}
+
+async fn wait_http_ok(url: &str, limit: Duration) -> anyhow::Result<()> {
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(1)).build()?;
+    let deadline = Instant::now() + limit;
+    loop {
+        // The last answer is kept for the error: refused (the process is not
+        // listening, or died), a timeout, or the service's own reason.
+        let last = match http.get(url).send().await {
+            Ok(r) if r.status().is_success() => return Ok(()),
+            Ok(r) => format!("{}: {}", r.status(), r.text().await.unwrap_or_default().trim()),
+            Err(e) => format!("{e:#}"),
+        };
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{url} did not answer within {limit:?} (last: {last}; the service's log is in the run's logs/)"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Splits a `postgres://` URL around its `host:port`.
+fn split_postgres_url(url: &str) -> Option<(&str, &str, &str)> {
+    let scheme_end = url.find("://")? + 3;
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let host_start = authority.rfind('@').map_or(0, |i| i + 1);
+    let host_port = &authority[host_start..];
+    if host_port.is_empty() {
+        return None;
+    }
+    let before = &url[..scheme_end + host_start];
+    let after = &rest[authority_end..];
+    Some((before, host_port, after))
+}
+
+/// One fault proxy per service in front of PostgreSQL; each service gets a URL
+/// that points at its own proxy, so one link can be cut at a time.
+async fn db_proxies(db: &str, names: &[String]) -> anyhow::Result<Vec<(String, Arc<FaultProxy>, String)>> {
+    if db.starts_with("sqlite:") {
+        return Ok(Vec::new());
+    }
+    let Some((before, host_port, after)) = split_postgres_url(db) else {
+        tracing::warn!("{db}: no host:port to put a fault proxy in front of; database links cannot be partitioned");
+        return Ok(Vec::new());
+    };
+    let host_port = if host_port.contains(':') { host_port.to_owned() } else { format!("{host_port}:5432") };
+    let target = tokio::net::lookup_host(&host_port)
+        .await
+        .with_context(|| format!("resolving {host_port}"))?
+        .next()
+        .with_context(|| format!("{host_port} resolves to nothing"))?;
+    let mut out = Vec::new();
+    for name in names {
+        let proxy = Arc::new(FaultProxy::start(target).await?);
+        let url = format!("{before}{}{after}", proxy.addr());
+        out.push((format!("{name}<->db"), proxy, url));
+    }
+    Ok(out)
+}
+
+/// The local layout: the services as child processes, a fault proxy between
+/// the clients and the API and one between each service and PostgreSQL, and
+/// the PostgreSQL server as a node of its own when its data directory is known.
+async fn local_pipeline(
+    options: &RunOptions,
+    db: String,
+    store: Store,
+    run_dir: &Path,
+    token: &str,
+) -> anyhow::Result<Pipeline> {
+    let db = db.as_str();
+    let mut names = vec![api_node().name];
+    names.extend((1..=options.workers).map(|i| worker_node(i).name));
+    let proxies = db_proxies(db, &names).await?;
+    let db_for = |name: &str| -> String {
+        let link = format!("{name}<->db");
+        proxies.iter().find(|(l, _, _)| *l == link).map_or_else(|| db.to_owned(), |(_, _, url)| url.clone())
+    };
+    let mut reserved = Vec::new();
+    let (api_addr, held) = reserve_port()?;
+    reserved.push(held);
+    let bug: Vec<String> = options.bug.map(|b| vec!["--bug".into(), b.name().into()]).unwrap_or_default();
+    let mut specs = vec![NodeSpec {
+        node: api_node(),
+        args: [vec!["api".into(), "--db".into(), db_for("api"), "--listen".into(), api_addr.to_string()], bug.clone()]
+            .concat(),
+    }];
+    let mut endpoints = vec![(api_node(), format!("http://{api_addr}"))];
+    for i in 1..=options.workers {
+        let node = worker_node(i);
+        let (metrics, held) = reserve_port()?;
+        reserved.push(held);
+        endpoints.push((node.clone(), format!("http://{metrics}")));
+        let args = worker_args(options, &db_for(&node.name), &node, &metrics.to_string());
+        specs.push(NodeSpec { node, args });
+    }
+    let env = vec![("HAUNT_ADMIN_TOKEN".to_owned(), token.to_owned()), ("NO_COLOR".to_owned(), "1".to_owned())];
+    let services: Arc<dyn Backend> = Arc::new(LocalBackend::new(options.exe.clone(), run_dir.join("logs"), env, specs));
+    let backend = match &options.pg_data {
+        Some(data) => Arc::new(Joined::new(vec![services, Arc::new(PgServer::new(data)?)])),
+        None => services,
+    };
+    let client_proxy = Arc::new(FaultProxy::start(api_addr).await?);
+    // Every port is chosen and every proxy listens: the services may bind theirs.
+    drop(reserved);
+    let mut all: Vec<(String, Arc<FaultProxy>)> = vec![("client<->api".into(), client_proxy.clone())];
+    all.extend(proxies.into_iter().map(|(link, proxy, _)| (link, proxy)));
+    let surfaces = Surfaces {
+        backend,
+        links: all.iter().map(|(n, p)| (n.clone(), p.clone() as SharedLink)).collect(),
+        proxies: all,
+        lossy: Vec::new(),
+        switches: Some(switches(token, &endpoints)?),
+    };
+    let client = Arc::new(HttpClient::new(&format!("http://{}", client_proxy.addr()), options.request_timeout)?);
+    Ok(Pipeline { surfaces, store, db: db.to_owned(), client, endpoints })
+}
+
+/// The arguments every worker gets, wherever it runs.
+fn worker_args(options: &RunOptions, db: &str, node: &Node, metrics: &str) -> Vec<String> {
+    let mut args = vec![
+        "worker".into(),
+        "--db".into(),
+        db.to_owned(),
+        "--worker-id".into(),
+        node.name.clone(),
+        "--visibility-timeout-ms".into(),
+        options.visibility_timeout.as_millis().to_string(),
+        "--delivery-attempts-max".into(),
+        options.delivery_attempts_max.to_string(),
+        "--metrics-listen".into(),
+        metrics.to_owned(),
+    ];
+    if options.ack_fail_rate > 0.0 {
+        args.extend(["--ack-fail-rate".into(), options.ack_fail_rate.to_string()]);
+    }
+    if let Some(bug) = options.bug {
+        args.extend(["--bug".into(), bug.name().into()]);
+    }
+    args
+}
+
+/// The Docker layout: a PostgreSQL container (started and healthy when this
+/// returns, with the run's store open on it), the API and the workers
+/// (created), links cut or made lossy by iptables in the containers.
+async fn docker_pipeline(options: &RunOptions, run_id: &str, token: &str) -> anyhow::Result<Pipeline> {
+    const API_PORT: u16 = 8080;
+    const METRICS_PORT: u16 = 9090;
+    let pg = postgres_node();
+    let pg_host = format!("haunt-{run_id}-{}", pg.name);
+    let db_inside = format!("postgres://postgres@{pg_host}:5432/postgres");
+    // Held until every port is chosen, so that no two are the same.
+    let mut reserved = Vec::new();
+    let mut port = || -> anyhow::Result<u16> {
+        let (addr, held) = reserve_port()?;
+        reserved.push(held);
+        Ok(addr.port())
+    };
+    let pg_port = port()?;
+    let api_port = port()?;
+    let common_env = vec![("HAUNT_ADMIN_TOKEN".to_owned(), token.to_owned()), ("NO_COLOR".to_owned(), "1".to_owned())];
+    let bug: Vec<String> = options.bug.map(|b| vec!["--bug".into(), b.name().into()]).unwrap_or_default();
+    let mut specs = vec![
+        ContainerSpec {
+            node: pg.clone(),
+            image: options.docker.postgres_image.clone(),
+            args: Vec::new(),
+            env: Vec::new(),
+            ports: vec![(pg_port, 5432)],
+            net_admin: false,
+        },
+        ContainerSpec {
+            node: api_node(),
+            image: options.docker.image.clone(),
+            args: [
+                vec!["api".into(), "--db".into(), db_inside.clone(), "--listen".into(), format!("0.0.0.0:{API_PORT}")],
+                bug,
+            ]
+            .concat(),
+            env: common_env.clone(),
+            ports: vec![(api_port, API_PORT)],
+            net_admin: true,
+        },
+    ];
+    let mut endpoints = vec![(api_node(), format!("http://127.0.0.1:{api_port}"))];
+    for i in 1..=options.workers {
+        let node = worker_node(i);
+        let metrics_port = port()?;
+        endpoints.push((node.clone(), format!("http://127.0.0.1:{metrics_port}")));
+        let mut env = common_env.clone();
+        env.push(("HAUNT_HEALTH_URL".into(), format!("http://127.0.0.1:{METRICS_PORT}/healthz")));
+        specs.push(ContainerSpec {
+            args: worker_args(options, &db_inside, &node, &format!("0.0.0.0:{METRICS_PORT}")),
+            node,
+            image: options.docker.image.clone(),
+            env,
+            ports: vec![(metrics_port, METRICS_PORT)],
+            net_admin: true,
+        });
+    }
+    // Released for the engine, which binds them when the containers start.
+    drop(reserved);
+    let mount = options.docker.mount_exe.then(|| options.exe.clone());
+    let docker = Arc::new(DockerBackend::create(run_id, mount, specs).await?);
+    docker.start(&pg).await?;
+    docker.wait_healthy(&pg, Duration::from_secs(90)).await?;
+    let db = format!("postgres://postgres@127.0.0.1:{pg_port}/postgres");
+    let store = open_empty(&db).await?;
+
+    let api = api_node();
+    let mut lossy = vec![(
+        "client<->api".to_owned(),
+        Arc::new(IptablesLink::new(docker.clone(), api.clone(), Peer::Host { port: API_PORT })),
+    )];
+    for node in std::iter::once(api.clone()).chain((1..=options.workers).map(worker_node)) {
+        let link = IptablesLink::new(docker.clone(), node.clone(), Peer::Node(pg.clone()));
+        lossy.push((format!("{}<->db", node.name), Arc::new(link)));
+    }
+    let api_addr: SocketAddr = ([127, 0, 0, 1], api_port).into();
+    let client_proxy = Arc::new(FaultProxy::start(api_addr).await?);
+    let surfaces = Surfaces {
+        backend: docker,
+        proxies: vec![("client<->api".into(), client_proxy.clone())],
+        links: lossy.iter().map(|(n, l)| (n.clone(), l.clone() as SharedLink)).collect(),
+        lossy,
+        switches: Some(switches(token, &endpoints)?),
+    };
+    let client = Arc::new(HttpClient::new(&format!("http://{}", client_proxy.addr()), options.request_timeout)?);
+    Ok(Pipeline { surfaces, store, db, client, endpoints })
+}
+
+/// Opens (and migrates) the run's database, which must be empty: the checker
+/// judges every row against this run's history, and rows from an earlier run
+/// would all look like anomalies.
+async fn open_empty(db: &str) -> anyhow::Result<Store> {
+    let store = Store::connect(db, StoreOptions::default()).await.with_context(|| format!("opening {db}"))?;
+    anyhow::ensure!(
+        store.is_empty().await?,
+        "{db} already holds orders or messages; give each run a fresh, empty database"
+    );
+    Ok(store)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_postgres_url;
+
+    #[test]
+    fn postgres_urls_split_around_host_and_port() {
+        assert_eq!(
+            split_postgres_url("postgres://u:p@db.local:5433/app?sslmode=disable"),
+            Some(("postgres://u:p@", "db.local:5433", "/app?sslmode=disable"))
+        );
+        assert_eq!(split_postgres_url("postgres://localhost/app"), Some(("postgres://", "localhost", "/app")));
+        assert_eq!(split_postgres_url("postgres:///app?host=/tmp"), None);
+    }
+}

@@ -1,0 +1,84 @@
+//! The seam between the harness and a system under test: what a run needs from
+//! a system, whoever built it. The reference pipeline (`crate::pipeline`) is
+//! one implementation; a system described by a file and the broker transports
+//! are the next, and the run's sequence (`crate::run`) does not change for them.
+//!
+//! A system offers:
+//! - its nodes, through a [`Backend`] (start, stop, kill, pause);
+//! - what faults can reach: the links that can be cut, slowed or made lossy,
+//!   and the services' fault switches, if it has them ([`Surfaces`]);
+//! - how a client places one order ([`System::client`]);
+//! - when it is ready, and when it is quiet (nothing left to deliver);
+//! - how to read its final state, as `final-state.jsonl` lines.
+
+use std::sync::Arc;
+
+use haunt_format::FinalLine;
+
+use crate::docker::IptablesLink;
+use crate::nemesis::{Admin, SharedLink};
+use crate::proxy::SharedProxy;
+use crate::roles::{Backend, BoxFuture, Client, Node};
+
+/// What faults can reach in a system.
+#[derive(Debug)]
+pub struct Surfaces {
+    /// The nodes, and what can be done to them.
+    pub backend: Arc<dyn Backend>,
+    /// Links that can be cut, by name (`client<->api`, `worker-1<->db`).
+    pub links: Vec<(String, SharedLink)>,
+    /// Links through a fault proxy, which can be slowed down.
+    pub proxies: Vec<(String, SharedProxy)>,
+    /// Links that can lose packets at random (iptables in a container).
+    pub lossy: Vec<(String, Arc<IptablesLink>)>,
+    /// The services' fault switches (`POST /admin/faults`), if they have them.
+    pub switches: Option<Switches>,
+}
+
+impl Surfaces {
+    /// Only nodes: nothing to cut, slow or switch.
+    pub fn nodes_only(backend: Arc<dyn Backend>) -> Surfaces {
+        Surfaces { backend, links: Vec::new(), proxies: Vec::new(), lossy: Vec::new(), switches: None }
+    }
+}
+
+/// The admin endpoints of a system's services.
+#[derive(Debug, Clone)]
+pub struct Switches {
+    /// The workers' (ack loss, clock offset, stall).
+    pub workers: Admin,
+    /// Every service's (database errors).
+    pub services: Admin,
+}
+
+/// Where a line of the final state goes.
+pub type FinalSink<'a> = dyn FnMut(FinalLine) -> std::io::Result<()> + Send + 'a;
+
+/// A system under test, as a run drives it.
+pub trait System: Send + Sync + std::fmt::Debug {
+    /// What faults can reach: nodes, links, switches.
+    fn surfaces(&self) -> &Surfaces;
+    /// How a client places one order.
+    fn client(&self) -> Arc<dyn Client>;
+    /// Waits until every node (started by the run) takes work, or says which
+    /// did not.
+    fn ready(&self) -> BoxFuture<'_, anyhow::Result<()>>;
+    /// Whether nothing is left to deliver: the run reads the final state once
+    /// the system is quiet, or its quiesce timeout passed.
+    fn is_quiet(&self) -> BoxFuture<'_, anyhow::Result<bool>>;
+    /// Reads the final state, every line into `sink`, the `meta` line excepted
+    /// (the run writes that).
+    fn read_final_state<'a>(&'a self, sink: &'a mut FinalSink<'_>) -> BoxFuture<'a, anyhow::Result<()>>;
+    /// The metrics endpoints of its nodes: the node and the base URL that
+    /// serves `/metrics` (for the progress line and Prometheus).
+    fn metrics(&self) -> Vec<(Node, String)> {
+        Vec::new()
+    }
+    /// What `run.json` records as the run's database (a URL, or a name).
+    fn database(&self) -> String;
+    /// Lets go of what the run holds of the system (a database pool) before
+    /// the backend tears the nodes down.
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+}
