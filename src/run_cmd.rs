@@ -54,9 +54,14 @@ pub struct RunArgs {
     /// Faults, comma-separated: kill, pause, partition, delay, ack-loss,
     /// clock-skew, db-error, stall (a worker stalls past its lease right after
     /// leasing), db-restart (needs --pg-data or --backend docker), loss
-    /// (--backend docker); or all, or none.
-    #[arg(long, default_value = "kill,pause,partition,delay,ack-loss,clock-skew,db-error")]
-    pub nemesis: String,
+    /// (--backend docker); or all, or none. Default: the first seven; with
+    /// --system, all that the file allows.
+    #[arg(long)]
+    pub nemesis: Option<String>,
+    /// Run the system this file describes (docs/system-format.md) instead of
+    /// haunt's reference pipeline: its nodes, its client, its final-state SQL.
+    #[arg(long, value_name = "FILE")]
+    pub system: Option<PathBuf>,
     /// Mean seconds between faults (each also lasts about this long). The
     /// first round, every enabled fault once in a seeded order, is shortened
     /// to fit the time limit; faults are picked at random after it.
@@ -142,6 +147,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         concurrency: args.concurrency,
         workers: args.workers,
         db: args.db,
+        system: args.system,
         faults: Vec::new(),
         nemesis_interval: Duration::try_from_secs_f64(args.nemesis_interval_s).unwrap_or_default(),
         seed,
@@ -165,7 +171,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         pg_data: args.pg_data,
     };
     // `all` depends on the rest: db-restart with a database node, loss in containers.
-    options.faults = Fault::parse_list(&args.nemesis, &options.all_faults())?;
+    options.faults = match &args.nemesis {
+        Some(list) => Fault::parse_list(list, &options.all_faults())?,
+        None => options.default_faults(),
+    };
     // Every other check is the run's own (`RunOptions::validate`), before it creates anything.
     let abort = Arc::new(AtomicBool::new(false));
     let flag = abort.clone();

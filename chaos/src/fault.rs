@@ -9,7 +9,7 @@ use crate::nemesis::{
     AckLossNemesis, ClockSkewNemesis, DbErrorNemesis, DelayNemesis, HOLD_MIN_DEFAULT, KillNemesis, PartitionNemesis,
     PauseNemesis, StallNemesis,
 };
-use crate::roles::{Nemesis, Role};
+use crate::roles::Nemesis;
 use crate::system::Surfaces;
 
 /// One kind of fault.
@@ -114,17 +114,15 @@ impl Fault {
     /// The nemesis of this kind over what the system exposes. A system that
     /// lacks what the fault needs gets an error naming it.
     pub fn build(self, on: &Surfaces, settings: &FaultSettings) -> anyhow::Result<Box<dyn Nemesis>> {
-        let nodes =
-            |roles: &[Role]| -> Vec<_> { on.backend.nodes().into_iter().filter(|n| roles.contains(&n.role)).collect() };
         let switches = || {
             on.switches
                 .as_ref()
                 .ok_or_else(|| anyhow::anyhow!("--nemesis {}: this system has no fault switches to flip", self.name()))
         };
         let nemesis: Box<dyn Nemesis> = match self {
-            Fault::Kill => Box::new(KillNemesis::new(on.backend.clone(), nodes(&[Role::Api, Role::Worker]))),
+            Fault::Kill => Box::new(KillNemesis::new(on.backend.clone(), on.nodes_for(Fault::Kill))),
             Fault::Pause => {
-                Box::new(PauseNemesis::new(on.backend.clone(), nodes(&[Role::Worker]), settings.visibility_timeout))
+                Box::new(PauseNemesis::new(on.backend.clone(), on.nodes_for(Fault::Pause), settings.visibility_timeout))
             }
             Fault::Partition => Box::new(PartitionNemesis::new(on.links.clone())),
             // Past the client's timeout: answers arrive after the client gave up.
@@ -150,7 +148,7 @@ impl Fault {
                 Box::new(LossNemesis::new(on.lossy.clone(), 0.25))
             }
             Fault::DbRestart => {
-                let db = nodes(&[Role::Database]);
+                let db = on.nodes_for(Fault::DbRestart);
                 anyhow::ensure!(
                     !db.is_empty(),
                     "--nemesis db-restart needs the database as a node: --pg-data DIR (the data directory of the \

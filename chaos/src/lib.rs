@@ -8,6 +8,7 @@
 //!   `Checker`), each with a no-op implementation.
 //! - [`system`]: what the harness needs from a system under test (`System`).
 //! - [`pipeline`]: the reference pipeline as a `System`, local or in containers.
+//! - [`system_file`]: a system described by a file (`haunt run --system`).
 //! - [`fault`]: the faults as data (`Fault`), each building its nemesis.
 //! - [`options`]: a run's options, typed and validated once.
 //! - [`rundir`]: the run directory and `run.json`.
@@ -43,5 +44,6 @@ pub mod run;
 pub mod rundir;
 pub mod synthetic;
 pub mod system;
+pub mod system_file;
 pub mod worker_metrics;
 pub mod workload;

@@ -24,6 +24,19 @@ pub struct NodeSpec {
     pub node: Node,
     /// Arguments after the executable (`api --listen …`).
     pub args: Vec<String>,
+    /// The executable, when it is not the backend's own (a foreign system's).
+    pub program: Option<PathBuf>,
+    /// Set on this node's process, after the backend's `env`.
+    pub env: Vec<(String, String)>,
+    /// Where the process starts (default: the harness's working directory).
+    pub cwd: Option<PathBuf>,
+}
+
+impl NodeSpec {
+    /// A node run by the backend's executable with these arguments.
+    pub fn args(node: Node, args: Vec<String>) -> NodeSpec {
+        NodeSpec { node, args, program: None, env: Vec::new(), cwd: None }
+    }
 }
 
 #[derive(Debug)]
@@ -95,14 +108,17 @@ impl LocalBackend {
     }
 }
 
-fn spawn(exe: &Path, args: &[String], env: &[(String, String)], log: &Path) -> anyhow::Result<Child> {
+fn spawn(exe: &Path, spec: &NodeSpec, env: &[(String, String)], log: &Path) -> anyhow::Result<Child> {
     let out =
         OpenOptions::new().create(true).append(true).open(log).with_context(|| format!("opening {}", log.display()))?;
     let err = out.try_clone()?;
     let mut command = Command::new(exe);
-    command.args(args).envs(env.iter().cloned()).stdin(Stdio::null()).stdout(out).stderr(err);
+    command.args(&spec.args).envs(env.iter().cloned()).stdin(Stdio::null()).stdout(out).stderr(err);
+    if let Some(cwd) = &spec.cwd {
+        command.current_dir(cwd);
+    }
     set_parent_death_signal(&mut command);
-    command.spawn().with_context(|| format!("starting {} {}", exe.display(), args.join(" ")))
+    command.spawn().with_context(|| format!("starting {} {}", exe.display(), spec.args.join(" ")))
 }
 
 /// Asks the kernel to SIGKILL the child when the harness dies, even by SIGKILL,
@@ -131,7 +147,9 @@ impl Backend for LocalBackend {
                 return Ok(());
             }
             let spec = self.spec(node)?;
-            let child = spawn(&self.exe, &spec.args, &self.env, &self.log_path(node))?;
+            let env: Vec<_> = self.env.iter().chain(&spec.env).cloned().collect();
+            let program = spec.program.as_ref().unwrap_or(&self.exe);
+            let child = spawn(program, spec, &env, &self.log_path(node))?;
             self.children.lock().unwrap_or_else(|p| p.into_inner()).insert(node.name.clone(), child);
             Ok(())
         })

@@ -1276,7 +1276,7 @@ mod tests {
     async fn a_panic_while_a_worker_is_paused_resumes_it() {
         let dir = tempfile::tempdir().unwrap();
         let node = worker_node(1);
-        let spec = NodeSpec { node: node.clone(), args: vec!["60".into()] };
+        let spec = NodeSpec::args(node.clone(), vec!["60".into()]);
         let backend = Arc::new(LocalBackend::new("/bin/sleep".into(), dir.path().into(), Vec::new(), vec![spec]));
         backend.start(&node).await.unwrap();
         let pid = backend.pid(&node).unwrap();

@@ -57,6 +57,10 @@ pub struct RunOptions {
     pub workers: usize,
     /// `None`: a fresh SQLite file in the run directory.
     pub db: Option<String>,
+    /// A system file (`haunt run --system`): run that system instead of the
+    /// reference pipeline.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub system: Option<PathBuf>,
     /// The faults to inject (`--nemesis`; `nemesis` in `run.json`).
     #[serde(rename = "nemesis")]
     pub faults: Vec<Fault>,
@@ -130,6 +134,7 @@ impl Default for RunOptions {
             concurrency: 8,
             workers: 3,
             db: None,
+            system: None,
             faults: DEFAULT_FAULTS.to_vec(),
             nemesis_interval: Duration::from_secs(5),
             seed: 0,
@@ -163,6 +168,11 @@ impl RunOptions {
     /// The database the pipeline will use: the Docker backend's own
     /// PostgreSQL, the server `db` names, or a SQLite file in the run directory.
     pub fn db_kind(&self) -> DbKind {
+        let system_db = self.system.as_ref().and_then(|p| crate::system_file::spec::load(p).ok());
+        if let Some(spec) = system_db {
+            let postgres = !spec.final_state.database.starts_with("sqlite:");
+            return if postgres { DbKind::Postgres } else { DbKind::Sqlite };
+        }
         match &self.db {
             _ if self.backend == BackendKind::Docker => DbKind::Postgres,
             Some(url) if haunt_store::Backend::from_url(url).is_ok_and(|b| b == haunt_store::Backend::Postgres) => {
@@ -177,9 +187,25 @@ impl RunOptions {
         self.backend == BackendKind::Docker || (self.db_kind() == DbKind::Postgres && self.pg_data.is_some())
     }
 
-    /// What `--nemesis all` means for this run.
+    /// What `--nemesis all` means for this run: for a system file, what its
+    /// nodes and links allow (nothing, for a file that does not load:
+    /// [`RunOptions::validate`] says why).
     pub fn all_faults(&self) -> Vec<Fault> {
-        crate::fault::all_possible(self.db_is_node(), self.backend == BackendKind::Docker)
+        match &self.system {
+            Some(path) => crate::system_file::spec::load(path)
+                .map(|spec| crate::system_file::faults_allowed(&spec))
+                .unwrap_or_default(),
+            None => crate::fault::all_possible(self.db_is_node(), self.backend == BackendKind::Docker),
+        }
+    }
+
+    /// The faults of a run that names none: the seven local defaults for the
+    /// reference pipeline, everything a system file allows.
+    pub fn default_faults(&self) -> Vec<Fault> {
+        match &self.system {
+            Some(_) => self.all_faults(),
+            None => DEFAULT_FAULTS.to_vec(),
+        }
     }
 
     pub fn fault_settings(&self) -> FaultSettings {
@@ -209,6 +235,27 @@ impl RunOptions {
         );
         if let Some(db) = &self.db {
             haunt_store::Backend::from_url(db).map_err(|e| anyhow::anyhow!("--db: {e}"))?;
+        }
+        if let Some(path) = &self.system {
+            anyhow::ensure!(
+                self.db.is_none() && self.pg_data.is_none() && self.bug.is_none(),
+                "--system runs the file's own nodes on their own database; leave out --db, --pg-data and --bug"
+            );
+            anyhow::ensure!(
+                self.backend == BackendKind::Local,
+                "--system with --backend docker is not supported yet: a system file's nodes run as local processes"
+            );
+            let spec = crate::system_file::spec::load(path)?;
+            let allowed = crate::system_file::faults_allowed(&spec);
+            if let Some(f) = self.faults.iter().find(|f| !allowed.contains(f)) {
+                let allowed: Vec<&str> = allowed.iter().map(|f| f.name()).collect();
+                anyhow::bail!(
+                    "--nemesis {f}: {} cannot take it (it allows: {}; kill and pause are given per node in `faults`, \
+                     partition and delay need a link through {{addr:NAME}}, other faults need the system's help)",
+                    path.display(),
+                    if allowed.is_empty() { "none".to_owned() } else { allowed.join(", ") }
+                );
+            }
         }
         let docker = self.backend == BackendKind::Docker;
         anyhow::ensure!(

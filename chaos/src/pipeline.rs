@@ -231,11 +231,8 @@ async fn local_pipeline(
     let (api_addr, held) = reserve_port()?;
     reserved.push(held);
     let bug: Vec<String> = options.bug.map(|b| vec!["--bug".into(), b.name().into()]).unwrap_or_default();
-    let mut specs = vec![NodeSpec {
-        node: api_node(),
-        args: [vec!["api".into(), "--db".into(), db_for("api"), "--listen".into(), api_addr.to_string()], bug.clone()]
-            .concat(),
-    }];
+    let api_args = vec!["api".into(), "--db".into(), db_for("api"), "--listen".into(), api_addr.to_string()];
+    let mut specs = vec![NodeSpec::args(api_node(), [api_args, bug.clone()].concat())];
     let mut endpoints = vec![(api_node(), format!("http://{api_addr}"))];
     for i in 1..=options.workers {
         let node = worker_node(i);
@@ -243,7 +240,7 @@ async fn local_pipeline(
         reserved.push(held);
         endpoints.push((node.clone(), format!("http://{metrics}")));
         let args = worker_args(options, &db_for(&node.name), &node, &metrics.to_string());
-        specs.push(NodeSpec { node, args });
+        specs.push(NodeSpec::args(node, args));
     }
     let env = vec![("HAUNT_ADMIN_TOKEN".to_owned(), token.to_owned()), ("NO_COLOR".to_owned(), "1".to_owned())];
     let services: Arc<dyn Backend> = Arc::new(LocalBackend::new(options.exe.clone(), run_dir.join("logs"), env, specs));
@@ -257,6 +254,7 @@ async fn local_pipeline(
     let mut all: Vec<(String, Arc<FaultProxy>)> = vec![("client<->api".into(), client_proxy.clone())];
     all.extend(proxies.into_iter().map(|(link, proxy, _)| (link, proxy)));
     let surfaces = Surfaces {
+        node_faults: crate::system::by_role(&backend.nodes()),
         backend,
         links: all.iter().map(|(n, p)| (n.clone(), p.clone() as SharedLink)).collect(),
         proxies: all,
@@ -370,6 +368,7 @@ async fn docker_pipeline(options: &RunOptions, run_id: &str, token: &str) -> any
     let api_addr: SocketAddr = ([127, 0, 0, 1], api_port).into();
     let client_proxy = Arc::new(FaultProxy::start(api_addr).await?);
     let surfaces = Surfaces {
+        node_faults: crate::system::by_role(&docker.nodes()),
         backend: docker,
         proxies: vec![("client<->api".into(), client_proxy.clone())],
         links: lossy.iter().map(|(n, l)| (n.clone(), l.clone() as SharedLink)).collect(),

@@ -94,9 +94,12 @@ pub async fn progress(
     abort: Arc<AtomicBool>,
 ) {
     use std::io::IsTerminal;
-    let workers = endpoints.into_iter().filter(|(n, _)| n.role == Role::Worker).map(|(n, url)| (n.name, url));
+    let workers: Vec<_> =
+        endpoints.into_iter().filter(|(n, _)| n.role == Role::Worker).map(|(n, url)| (n.name, url)).collect();
+    // A system without workers' metrics has no delivery figures to show.
+    let scraped = !workers.is_empty();
     // Stops scraping when this task is aborted (it is dropped with it).
-    let deliveries = crate::worker_metrics::Watch::spawn(workers.collect());
+    let deliveries = crate::worker_metrics::Watch::spawn(workers);
     let terminal = std::io::stderr().is_terminal();
     let started = Instant::now();
     let total_s = deadline.saturating_duration_since(started).as_secs().max(1);
@@ -130,14 +133,13 @@ pub async fn progress(
         last = (now, done);
         let faults: Vec<String> = active.list().iter().map(|(f, t)| format!("{f} {t}")).collect();
         let faults = if faults.is_empty() { "none".to_owned() } else { faults.join(", ") };
-        let (redeliveries, absorbed) = match deliveries.total() {
-            Some(c) => (c.redeliveries.to_string(), c.duplicates_absorbed.to_string()),
-            None => ("?".to_owned(), "?".to_owned()),
+        let delivered = match deliveries.total() {
+            Some(c) => format!("  redelivered {}  absorbed {}", c.redeliveries, c.duplicates_absorbed),
+            None if scraped => "  redelivered ?  absorbed ?".to_owned(),
+            None => String::new(),
         };
-        let line = format!(
-            "{rate:>7.1} ops/s  ok {}  fail {}  info {}  redelivered {redeliveries}  absorbed {absorbed}  faults: {faults}",
-            t.ok, t.fail, t.info
-        );
+        let line =
+            format!("{rate:>7.1} ops/s  ok {}  fail {}  info {}{delivered}  faults: {faults}", t.ok, t.fail, t.info);
         match &bar {
             Some(bar) if now < deadline => {
                 bar.set_position((now - started).as_secs().min(total_s));

@@ -15,8 +15,9 @@ use haunt_format::OrderValue;
 /// What one client op came to (the semantics of `docs/run-format.md`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Completion {
-    /// Committed: the API answered 201 or 200 with this event.
-    Ok { event_id: String },
+    /// Committed: the API answered 201 or 200, with the order's event id when
+    /// the system names it (the reference pipeline always does).
+    Ok { event_id: Option<String> },
     /// Certainly no effect.
     Fail { error: String },
     /// Unknown: it may or may not have taken effect.
@@ -51,6 +52,9 @@ pub enum Role {
     Api,
     Worker,
     Database,
+    /// A node of a system haunt did not build: what it may take is the
+    /// system file's to say.
+    Service,
 }
 
 /// The nodes of a cluster, and what can be done to them. Object-safe: a run

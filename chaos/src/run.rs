@@ -28,6 +28,7 @@ use crate::progress::say;
 use crate::roles::{Checker, Client, Role, RunDirChecker};
 use crate::rundir::{RunFile, create_run_dir, now_ms, write_json};
 use crate::system::System;
+use crate::system_file::Foreign;
 use crate::workload::WorkloadOptions;
 
 /// How a run ended.
@@ -72,14 +73,24 @@ impl std::fmt::Debug for Roles {
 pub async fn run(options: RunOptions, abort: Arc<AtomicBool>) -> anyhow::Result<RunOutcome> {
     // Before anything exists: a refused run leaves nothing behind.
     options.validate()?;
-    let prepared = Pipeline::prepare(&options).await?;
     let started_at_ms = now_ms();
-    let mut name = format!("{}-{}", options.backend.name(), options.db_kind().name());
-    if let Some(bug) = options.bug {
-        name = format!("{name}-{}", bug.name());
-    }
-    let run_dir = create_run_dir(&options.store, &name, started_at_ms)?;
-    let system: Arc<dyn System> = Arc::new(Pipeline::create(&options, prepared, &run_dir).await?);
+    let (run_dir, system): (PathBuf, Arc<dyn System>) = match &options.system {
+        Some(path) => {
+            let spec = crate::system_file::spec::load(path)?;
+            let name = format!("{}-{}", options.backend.name(), spec.name);
+            let run_dir = create_run_dir(&options.store, &name, started_at_ms)?;
+            (run_dir.clone(), Arc::new(Foreign::create(spec, &run_dir, &options.exe, options.request_timeout).await?))
+        }
+        None => {
+            let prepared = Pipeline::prepare(&options).await?;
+            let mut name = format!("{}-{}", options.backend.name(), options.db_kind().name());
+            if let Some(bug) = options.bug {
+                name = format!("{name}-{}", bug.name());
+            }
+            let run_dir = create_run_dir(&options.store, &name, started_at_ms)?;
+            (run_dir.clone(), Arc::new(Pipeline::create(&options, prepared, &run_dir).await?))
+        }
+    };
     let roles = Roles::for_system(system, &options)?;
     execute(&options, roles, run_dir, started_at_ms, &abort).await
 }
@@ -258,7 +269,12 @@ async fn read_final_state(system: &dyn System, run_dir: &Path, quiet: bool, reco
     let file = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
     let mut writer = JsonlWriter::new(std::io::BufWriter::new(file));
     system.read_final_state(&mut |line| writer.write(&line)).await?;
-    let meta = Meta { quiesced: quiet, read_at_ns: recorder.elapsed_ns(), run_started_at_ms: recorder.started_at_ms() };
+    let meta = Meta {
+        quiesced: quiet,
+        read_at_ns: recorder.elapsed_ns(),
+        run_started_at_ms: recorder.started_at_ms(),
+        ledger: (!system.has_ledger()).then_some(false),
+    };
     writer.write(&FinalLine::Meta(meta))?;
     writer.flush()?;
     Ok(())

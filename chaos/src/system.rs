@@ -16,15 +16,18 @@ use std::sync::Arc;
 use haunt_format::FinalLine;
 
 use crate::docker::IptablesLink;
+use crate::fault::Fault;
 use crate::nemesis::{Admin, SharedLink};
 use crate::proxy::SharedProxy;
-use crate::roles::{Backend, BoxFuture, Client, Node};
+use crate::roles::{Backend, BoxFuture, Client, Node, Role};
 
 /// What faults can reach in a system.
 #[derive(Debug)]
 pub struct Surfaces {
     /// The nodes, and what can be done to them.
     pub backend: Arc<dyn Backend>,
+    /// The nodes each node fault (kill, pause, db-restart) may hit.
+    pub node_faults: Vec<(Fault, Vec<Node>)>,
     /// Links that can be cut, by name (`client<->api`, `worker-1<->db`).
     pub links: Vec<(String, SharedLink)>,
     /// Links through a fault proxy, which can be slowed down.
@@ -36,10 +39,29 @@ pub struct Surfaces {
 }
 
 impl Surfaces {
-    /// Only nodes: nothing to cut, slow or switch.
+    /// Only nodes, each taking the faults of its role (see [`by_role`]):
+    /// nothing to cut, slow or switch.
     pub fn nodes_only(backend: Arc<dyn Backend>) -> Surfaces {
-        Surfaces { backend, links: Vec::new(), proxies: Vec::new(), lossy: Vec::new(), switches: None }
+        let node_faults = by_role(&backend.nodes());
+        Surfaces { backend, node_faults, links: Vec::new(), proxies: Vec::new(), lossy: Vec::new(), switches: None }
     }
+
+    /// The nodes `fault` may hit (none for a fault of links or switches).
+    pub fn nodes_for(&self, fault: Fault) -> Vec<Node> {
+        self.node_faults.iter().find(|(f, _)| *f == fault).map(|(_, nodes)| nodes.clone()).unwrap_or_default()
+    }
+}
+
+/// The reference pipeline's node faults: the API and the workers can be
+/// killed, the workers paused (the API holds no lease to outlive), the
+/// database crashed and restarted.
+pub fn by_role(nodes: &[Node]) -> Vec<(Fault, Vec<Node>)> {
+    let with = |roles: &[Role]| nodes.iter().filter(|n| roles.contains(&n.role)).cloned().collect();
+    vec![
+        (Fault::Kill, with(&[Role::Api, Role::Worker])),
+        (Fault::Pause, with(&[Role::Worker])),
+        (Fault::DbRestart, with(&[Role::Database])),
+    ]
 }
 
 /// The admin endpoints of a system's services.
@@ -69,6 +91,11 @@ pub trait System: Send + Sync + std::fmt::Debug {
     /// Reads the final state, every line into `sink`, the `meta` line excepted
     /// (the run writes that).
     fn read_final_state<'a>(&'a self, sink: &'a mut FinalSink<'_>) -> BoxFuture<'a, anyhow::Result<()>>;
+    /// Whether the final state holds a ledger of applications (`applied`
+    /// lines); without one the checker judges from the projection alone.
+    fn has_ledger(&self) -> bool {
+        true
+    }
     /// The metrics endpoints of its nodes: the node and the base URL that
     /// serves `/metrics` (for the progress line and Prometheus).
     fn metrics(&self) -> Vec<(Node, String)> {

@@ -62,7 +62,7 @@ impl Client for HttpClient {
             };
             if status.is_success() {
                 match body["event_id"].as_str() {
-                    Some(e) => Completion::Ok { event_id: e.to_owned() },
+                    Some(e) => Completion::Ok { event_id: Some(e.to_owned()) },
                     None => Completion::Info { error: format!("{status} without an event_id") },
                 }
             } else if status.is_client_error() || (status.as_u16() == 503 && definite_failure) {
@@ -174,9 +174,7 @@ async fn client_loop(
                 m.client_op_duration.get_or_create(&labels).observe(started.elapsed().as_secs_f64());
             }
             let (kind, value, error) = match completion {
-                Completion::Ok { event_id } => {
-                    (OpType::Ok, OrderValue { event_id: Some(event_id), ..order.clone() }, None)
-                }
+                Completion::Ok { event_id } => (OpType::Ok, OrderValue { event_id, ..order.clone() }, None),
                 Completion::Fail { error } => (OpType::Fail, order.clone(), Some(error)),
                 Completion::Info { error } => (OpType::Info, order.clone(), Some(error)),
             };

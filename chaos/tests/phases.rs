@@ -43,7 +43,7 @@ impl Client for MemoryClient {
                 event_id: format!("e-{}", order.order_id),
                 ..OrderRow::default()
             });
-            Completion::Ok { event_id: row.event_id.clone() }
+            Completion::Ok { event_id: Some(row.event_id.clone()) }
         })
     }
 }

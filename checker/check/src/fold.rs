@@ -659,6 +659,7 @@ impl Fold {
                     quiesced: l.quiesced.unwrap_or_default(),
                     read_at_ns: l.read_at_ns.unwrap_or_default(),
                     run_started_at_ms: l.run_started_at_ms.unwrap_or_default(),
+                    ledger: l.ledger,
                 })
             }
             _ => unreachable!("FinalRef::check accepts only the known kinds"),

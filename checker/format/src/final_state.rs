@@ -76,6 +76,11 @@ pub struct Meta {
     pub read_at_ns: u64,
     /// Unix time in ms at the history's `time_ns` 0.
     pub run_started_at_ms: i64,
+    /// Whether the system keeps a ledger of applications (`applied` lines).
+    /// Absent means it does; `false`: the final state is judged from the
+    /// projection alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ledger: Option<bool>,
 }
 
 #[cfg(test)]
@@ -131,6 +136,9 @@ pub struct FinalRef<'a> {
     pub read_at_ns: Option<u64>,
     #[serde(default)]
     pub run_started_at_ms: Option<i64>,
+    /// On the `meta` line, optional: `false` when the system keeps no ledger.
+    #[serde(default)]
+    pub ledger: Option<bool>,
     /// On `order` lines, optional: how many times the queue handed the order's
     /// event to a worker (0 if never).
     #[serde(default)]

@@ -215,7 +215,12 @@ fn build(mut plans: Vec<Plan>, clients: usize, schedule: Vec<usize>) -> Run {
     for (item_id, reserved_qty) in projection {
         final_state.push(FinalLine::Projection(ProjectionRow { item_id, reserved_qty }));
     }
-    final_state.push(FinalLine::Meta(Meta { quiesced: true, read_at_ns: time_ns + 1, run_started_at_ms: 0 }));
+    final_state.push(FinalLine::Meta(Meta {
+        quiesced: true,
+        read_at_ns: time_ns + 1,
+        run_started_at_ms: 0,
+        ledger: None,
+    }));
     Run { history, final_state, acknowledged, failed, applied }
 }
 

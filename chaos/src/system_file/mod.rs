@@ -1,0 +1,314 @@
+//! A system haunt did not build, described by a system file
+//! (`haunt run --system FILE`, `docs/system-format.md`), as a [`System`]: its
+//! nodes run as local processes with their placeholders filled, a fault proxy
+//! stands in every `{addr:NAME}` link, the `[client]` section places orders,
+//! and the `[final_state]` queries read the result.
+
+pub mod client;
+pub mod final_state;
+pub mod spec;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::time::Instant;
+
+use crate::fault::Fault;
+use crate::local::{LocalBackend, NodeSpec};
+use crate::nemesis::SharedLink;
+use crate::proxy::FaultProxy;
+use crate::roles::{Backend, BoxFuture, Client, Node, Role};
+use crate::system::{FinalSink, Surfaces, System};
+use client::TemplateClient;
+use final_state::Database;
+use spec::{NodeFault, Placeholder, SystemSpec};
+
+/// How long a node gets to become ready.
+const READY_WAIT: Duration = Duration::from_secs(30);
+
+/// Without a `quiet` or `pending` query: how long after the heal the system is
+/// taken to have settled.
+const SETTLE: Duration = Duration::from_secs(5);
+
+/// A system file's system, laid out for one run.
+#[derive(Debug)]
+pub struct Foreign {
+    spec: SystemSpec,
+    processes: Arc<LocalBackend>,
+    surfaces: Surfaces,
+    client: Arc<TemplateClient>,
+    database: Database,
+    /// Each node with a readiness probe, filled.
+    ready: Vec<(Node, String)>,
+    /// When the system was first asked whether it is quiet (for [`SETTLE`]).
+    asked: std::sync::Mutex<Option<Instant>>,
+}
+
+/// What the placeholders of one run stand for.
+struct Fill {
+    haunt: PathBuf,
+    dir: PathBuf,
+    system_dir: PathBuf,
+    ports: BTreeMap<String, u16>,
+    /// The proxy of each link, by `(from, to)`.
+    proxies: BTreeMap<(String, String), Arc<FaultProxy>>,
+}
+
+impl Fill {
+    /// `text` with every placeholder but the order's filled; `from` is who
+    /// reaches through `{addr:…}` (`None`: nobody may here).
+    async fn fill(&mut self, text: &str, from: Option<&str>) -> anyhow::Result<String> {
+        let mut out = String::new();
+        for piece in spec::pieces(text).map_err(|e| anyhow::anyhow!(e))? {
+            match piece {
+                Ok(literal) => out.push_str(literal),
+                Err(Placeholder::Haunt) => out.push_str(&self.haunt.to_string_lossy()),
+                Err(Placeholder::Dir) => out.push_str(&self.dir.to_string_lossy()),
+                Err(Placeholder::SystemDir) => out.push_str(&self.system_dir.to_string_lossy()),
+                Err(Placeholder::Port(name)) => out.push_str(&self.ports[name].to_string()),
+                Err(Placeholder::Addr(name)) => {
+                    let from = from.context("{addr:…} where no link can stand")?;
+                    let key = (from.to_owned(), name.to_owned());
+                    let proxy = match self.proxies.get(&key) {
+                        Some(p) => p.clone(),
+                        None => {
+                            let target: SocketAddr = ([127, 0, 0, 1], self.ports[name]).into();
+                            let p = Arc::new(FaultProxy::start(target).await?);
+                            self.proxies.insert(key, p.clone());
+                            p
+                        }
+                    };
+                    out.push_str(&proxy.addr().to_string());
+                }
+                // Filled per order by the client.
+                Err(Placeholder::OrderId) => out.push_str("{order_id}"),
+                Err(Placeholder::ItemId) => out.push_str("{item_id}"),
+                Err(Placeholder::Qty) => out.push_str("{qty}"),
+                Err(Placeholder::N) => anyhow::bail!("{{n}} outside a node with count"),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Every `{port:NAME}` and `{addr:NAME}` name in the file.
+fn port_names(spec: &SystemSpec) -> Vec<String> {
+    let mut texts: Vec<&str> = Vec::new();
+    for node in &spec.nodes {
+        texts.extend(node.command.iter().map(String::as_str));
+        texts.extend(node.env.iter().map(|(_, v)| v.as_str()));
+        texts.extend(node.ready.as_deref());
+    }
+    texts.push(&spec.client.url);
+    texts.push(&spec.final_state.database);
+    let mut names: Vec<String> = texts
+        .into_iter()
+        .flat_map(|t| spec::pieces(t).unwrap_or_default())
+        .filter_map(|p| match p {
+            Err(Placeholder::Port(n) | Placeholder::Addr(n)) => Some(n.to_owned()),
+            _ => None,
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// The faults a system file's system can take: kill and pause where a node
+/// allows them, partition and delay where a link passes through `{addr:…}`.
+pub fn faults_allowed(spec: &SystemSpec) -> Vec<Fault> {
+    let takes = |f: NodeFault| spec.nodes.iter().any(|n| n.faults.contains(&f));
+    let mut texts: Vec<&str> = vec![&spec.client.url];
+    for node in &spec.nodes {
+        texts.extend(node.command.iter().map(String::as_str));
+        texts.extend(node.env.iter().map(|(_, v)| v.as_str()));
+    }
+    let links = texts
+        .into_iter()
+        .any(|t| spec::pieces(t).unwrap_or_default().iter().any(|p| matches!(p, Err(Placeholder::Addr(_)))));
+    let mut out = Vec::new();
+    if takes(NodeFault::Kill) {
+        out.push(Fault::Kill);
+    }
+    if takes(NodeFault::Pause) {
+        out.push(Fault::Pause);
+    }
+    if links {
+        out.extend([Fault::Partition, Fault::Delay]);
+    }
+    out
+}
+
+impl Foreign {
+    /// Lays the system out in `run_dir`: a scratch directory (`{dir}`), a port
+    /// per name, a proxy per link, the nodes (not started).
+    /// `haunt`: the executable that `{haunt}` names.
+    pub async fn create(
+        spec: SystemSpec,
+        run_dir: &Path,
+        haunt: &Path,
+        request_timeout: Duration,
+    ) -> anyhow::Result<Foreign> {
+        let dir = std::path::absolute(run_dir.join("scratch"))?;
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let system_dir = std::path::absolute(&spec.system_dir)?;
+        // Held until every proxy listens, so that no two names share a port.
+        let mut held = Vec::new();
+        let mut ports = BTreeMap::new();
+        for name in port_names(&spec) {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+            ports.insert(name, listener.local_addr()?.port());
+            held.push(listener);
+        }
+        let mut fill =
+            Fill { haunt: haunt.to_owned(), dir, system_dir: system_dir.clone(), ports, proxies: BTreeMap::new() };
+
+        let mut specs = Vec::new();
+        let mut ready = Vec::new();
+        let mut node_faults: Vec<(Fault, Vec<Node>)> = vec![(Fault::Kill, Vec::new()), (Fault::Pause, Vec::new())];
+        for decl in &spec.nodes {
+            let node = Node { name: decl.name.clone(), role: Role::Service };
+            let mut command = Vec::new();
+            for arg in &decl.command {
+                command.push(fill.fill(arg, Some(&decl.name)).await?);
+            }
+            let mut env = Vec::new();
+            for (k, v) in &decl.env {
+                env.push((k.clone(), fill.fill(v, Some(&decl.name)).await?));
+            }
+            if let Some(probe) = &decl.ready {
+                ready.push((node.clone(), fill.fill(probe, None).await?));
+            }
+            for (fault, nodes) in &mut node_faults {
+                let takes = match fault {
+                    Fault::Kill => decl.faults.contains(&NodeFault::Kill),
+                    _ => decl.faults.contains(&NodeFault::Pause),
+                };
+                if takes {
+                    nodes.push(node.clone());
+                }
+            }
+            // A program given by a relative path is the system's, not the harness's.
+            let program = PathBuf::from(&command[0]);
+            let program =
+                if command[0].contains('/') && program.is_relative() { system_dir.join(program) } else { program };
+            specs.push(NodeSpec {
+                node,
+                args: command[1..].to_vec(),
+                program: Some(program),
+                env,
+                cwd: Some(system_dir.clone()),
+            });
+        }
+        let mut client_decl = spec.client.clone();
+        client_decl.url = fill.fill(&spec.client.url, Some("client")).await?;
+        let database = Database::new(fill.fill(&spec.final_state.database, None).await?);
+        // Every proxy listens: the nodes may bind their ports.
+        drop(held);
+
+        let processes = Arc::new(LocalBackend::new(PathBuf::new(), run_dir.join("logs"), Vec::new(), specs));
+        let links: Vec<(String, Arc<FaultProxy>)> =
+            fill.proxies.iter().map(|((from, to), p)| (format!("{from}<->{to}"), p.clone())).collect();
+        let surfaces = Surfaces {
+            backend: processes.clone(),
+            node_faults,
+            links: links.iter().map(|(n, p)| (n.clone(), p.clone() as SharedLink)).collect(),
+            proxies: links,
+            lossy: Vec::new(),
+            switches: None,
+        };
+        let client = Arc::new(TemplateClient::new(client_decl, request_timeout)?);
+        Ok(Foreign { spec, processes, surfaces, client, database, ready, asked: std::sync::Mutex::new(None) })
+    }
+
+    /// Why `node` is not ready, with what a user needs to fix it.
+    fn not_ready(&self, node: &Node, probe: &str, last: &str) -> anyhow::Error {
+        let decl = self.spec.nodes.iter().find(|d| d.name == node.name);
+        let command = decl.map(|d| d.command.join(" ")).unwrap_or_default();
+        let log = self.processes.log_path(node);
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(20)..].join("\n    ");
+        let state = if self.processes.is_running(node) { "running" } else { "exited" };
+        anyhow::anyhow!(
+            "node {} never became ready: {probe} did not answer within {} s (last: {last}; the process has {state})\n  \
+             command: {command}\n  the last lines of {}:\n    {tail}",
+            node.name,
+            READY_WAIT.as_secs(),
+            log.display()
+        )
+    }
+}
+
+/// One readiness probe: an HTTP 2xx, or a TCP connect.
+async fn probe(http: &reqwest::Client, url: &str) -> Result<(), String> {
+    if let Some(addr) = url.strip_prefix("tcp://") {
+        return tokio::net::TcpStream::connect(addr).await.map(drop).map_err(|e| e.to_string());
+    }
+    match http.get(url).send().await {
+        Ok(r) if r.status().is_success() => Ok(()),
+        Ok(r) => Err(r.status().to_string()),
+        Err(e) => Err(format!("{e:#}")),
+    }
+}
+
+impl System for Foreign {
+    fn surfaces(&self) -> &Surfaces {
+        &self.surfaces
+    }
+
+    fn client(&self) -> Arc<dyn Client> {
+        self.client.clone()
+    }
+
+    fn ready(&self) -> BoxFuture<'_, anyhow::Result<()>> {
+        Box::pin(async move {
+            let http = reqwest::Client::builder().timeout(Duration::from_secs(1)).build()?;
+            for (node, url) in &self.ready {
+                let deadline = Instant::now() + READY_WAIT;
+                loop {
+                    let last = match probe(&http, url).await {
+                        Ok(()) => break,
+                        Err(last) => last,
+                    };
+                    if Instant::now() >= deadline || !self.processes.is_running(node) {
+                        return Err(self.not_ready(node, url, &last));
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn is_quiet(&self) -> BoxFuture<'_, anyhow::Result<bool>> {
+        Box::pin(async move {
+            if let Some(quiet) = self.database.is_quiet(&self.spec.final_state).await? {
+                return Ok(quiet);
+            }
+            let mut asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
+            let first = *asked.get_or_insert_with(Instant::now);
+            Ok(first.elapsed() >= SETTLE)
+        })
+    }
+
+    fn read_final_state<'a>(&'a self, sink: &'a mut FinalSink<'_>) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(self.database.read(&self.spec.final_state, sink))
+    }
+
+    fn has_ledger(&self) -> bool {
+        self.spec.final_state.applied.is_some()
+    }
+
+    fn database(&self) -> String {
+        self.database.url().to_owned()
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.database.close())
+    }
+}

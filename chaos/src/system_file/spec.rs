@@ -1,0 +1,475 @@
+//! The system file, read and checked: every field the contract names
+//! (`docs/system-format.md`), typed, and every mistake refused before anything
+//! starts, with the field and its line.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use toml::Spanned;
+
+/// A system file that does not follow the contract.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecError {
+    pub file: PathBuf,
+    /// 1-based, when the mistake has a place.
+    pub line: Option<usize>,
+    /// The field, as a path: `node[2].command`, `client.ok`.
+    pub field: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for SpecError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{}:{line}: {}: {}", self.file.display(), self.field, self.message),
+            None => write!(f, "{}: {}: {}", self.file.display(), self.field, self.message),
+        }
+    }
+}
+
+impl std::error::Error for SpecError {}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    name: Spanned<String>,
+    #[serde(default, rename = "node")]
+    nodes: Vec<RawNode>,
+    client: Spanned<RawClient>,
+    final_state: Spanned<RawFinal>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNode {
+    name: Spanned<String>,
+    count: Option<Spanned<i64>>,
+    command: Spanned<Vec<String>>,
+    #[serde(default)]
+    env: std::collections::BTreeMap<String, String>,
+    ready: Option<Spanned<String>>,
+    faults: Option<Spanned<Vec<String>>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClient {
+    #[serde(default = "post")]
+    method: Spanned<String>,
+    url: Spanned<String>,
+    #[serde(default)]
+    headers: std::collections::BTreeMap<String, String>,
+    body: Option<Spanned<String>>,
+    ok: Spanned<Vec<i64>>,
+    fail: Option<Spanned<Vec<i64>>>,
+    event_id: Option<Spanned<String>>,
+}
+
+fn post() -> Spanned<String> {
+    Spanned::new(0..0, "POST".to_owned())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFinal {
+    database: Spanned<String>,
+    orders: String,
+    projection: String,
+    applied: Option<String>,
+    pending: Option<String>,
+    dead_letters: Option<String>,
+    quiet: Option<String>,
+}
+
+/// What the nemesis may do to a node itself (links are faulted where they
+/// pass through a fault proxy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeFault {
+    Kill,
+    Pause,
+}
+
+/// One process of the system, once per instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeDecl {
+    /// `api`, or `worker-1` for the first of a node with `count`.
+    pub name: String,
+    /// The `[[node]]` it comes from.
+    pub base: String,
+    /// Its instance number (1 without `count`).
+    pub n: u32,
+    /// Program and arguments, placeholders not yet filled (but `{n}`).
+    pub command: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub ready: Option<String>,
+    pub faults: Vec<NodeFault>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientDecl {
+    pub method: String,
+    pub url: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Option<String>,
+    pub ok: Vec<u16>,
+    pub fail: Vec<u16>,
+    /// A JSON pointer into an ok answer.
+    pub event_id: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FinalDecl {
+    pub database: String,
+    pub orders: String,
+    pub projection: String,
+    pub applied: Option<String>,
+    pub pending: Option<String>,
+    pub dead_letters: Option<String>,
+    pub quiet: Option<String>,
+}
+
+/// A checked system file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SystemSpec {
+    pub file: PathBuf,
+    pub name: String,
+    /// The folder that holds the file: `{system_dir}`, and where commands start.
+    pub system_dir: PathBuf,
+    /// Every instance, in file order.
+    pub nodes: Vec<NodeDecl>,
+    pub client: ClientDecl,
+    pub final_state: FinalDecl,
+}
+
+/// A placeholder in a string: `{dir}`, `{port:api}`, …
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placeholder<'a> {
+    /// The `haunt` executable running the harness (an addition to the contract).
+    Haunt,
+    Dir,
+    SystemDir,
+    N,
+    Port(&'a str),
+    Addr(&'a str),
+    OrderId,
+    ItemId,
+    Qty,
+}
+
+/// The pieces of a string: literal text and placeholders. Braces that do not
+/// make a placeholder's shape (`{"order_id": …}` in a JSON body) are text.
+pub fn pieces(text: &str) -> Result<Vec<Result<&str, Placeholder<'_>>>, String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(open) = rest.find('{') {
+        let after = &rest[open + 1..];
+        let Some(close) = after.find('}') else { break };
+        let inner = &after[..close];
+        let (key, arg) = match inner.split_once(':') {
+            Some((k, a)) => (k, Some(a)),
+            None => (inner, None),
+        };
+        let shaped = !key.is_empty()
+            && key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+            && arg.is_none_or(|a| !a.is_empty() && a.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)));
+        if !shaped {
+            out.push(Ok(&rest[..open + 1]));
+            rest = after;
+            continue;
+        }
+        let placeholder = match (key, arg) {
+            ("haunt", None) => Placeholder::Haunt,
+            ("dir", None) => Placeholder::Dir,
+            ("system_dir", None) => Placeholder::SystemDir,
+            ("n", None) => Placeholder::N,
+            ("port", Some(name)) => Placeholder::Port(name),
+            ("addr", Some(name)) => Placeholder::Addr(name),
+            ("order_id", None) => Placeholder::OrderId,
+            ("item_id", None) => Placeholder::ItemId,
+            ("qty", None) => Placeholder::Qty,
+            _ => return Err(format!("unknown placeholder {{{inner}}}")),
+        };
+        if open > 0 {
+            out.push(Ok(&rest[..open]));
+        }
+        out.push(Err(placeholder));
+        rest = &after[close + 1..];
+    }
+    if !rest.is_empty() {
+        out.push(Ok(rest));
+    }
+    Ok(out)
+}
+
+/// Where a placeholder stands, for what it may be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// A node's command or env; `counted`: the node has `count`.
+    Node {
+        counted: bool,
+    },
+    Ready,
+    Client,
+    Database,
+}
+
+struct Checker<'a> {
+    file: &'a Path,
+    text: &'a str,
+}
+
+fn line_at(text: &str, offset: usize) -> usize {
+    text.as_bytes()[..offset.min(text.len())].iter().filter(|b| **b == b'\n').count() + 1
+}
+
+impl Checker<'_> {
+    fn at(&self, span: std::ops::Range<usize>, field: &str, message: impl Into<String>) -> SpecError {
+        let line = (span.end > 0).then(|| line_at(self.text, span.start));
+        SpecError { file: self.file.to_owned(), line, field: field.to_owned(), message: message.into() }
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// Reads and checks the system file at `path`.
+pub fn load(path: &Path) -> Result<SystemSpec, SpecError> {
+    let text = std::fs::read_to_string(path).map_err(|e| SpecError {
+        file: path.to_owned(),
+        line: None,
+        field: "(file)".into(),
+        message: format!("cannot read it: {e}"),
+    })?;
+    parse(path, &text)
+}
+
+/// Checks the text of a system file; `path` names it in errors and gives `{system_dir}`.
+pub fn parse(path: &Path, text: &str) -> Result<SystemSpec, SpecError> {
+    let c = Checker { file: path, text };
+    let raw: RawFile = toml::from_str(text).map_err(|e| {
+        let line = e.span().map(|s| line_at(text, s.start));
+        // toml's message names the field (`missing field `command``, `unknown
+        // field `comand`, expected one of …`); its first lines repeat the place.
+        let message = e.message().to_owned();
+        SpecError { file: path.to_owned(), line, field: field_of_toml_error(&message), message }
+    })?;
+    let name = raw.name.get_ref();
+    if !valid_name(name) {
+        return Err(c.at(raw.name.span(), "name", "letters, digits, `-` and `_` only (it names the run directory)"));
+    }
+    if raw.nodes.is_empty() {
+        return Err(c.at(0..0, "node", "no [[node]]: a system has at least one process for haunt to start"));
+    }
+
+    // Instances first: placeholders may name any of them.
+    let mut nodes = Vec::new();
+    // The [[node]] of each instance.
+    let mut origin = Vec::new();
+    let mut counted = BTreeSet::new();
+    for (i, node) in raw.nodes.iter().enumerate() {
+        let field = |f: &str| format!("node[{i}].{f}");
+        let base = node.name.get_ref().clone();
+        if !valid_name(&base) {
+            return Err(c.at(node.name.span(), &field("name"), "letters, digits, `-` and `_` only"));
+        }
+        let count = match &node.count {
+            None => None,
+            Some(n) if (1..=64).contains(n.get_ref()) => Some(*n.get_ref() as u32),
+            Some(n) => return Err(c.at(n.span(), &field("count"), "between 1 and 64")),
+        };
+        if node.command.get_ref().is_empty() || node.command.get_ref()[0].is_empty() {
+            return Err(c.at(node.command.span(), &field("command"), "empty: give the program and its arguments"));
+        }
+        if let Some(ready) = &node.ready
+            && !(ready.get_ref().starts_with("http://") || ready.get_ref().starts_with("tcp://"))
+        {
+            return Err(c.at(ready.span(), &field("ready"), "an http://… URL polled until 2xx, or tcp://HOST:PORT"));
+        }
+        let mut faults = Vec::new();
+        let no_faults = Spanned::new(0..0, Vec::new());
+        let listed = node.faults.as_ref().unwrap_or(&no_faults);
+        for f in listed.get_ref() {
+            faults.push(match f.as_str() {
+                "kill" => NodeFault::Kill,
+                "pause" => NodeFault::Pause,
+                "partition" | "delay" => {
+                    return Err(c.at(
+                        listed.span(),
+                        &field("faults"),
+                        format!("{f:?} is a fault of links, not of nodes: any link through {{addr:NAME}} can take it"),
+                    ));
+                }
+                other => {
+                    return Err(c.at(
+                        listed.span(),
+                        &field("faults"),
+                        format!("{other:?} is not a fault a node takes (kill, pause)"),
+                    ));
+                }
+            });
+        }
+        if count.is_some() {
+            counted.insert(base.clone());
+        }
+        for n in 1..=count.unwrap_or(1) {
+            let name = if count.is_some() { format!("{base}-{n}") } else { base.clone() };
+            if nodes.iter().any(|d: &NodeDecl| d.name == name) {
+                return Err(c.at(node.name.span(), &field("name"), format!("a second node named {name}")));
+            }
+            // `{n}` is filled per instance of a node with a count; anywhere
+            // else it stays, and the placeholder check refuses it.
+            let fill_n = |s: &String| if count.is_some() { s.replace("{n}", &n.to_string()) } else { s.clone() };
+            origin.push(i);
+            nodes.push(NodeDecl {
+                name,
+                base: base.clone(),
+                n,
+                command: node.command.get_ref().iter().map(fill_n).collect(),
+                env: node.env.iter().map(|(k, v)| (k.clone(), fill_n(v))).collect(),
+                ready: node.ready.as_ref().map(|r| fill_n(r.get_ref())),
+                faults: faults.clone(),
+            });
+        }
+    }
+
+    // Placeholders, where they stand.
+    let names: BTreeSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+    let check = |s: &str, span: std::ops::Range<usize>, field: &str, place: Place| -> Result<(), SpecError> {
+        for piece in pieces(s).map_err(|m| c.at(span.clone(), field, m))? {
+            let Err(p) = piece else { continue };
+            let allowed = match (&p, place) {
+                (Placeholder::Dir | Placeholder::SystemDir | Placeholder::Haunt, _) => true,
+                (Placeholder::N, Place::Node { counted }) => counted,
+                (Placeholder::Port(_), Place::Node { .. } | Place::Ready | Place::Database) => true,
+                (Placeholder::Addr(_), Place::Node { .. } | Place::Client) => true,
+                (Placeholder::OrderId | Placeholder::ItemId | Placeholder::Qty, Place::Client) => true,
+                _ => false,
+            };
+            if !allowed {
+                let why = match p {
+                    Placeholder::N => "{n} is only for the command and env of a node with count",
+                    Placeholder::Addr(_) => {
+                        "{addr:NAME} is for nodes' commands and env and the client (the harness reads \
+                                             the database and polls readiness directly: use {port:NAME})"
+                    }
+                    Placeholder::Port(_) => "the client reaches a node through {addr:NAME}, so its link can be faulted",
+                    _ => "{order_id}, {item_id} and {qty} are only for the client",
+                };
+                return Err(c.at(span.clone(), field, why));
+            }
+            if let Placeholder::Port(name) | Placeholder::Addr(name) = p
+                && !names.contains(name)
+            {
+                let message = if counted.contains(name) {
+                    format!("{name} has a count: name one instance ({name}-1, or {name}-{{n}} in its own command)")
+                } else {
+                    let known: Vec<&str> = names.iter().copied().collect();
+                    format!("names an unknown node {name:?} (nodes: {})", known.join(", "))
+                };
+                return Err(c.at(span.clone(), field, message));
+            }
+        }
+        Ok(())
+    };
+    for (decl, &i) in nodes.iter().zip(&origin) {
+        let node = &raw.nodes[i];
+        let place = Place::Node { counted: node.count.is_some() };
+        for arg in &decl.command {
+            check(arg, node.command.span(), &format!("node[{i}].command"), place)?;
+        }
+        for (k, v) in &decl.env {
+            check(v, node.name.span(), &format!("node[{i}].env.{k}"), place)?;
+        }
+        if let (Some(ready), Some(raw_ready)) = (&decl.ready, &node.ready) {
+            check(ready, raw_ready.span(), &format!("node[{i}].ready"), Place::Ready)?;
+        }
+    }
+
+    let client = raw.client.get_ref();
+    let method = client.method.get_ref().to_ascii_uppercase();
+    if !["GET", "POST", "PUT", "PATCH"].contains(&method.as_str()) {
+        return Err(c.at(client.method.span(), "client.method", "GET, POST, PUT or PATCH"));
+    }
+    if !client.url.get_ref().starts_with("http://") {
+        return Err(c.at(client.url.span(), "client.url", "an http://… URL (through {addr:NAME})"));
+    }
+    check(client.url.get_ref(), client.url.span(), "client.url", Place::Client)?;
+    if let Some(body) = &client.body {
+        check(body.get_ref(), body.span(), "client.body", Place::Client)?;
+    }
+    let statuses = |list: &Spanned<Vec<i64>>, field: &str| -> Result<Vec<u16>, SpecError> {
+        list.get_ref()
+            .iter()
+            .map(|s| match u16::try_from(*s) {
+                Ok(s) if (100..=599).contains(&s) => Ok(s),
+                _ => Err(c.at(list.span(), field, format!("{s} is not an HTTP status"))),
+            })
+            .collect()
+    };
+    let ok = statuses(&client.ok, "client.ok")?;
+    let no_fail = Spanned::new(0..0, Vec::new());
+    let fail_list = client.fail.as_ref().unwrap_or(&no_fail);
+    let fail = statuses(fail_list, "client.fail")?;
+    if ok.is_empty() {
+        return Err(c.at(client.ok.span(), "client.ok", "empty: which statuses mean the order was committed?"));
+    }
+    if let Some(both) = ok.iter().find(|s| fail.contains(s)) {
+        return Err(c.at(fail_list.span(), "client.fail", format!("{both} is also in client.ok")));
+    }
+    if let Some(pointer) = &client.event_id
+        && !pointer.get_ref().starts_with('/')
+    {
+        return Err(c.at(pointer.span(), "client.event_id", "a JSON pointer, such as /event_id"));
+    }
+
+    let fin = raw.final_state.get_ref();
+    let db = fin.database.get_ref();
+    if !(db.starts_with("sqlite:") || db.starts_with("postgres://") || db.starts_with("postgresql://")) {
+        return Err(c.at(fin.database.span(), "final_state.database", "sqlite://PATH or postgres://…"));
+    }
+    check(db, fin.database.span(), "final_state.database", Place::Database)?;
+    for (field, query) in [("final_state.orders", &fin.orders), ("final_state.projection", &fin.projection)] {
+        if query.trim().is_empty() {
+            return Err(c.at(raw.final_state.span(), field, "empty: a SELECT"));
+        }
+    }
+
+    let system_dir = path.parent().map(Path::to_owned).unwrap_or_default();
+    let system_dir = if system_dir.as_os_str().is_empty() { PathBuf::from(".") } else { system_dir };
+    Ok(SystemSpec {
+        file: path.to_owned(),
+        name: name.clone(),
+        system_dir,
+        nodes,
+        client: ClientDecl {
+            method,
+            url: client.url.get_ref().clone(),
+            headers: client.headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            body: client.body.as_ref().map(|b| b.get_ref().clone()),
+            ok,
+            fail,
+            event_id: client.event_id.as_ref().map(|p| p.get_ref().clone()),
+        },
+        final_state: FinalDecl {
+            database: db.clone(),
+            orders: fin.orders.clone(),
+            projection: fin.projection.clone(),
+            applied: fin.applied.clone(),
+            pending: fin.pending.clone(),
+            dead_letters: fin.dead_letters.clone(),
+            quiet: fin.quiet.clone(),
+        },
+    })
+}
+
+/// The field a toml/serde message is about: `missing field `x``, `unknown
+/// field `x``, `invalid type: … for key `x``.
+fn field_of_toml_error(message: &str) -> String {
+    message
+        .split('`')
+        .nth(1)
+        .filter(|_| message.contains("field") || message.contains("key"))
+        .map_or_else(|| "(syntax)".to_owned(), str::to_owned)
+}
