@@ -8,5 +8,6 @@ mod observability;
 mod report;
 mod run;
 mod store_boundary;
+mod system;
 mod traces;
 mod tutorial;

@@ -1,0 +1,71 @@
+//! The system-file parser, driven by data: every file under
+//! `tests/system_files/good` loads; every file under `bad` is refused with the
+//! error its first line names (`# error: TEXT`: the error, after the file's
+//! path, must contain TEXT: the line, the field and the reason).
+
+use std::path::{Path, PathBuf};
+
+use haunt_chaos::system_file::spec;
+
+fn files(kind: &str) -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/system_files").join(kind);
+    let mut out: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    out.sort();
+    assert!(!out.is_empty(), "no cases in {}", dir.display());
+    out
+}
+
+#[test]
+fn good_files_load() {
+    for path in files("good") {
+        if let Err(e) = spec::load(&path) {
+            panic!("{e}");
+        }
+    }
+}
+
+#[test]
+fn bad_files_are_refused_naming_the_field_and_the_line() {
+    let mut wrong = Vec::new();
+    for path in files("bad") {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let expected = text.lines().next().and_then(|l| l.strip_prefix("# error: ")).expect("a # error: line first");
+        match spec::load(&path) {
+            Ok(_) => wrong.push(format!("{}: loaded, expected {expected:?}", path.display())),
+            Err(e) => {
+                let message = e.to_string();
+                let after_path = message.strip_prefix(&path.display().to_string()).unwrap_or(&message);
+                if !after_path.contains(expected) {
+                    wrong.push(format!("{}:\n  expected {expected:?}\n  got      {after_path:?}", path.display()));
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn instances_of_a_counted_node_fill_their_number() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/system_files/good/counted-workers.toml");
+    let s = spec::load(&path).unwrap();
+    let names: Vec<&str> = s.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["api", "worker-1", "worker-2"]);
+    assert!(s.nodes[2].command.contains(&"worker-2".to_owned()), "{:?}", s.nodes[2].command);
+    assert!(s.nodes[2].command.iter().any(|a| a.ends_with("{port:worker-2}")), "{:?}", s.nodes[2].command);
+    assert_eq!(s.nodes[2].ready.as_deref(), Some("tcp://127.0.0.1:{port:worker-2}"));
+    assert_eq!(s.client.method, "POST", "the default method");
+    assert_eq!(s.system_dir, path.parent().unwrap());
+}
+
+#[test]
+fn the_faults_a_file_allows_follow_its_nodes_and_links() {
+    use haunt_chaos::fault::Fault;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/system_files/good");
+    let minimal = spec::load(&dir.join("minimal.toml")).unwrap();
+    assert_eq!(haunt_chaos::system_file::faults_allowed(&minimal), [Fault::Kill, Fault::Partition, Fault::Delay]);
+    let counted = spec::load(&dir.join("counted-workers.toml")).unwrap();
+    assert_eq!(
+        haunt_chaos::system_file::faults_allowed(&counted),
+        [Fault::Kill, Fault::Pause, Fault::Partition, Fault::Delay]
+    );
+}

@@ -1,0 +1,159 @@
+//! `haunt run --system FILE` end to end: the reference pipeline through its
+//! system file gives what `haunt run` gives on the same seed, and a user's
+//! mistakes (a node that never becomes ready, a final-state query that fails,
+//! a bad file) are reported so they can act on them, with nothing started.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::run::{haunt_run, latest, read_json};
+
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/systems").join(name)
+}
+
+/// `(fault, target)` of every fault window, in order.
+fn windows(results: &Value) -> Vec<(String, String)> {
+    let list = results["faults"].as_array().unwrap();
+    list.iter().map(|w| (w["fault"].as_str().unwrap().to_owned(), w["target"].as_str().unwrap().to_owned())).collect()
+}
+
+const SAME_RUN: [&str; 8] =
+    ["--time-limit-s", "24", "--seed", "11", "--nemesis", "kill,pause,partition,delay", "--quiet", "--rate"];
+
+/// Runs `extra` on a fresh store; the run directory and its results.
+fn run(extra: &[&str]) -> (tempfile::TempDir, PathBuf, Value) {
+    let store = tempfile::tempdir().unwrap();
+    let mut args: Vec<&str> = SAME_RUN.to_vec();
+    args.push("50");
+    args.extend(extra);
+    let out = haunt_run(store.path(), &args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "haunt run {args:?}: {}\n{stderr}", String::from_utf8_lossy(&out.stdout));
+    let dir = latest(store.path());
+    let results = read_json(&dir.join("results.json"));
+    (store, dir, results)
+}
+
+/// `both`: arguments of both runs.
+fn assert_same_run(system_file: &Path, haunt_args: &[&str], both: &[&str]) {
+    let file = system_file.to_string_lossy().into_owned();
+    let (_a, dir, by_file) = run(&[&["--system", file.as_str()][..], both].concat());
+    let (_b, _, by_run) = run(&[haunt_args, both].concat());
+    assert_eq!(by_file["valid"], true, "{by_file:#}");
+    assert_eq!(by_run["valid"], true, "{by_run:#}");
+    assert_eq!(windows(&by_file), windows(&by_run), "the same seed, the same faults on the same targets");
+    assert_eq!(windows(&by_file).len(), 4, "every fault fired once: {:?}", windows(&by_file));
+    assert!(by_file["counts"]["applied_events"].as_u64().unwrap() > 200, "{by_file:#}");
+    assert!(by_file["delivery"]["deliveries"].as_u64().unwrap() > 0, "the orders query's delivery evidence");
+    let run_file = read_json(&dir.join("run.json"));
+    assert_eq!(run_file["faults_never_fired"], serde_json::json!([]), "{run_file:#}");
+    assert!(dir.to_string_lossy().contains("local-haunt"), "named after the file: {}", dir.display());
+}
+
+#[test]
+fn the_reference_pipeline_through_its_system_file_matches_haunt_run_on_sqlite() {
+    assert_same_run(&example("haunt.toml"), &[], &[]);
+}
+
+#[test]
+fn the_reference_pipeline_through_its_system_file_matches_haunt_run_on_postgres() {
+    let Some(admin) = haunt_testkit::postgres_admin_url() else { return };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let pid = std::process::id();
+    let by_file = rt.block_on(haunt_chaos::matrix::ScratchDb::create(&admin, &format!("haunt_sysfile_{pid}"))).unwrap();
+    let by_run = rt.block_on(haunt_chaos::matrix::ScratchDb::create(&admin, &format!("haunt_sysrun_{pid}"))).unwrap();
+    // The example, on PostgreSQL: both URLs replaced, as its comment says.
+    let text = std::fs::read_to_string(example("haunt.toml")).unwrap().replace("sqlite://{dir}/haunt.db", &by_file.url);
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("haunt.toml");
+    std::fs::write(&file, text).unwrap();
+    // haunt run puts a proxy in each service's way to PostgreSQL; the file,
+    // which does not start the database as a node, cannot: both runs fault
+    // the client's link only.
+    let both = ["--fault-targets", "client<->api"];
+    let result = std::panic::catch_unwind(|| assert_same_run(&file, &["--db", &by_run.url], &both));
+    rt.block_on(by_file.drop_now());
+    rt.block_on(by_run.drop_now());
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// A one-node system around `haunt api`, with `final_state` and `extra` lines.
+fn one_node_file(dir: &Path, command: &str, orders: &str) -> PathBuf {
+    let text = format!(
+        r#"name = "broken"
+
+[[node]]
+name = "api"
+command = {command}
+ready = "http://127.0.0.1:{{port:api}}/readyz"
+
+[client]
+url = "http://{{addr:api}}/orders"
+body = '{{"order_id": "{{order_id}}", "item_id": "{{item_id}}", "qty": {{qty}}}}'
+ok = [200, 201]
+event_id = "/event_id"
+
+[final_state]
+database = "sqlite://{{dir}}/shop.db"
+orders = "{orders}"
+projection = "SELECT item_id, reserved_qty FROM inventory_projection"
+"#
+    );
+    let path = dir.join("broken.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+const API: &str = r#"["{haunt}", "api", "--db", "sqlite://{dir}/shop.db", "--listen", "127.0.0.1:{port:api}"]"#;
+
+fn failing_run(file: &Path, store: &Path) -> String {
+    let file = file.to_string_lossy().into_owned();
+    let args = ["--system", &file, "--nemesis", "none", "--time-limit-s", "2", "--quiesce-timeout-s", "2"];
+    let out = haunt_run(store, &args).output().unwrap();
+    assert_ne!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_node_that_never_becomes_ready_is_named_with_its_command_and_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    let command = r#"["sh", "-c", "echo the config is missing >&2; exit 3"]"#;
+    let file = one_node_file(tmp.path(), command, "SELECT order_id, item_id, qty, event_id FROM orders");
+    let stderr = failing_run(&file, &tmp.path().join("store"));
+    assert!(stderr.contains("node api never became ready"), "{stderr}");
+    assert!(stderr.contains("command: sh -c echo the config is missing"), "{stderr}");
+    assert!(stderr.contains("the config is missing"), "its log's tail: {stderr}");
+    assert!(stderr.contains("exited"), "{stderr}");
+}
+
+#[test]
+fn a_final_state_query_that_fails_is_reported_with_the_database_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = one_node_file(tmp.path(), API, "SELECT order_id, item_id, qty, event_id FROM no_such_orders");
+    let stderr = failing_run(&file, &tmp.path().join("store"));
+    assert!(stderr.contains("final_state.orders failed"), "{stderr}");
+    assert!(stderr.contains("no such table: no_such_orders"), "the database's error: {stderr}");
+    assert!(stderr.contains("the query: SELECT order_id, item_id, qty, event_id FROM no_such_orders"), "{stderr}");
+}
+
+#[test]
+fn a_bad_system_file_starts_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = one_node_file(tmp.path(), API, "SELECT order_id FROM orders").with_file_name("bad.toml");
+    let text = std::fs::read_to_string(tmp.path().join("broken.toml")).unwrap().replace("{addr:api}", "{addr:apu}");
+    std::fs::write(&file, text).unwrap();
+    let store = tmp.path().join("store");
+    let stderr = failing_run(&file, &store);
+    assert!(stderr.contains("bad.toml:9: client.url: names an unknown node \"apu\""), "{stderr}");
+    assert!(!store.exists(), "no run directory for a refused file");
+    // A fault the file cannot take is refused the same way.
+    let good = one_node_file(tmp.path(), API, "SELECT order_id FROM orders").to_string_lossy().into_owned();
+    let out = haunt_run(&store, &["--system", &good, "--nemesis", "ack-loss"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--nemesis ack-loss:") && stderr.contains("cannot take it"), "{stderr}");
+    assert!(!store.exists());
+}
