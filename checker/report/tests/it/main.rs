@@ -1,0 +1,4 @@
+//! The report rendered from checked run directories (the checker's own cases).
+
+mod axes;
+mod page;
