@@ -172,6 +172,7 @@ fn time_plot<R, Y, V>(
     axis: &TimeAxis,
     faults: &[FaultWindow],
     y_range: R,
+    y_label: &dyn Fn(&V) -> String,
     draw: impl FnOnce(&mut Chart<'_, '_, Y>) -> Drawn,
 ) -> Result<String, Box<dyn Error>>
 where
@@ -197,6 +198,8 @@ where
             .light_line_style(RGBColor(0xee, 0xee, 0xee))
             .x_labels(10)
             .y_labels(plot.y_labels)
+            .x_label_formatter(&|t| number(*t))
+            .y_label_formatter(y_label)
             .x_desc(plot.x_desc)
             .y_desc(plot.y_desc)
             .label_style(("sans-serif", LABEL_FONT))
@@ -255,7 +258,7 @@ pub fn latency(results: &Results, axis: &TimeAxis) -> Result<String, Box<dyn Err
         y_labels: 12,
         name_faults: true,
     };
-    time_plot(&plot, axis, &results.faults, (lo..hi).log_scale(), |chart| {
+    time_plot(&plot, axis, &results.faults, (lo..hi).log_scale(), &|v| number(*v), |chart| {
         for (i, (name, hex)) in OUTCOMES.iter().enumerate() {
             let color = rgb(hex);
             let of = |f: fn(&OutcomeBucket) -> f64| {
@@ -305,13 +308,24 @@ pub fn throughput(results: &Results, axis: &TimeAxis) -> Result<String, Box<dyn 
         y_labels: 5,
         name_faults: true,
     };
-    time_plot(&plot, axis, &results.faults, 0.0..y_max, |chart| {
+    time_plot(&plot, axis, &results.faults, 0.0..y_max, &|v| number(*v), |chart| {
         for ((_, hex), series) in OUTCOMES.iter().zip(&rates) {
             let points = series.iter().enumerate().map(|(k, r)| (mid_s(k as u64 * bucket_ns, axis), *r));
             chart.draw_series(LineSeries::new(points, rgb(hex).stroke_width(2)))?;
         }
         Ok(())
     })
+}
+
+/// A tick label: three significant digits at most, no trailing zeros
+/// (`0.3`, not `0.30000000000000004`; `6000`, not `6000.0`).
+pub fn number(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return "0".to_owned();
+    }
+    let decimals = (2 - v.abs().log10().floor() as i32).max(0) as usize;
+    let text = format!("{v:.decimals$}");
+    if text.contains('.') { text.trim_end_matches('0').trim_end_matches('.').to_owned() } else { text }
 }
 
 /// A bucket width for labels: `1 s`, `250 ms`, `1.024 s`.
@@ -378,7 +392,7 @@ pub fn deliveries(
         y_labels: 5,
         name_faults: true,
     };
-    let all = time_plot(&plot, axis, &results.faults, 0.0..y_max, |chart| {
+    let all = time_plot(&plot, axis, &results.faults, 0.0..y_max, &|v| number(*v), |chart| {
         let points = rate.iter().enumerate().map(|(k, r)| (mid_s(k as u64 * bucket_ns, axis), *r));
         chart.draw_series(LineSeries::new(points, rgb(APPLIED_COLOR).stroke_width(2)))?;
         Ok(())
@@ -389,7 +403,7 @@ pub fn deliveries(
     let y_desc = format!("per {}", width_label(bar_s));
     let plot =
         TimePlot { height_px: 180, x_desc: "time since start (s)", y_desc: &y_desc, y_labels: 4, name_faults: false };
-    let rare = time_plot(&plot, axis, &results.faults, 0u64..y_max, |chart| {
+    let rare = time_plot(&plot, axis, &results.faults, 0u64..y_max, &u64::to_string, |chart| {
         // Two bars side by side in each bar's span, centred; no wider than
         // 12 px, so that a short run's few bars do not turn into blocks that
         // hide the fault windows behind them.
@@ -524,6 +538,14 @@ mod tests {
         assert_eq!(bars.iter().map(|b| b.2).sum::<u64>(), 600, "merging loses no redelivery");
         assert_eq!(bars.iter().map(|b| b.3).sum::<u64>(), 300);
         assert_eq!(bars[0], (0.0, 0.004, 4, 2));
+    }
+
+    #[test]
+    fn tick_labels_keep_three_significant_digits() {
+        assert_eq!(
+            [0.0, 0.30000000000000004, 0.05, 1.0, 12.5, 6000.0, 1234.5678].map(number),
+            ["0", "0.3", "0.05", "1", "12.5", "6000", "1235"]
+        );
     }
 
     #[test]
