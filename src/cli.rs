@@ -187,11 +187,23 @@ fn check(args: CheckArgs) -> i32 {
         eprintln!("haunt check: writing {}: {e}", out.display());
         return 73;
     }
+    // After results.json, which stands whatever becomes of the report.
+    let report = haunt_report::write(&args.dir, &results);
     if args.json {
         println!("{json}");
     } else {
         print!("{}", haunt_checker::summary::render(&results));
         println!("\nresults: {}", out.display());
+        if let Ok(path) = &report {
+            println!("report: {}", path.display());
+        }
     }
-    results.valid.exit_code()
+    match report {
+        Ok(_) => results.valid.exit_code(),
+        Err(e) => {
+            // 73 (EX_CANTCREAT), apart from every verdict, as for results.json.
+            eprintln!("haunt check: {e:#}");
+            73
+        }
+    }
 }

@@ -1,14 +1,23 @@
-//! `report.html` for hand-made run directories: `haunt check` writes their
-//! `results.json`, and the page is rendered from the directory as a whole
-//! (`haunt_chaos::report::render_dir`), the way `haunt run` renders its own.
+//! `report.html` from `haunt check`, for hand-made run directories: the page
+//! is rendered from the results alone (`haunt_report::write`), plus the
+//! directory's `run.json` when it has one.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
-/// A copy of a checker test case in a temp dir, checked by `haunt check`
-/// (which writes `results.json` there), with `run_json` as its `run.json`
-/// when given.
+/// A copy of a checker test case in a temp dir, with `run_json` as its
+/// `run.json` when given, checked by `haunt check` (which writes
+/// `results.json` and `report.html` there).
 fn checked_case(name: &str, run_json: Option<serde_json::Value>) -> (tempfile::TempDir, PathBuf) {
+    let (tmp, dir) = case(name);
+    if let Some(run) = run_json {
+        std::fs::write(dir.join("run.json"), run.to_string()).unwrap();
+    }
+    check(&dir);
+    (tmp, dir)
+}
+
+fn case(name: &str) -> (tempfile::TempDir, PathBuf) {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("checker/check/tests/runs").join(name);
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join(name);
@@ -17,21 +26,30 @@ fn checked_case(name: &str, run_json: Option<serde_json::Value>) -> (tempfile::T
         let entry = entry.unwrap();
         std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
     }
-    if let Some(run) = run_json {
-        std::fs::write(dir.join("run.json"), run.to_string()).unwrap();
-    }
-    check(&dir);
     (tmp, dir)
 }
 
+fn haunt_check(dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_haunt")).arg("check").arg(dir).output().unwrap()
+}
+
 fn check(dir: &Path) {
-    let out = Command::new(env!("CARGO_BIN_EXE_haunt")).arg("check").arg(dir).output().unwrap();
+    let out = haunt_check(dir);
     assert!(out.status.code().is_some_and(|c| c <= 2), "haunt check: {}", String::from_utf8_lossy(&out.stderr));
     assert!(dir.join("results.json").is_file());
 }
 
+/// The report `haunt check` wrote.
 fn render(dir: &Path) -> String {
-    haunt_chaos::report::render_dir(dir, "a hand-made run").unwrap()
+    std::fs::read_to_string(dir.join("report.html")).expect("haunt check writes report.html")
+}
+
+/// The text of every `<text>` element of the page's SVG.
+fn svg_texts(html: &str) -> Vec<String> {
+    html.split("<text ")
+        .skip(1)
+        .filter_map(|t| Some(t.split_once('>')?.1.split_once("</text>")?.0.trim().to_owned()))
+        .collect()
 }
 
 /// The cells of every row of the table with class `class`, tags stripped.
@@ -90,12 +108,13 @@ fn the_deliveries_plot_marks_redeliveries_and_absorbed_duplicates() {
     let html = render(&dir);
     assert!(html.contains(r#"aria-label="applications over time""#));
     assert!(html.contains(r#"aria-label="redeliveries and absorbed duplicates over time""#));
-    // Every application falls in the first second: e2 on attempt 3 and e4's
-    // second application on attempt 2; e2's two duplicates at e2's application.
-    assert!(html.contains("0 to 1 s: 2 applied on a redelivery"), "{html}");
-    assert!(html.contains("0 to 1 s: 2 absorbed as duplicates"), "{html}");
+    // In buckets of 1 ms: e2 applied on attempt 3 at 45 ms, with its two
+    // duplicates (drawn at e2's application), and e4's second application,
+    // on attempt 2, at 66 ms.
+    assert_eq!(table_rows(&html, "redeliveries"), [["0.045", "0.046", "1", "2"], ["0.066", "0.067", "1", "0"]]);
     // The windows are named over the plot, and in its legend.
-    assert!(html.contains(">kill worker-1</text>") && html.contains(">pause worker-2</text>"), "{html}");
+    let texts = svg_texts(&html);
+    assert!(texts.iter().any(|t| t == "kill worker-1") && texts.iter().any(|t| t == "pause worker-2"), "{texts:?}");
     assert!(html.contains(r#"</span>kill</span>"#) && html.contains(r#"</span>pause</span>"#), "{html}");
     let figures: Vec<Vec<String>> = table_rows(&html, "figures");
     let figure = |name: &str| -> String {
@@ -140,7 +159,9 @@ fn a_foreign_run_directory_without_the_new_fields_still_renders() {
     assert!(html.contains("records no delivery evidence"), "{html}");
     assert!(html.contains("does not record the duplicates the inbox absorbed"), "{html}");
     assert!(!html.contains("never fired"));
-    assert!(!html.contains("absorbed as duplicates<"), "nothing absorbed is drawn: {html}");
+    // Nothing absorbed is drawn: the redeliveries are, their duplicates unknown.
+    assert_eq!(table_rows(&html, "redeliveries"), [["0.045", "0.046", "1", "–"], ["0.066", "0.067", "1", "–"]]);
+    assert!(html.contains("how often each event was delivered is not known"), "{html}");
     // Its windows are listed; the evidence-based figures are unknown, not 0.
     let rows = table_rows(&html, "faults");
     assert_eq!(rows.len(), 2);
@@ -157,4 +178,40 @@ fn a_foreign_run_directory_without_the_new_fields_still_renders() {
     assert!(html.contains("cannot be placed on the history's clock"), "{html}");
     assert!(!html.contains(r#"aria-label="applications over time""#));
     assert!(html.contains(r#"aria-label="client op latency over time""#));
+}
+
+#[test]
+fn haunt_check_writes_a_report_for_a_hand_made_run_directory() {
+    let (_tmp, dir) = case("valid-basic");
+    assert!(!dir.join("report.html").exists());
+    let out = haunt_check(&dir);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(stdout.contains(&format!("report: {}", dir.join("report.html").display())), "{stdout}");
+    let html = render(&dir);
+    assert!(html.starts_with("<!doctype html>") && html.ends_with("</body></html>\n"));
+    assert!(html.contains("VALID: no acknowledged order lost"), "{html}");
+    // No run.json: the subtitle says so, and nothing is said of the faults' coverage.
+    assert!(html.contains(&format!("{} · no run.json", dir.display())), "{html}");
+    assert!(html.contains(r#"aria-label="client op latency over time""#), "{html}");
+    // --json prints the results alone, and writes the report all the same.
+    std::fs::remove_file(dir.join("report.html")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_haunt")).args(["check", "--json"]).arg(&dir).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("stdout is the results alone");
+    assert!(dir.join("report.html").is_file());
+}
+
+#[test]
+fn a_report_that_cannot_be_written_is_an_error_but_the_results_stand() {
+    let (_tmp, dir) = case("valid-basic");
+    // A directory where the report would go: writing it fails.
+    std::fs::create_dir(dir.join("report.html")).unwrap();
+    let out = haunt_check(&dir);
+    assert_eq!(out.status.code(), Some(73), "not a verdict");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("writing") && stderr.contains("report.html"), "{stderr}");
+    let results: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap();
+    assert_eq!(results["valid"], true);
 }

@@ -18,6 +18,7 @@ use haunt_format::jsonl::is_cut_off;
 use haunt_format::{FinalRef, FormatError, JsonlReader, OpRef, OpType, OrderRef, Process};
 
 use crate::results::FaultWindow;
+use crate::series::{OpsAt, Outcome, Timeline};
 
 /// Small strings seen over and over (items, workers, fault targets) as numbers.
 #[derive(Debug, Default)]
@@ -250,6 +251,8 @@ pub struct Fold {
     /// Invoke time and latency (ns) of every op completed after the first
     /// fault started, to place it inside or outside the fault windows.
     pub latency_timed_ns: Vec<(u64, f64)>,
+    /// Completed client ops over time, in bounded buckets.
+    pub ops_series: Timeline<OpsAt>,
     processes: HashMap<Process, ProcessState, hashbrown::DefaultHashBuilder>,
     windows: HashMap<(String, String), WindowState, hashbrown::DefaultHashBuilder>,
     window_order: Vec<(String, String)>,
@@ -328,6 +331,11 @@ impl Fold {
         self.orders.reserve(orders);
         let (orders_vec, hasher) = (&self.orders, &self.hasher);
         self.by_id.reserve(orders, |&j| hasher.hash_one(&*orders_vec[j as usize].id));
+    }
+
+    /// `time_ns` of the history's last op (0 for an empty history).
+    pub fn last_time_ns(&self) -> u64 {
+        self.last.map_or(0, |(_, t)| t)
     }
 
     pub fn order(&self, id: &str) -> Option<&Order> {
@@ -481,11 +489,21 @@ impl Fold {
         if self.first_fault_ns.is_some() {
             self.latency_timed_ns.push((invoke.time_ns, latency));
         }
-        match op.kind {
-            OpType::Ok => self.latency_ok_ns.push(latency),
-            OpType::Fail => self.latency_fail_ns.push(latency),
-            _ => self.latency_info_ns.push(latency),
-        }
+        let outcome = match op.kind {
+            OpType::Ok => {
+                self.latency_ok_ns.push(latency);
+                Outcome::Ok
+            }
+            OpType::Fail => {
+                self.latency_fail_ns.push(latency);
+                Outcome::Fail
+            }
+            _ => {
+                self.latency_info_ns.push(latency);
+                Outcome::Info
+            }
+        };
+        self.ops_series.push_op(invoke.time_ns, outcome, op.time_ns - invoke.time_ns);
         if let (Some(i), Some(v)) = (invoke.order, order_fields) {
             let o = &mut self.orders[i as usize];
             if let Some(id) = v.order_id.as_deref()

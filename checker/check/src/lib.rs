@@ -12,6 +12,8 @@
 //!   Jepsen's op rules on the way, with latencies and fault windows.
 //! - [`rules`]: the anomaly definitions and the verdict.
 //! - [`results`]: the results as data (`results.json`).
+//! - [`series`]: the bounded time series of ops and applications the report
+//!   plots, gathered in the same pass.
 //! - [`stats`], the quantiles by nearest rank.
 //! - [`summary`]: the human summary printed by `haunt check`.
 //! - [`windows`]: events and ops attributed to the fault windows they overlap.
@@ -19,6 +21,7 @@
 pub mod fold;
 pub mod results;
 pub mod rules;
+pub mod series;
 pub mod stats;
 pub mod summary;
 pub mod windows;

@@ -82,6 +82,10 @@ pub struct Results {
     pub delivery: Delivery,
     pub latency_ms: Latency,
     pub faults: Vec<FaultWindow>,
+    /// The run over time, for plots. Absent from a results.json written
+    /// before it was added.
+    #[serde(default)]
+    pub series: Series,
 }
 
 impl Results {
@@ -167,6 +171,67 @@ pub struct Delivery {
     /// Events with more than one `applied` line (from the ledger: always known).
     #[serde(default)]
     pub applied_more_than_once: u64,
+    /// `deliveries` of every `order` line that carries it -> number of events
+    /// (the events still queued included: 0 for one never delivered).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events_by_deliveries: Option<BTreeMap<u32, u64>>,
+}
+
+/// The run over time in buckets of `bucket_ns` from time 0 of the history's
+/// clock (bucket `k` holds `[k * bucket_ns, (k + 1) * bucket_ns)`). The width
+/// is chosen from the run's span, so that there are at most a few hundred
+/// buckets (`series::BUCKETS_MAX`); only the buckets that hold something are
+/// listed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Series {
+    pub bucket_ns: u64,
+    /// `time_ns` of the history's last op.
+    pub history_end_ns: u64,
+    /// Completed client ops by the bucket of their invoke (an invoke with no
+    /// completion is left out: it has no outcome and no latency).
+    pub ops: Vec<OpsBucket>,
+    /// The final state's `applied` lines by the bucket of their
+    /// `applied_at_ms`, placed on the history's clock by the `meta` line's
+    /// `run_started_at_ms` (before time 0: in the first bucket). Absent
+    /// without a `meta` line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applications: Option<Vec<ApplicationsBucket>>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OpsBucket {
+    pub start_ns: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ok: Option<OutcomeBucket>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fail: Option<OutcomeBucket>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub info: Option<OutcomeBucket>,
+}
+
+/// The ops of one outcome invoked in one bucket. The quantiles come from a
+/// log-scaled histogram (within about 6 % of the exact value); the max is
+/// exact.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OutcomeBucket {
+    pub count: u64,
+    pub latency_ms_p50: f64,
+    pub latency_ms_p99: f64,
+    pub latency_ms_max: f64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ApplicationsBucket {
+    pub start_ns: u64,
+    /// `applied` lines.
+    pub applied: u64,
+    /// Of those, lines whose `delivery_attempt` is above 1.
+    pub applied_on_redelivery: u64,
+    /// The `duplicates_absorbed` of the events first applied in this bucket
+    /// (the final state does not say when a duplicate came, only that it came
+    /// after its event was applied); absent when no `order` line carries it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duplicates_absorbed: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

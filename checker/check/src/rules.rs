@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use crate::fold::{Fold, Order};
 use crate::results::{ANOMALIES, AnomalyReport, Counts, Delivery, EXAMPLES_MAX, Example, Latency, Results, Verdict};
+use crate::series::ApplicationSeries;
 use crate::stats::quantiles;
 use crate::windows::Attribution;
 
@@ -72,6 +73,8 @@ struct Tally {
     deliveries: Option<DeliveryTally>,
     /// The sum of `duplicates_absorbed`; `None` when no row carries it.
     duplicates_absorbed: Option<u64>,
+    /// Events by their `deliveries`; `None` when no row carries it.
+    events_by_deliveries: Option<BTreeMap<u32, u64>>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -98,6 +101,7 @@ impl Tally {
         }
         if let Some(row) = &o.row {
             if let Some(d) = row.deliveries.get() {
+                *self.events_by_deliveries.get_or_insert_default().entry(d).or_default() += 1;
                 let d = u64::from(d);
                 let t = self.deliveries.get_or_insert_default();
                 t.total += d;
@@ -141,6 +145,7 @@ pub fn check(fold: &Fold) -> Results {
     let mut unexpected: HashSet<&str> = HashSet::new();
     let mut tally = Tally::default();
     let mut attribution = Attribution::new(fold);
+    let mut applications = ApplicationSeries::new(fold);
     // Sums in i128: the qty of a foreign run can be anything an i64 holds, and
     // an i64 sum that wraps could turn a mismatch into a match. i128 holds the
     // sum of up to 2^64 of them.
@@ -148,6 +153,7 @@ pub fn check(fold: &Fold) -> Results {
     for (i, o) in fold.orders.iter().enumerate() {
         tally.count(o);
         attribution.count(o);
+        applications.count(fold, i, o);
         if let Some(row) = &o.row {
             let entry = sums[row.item as usize].get_or_insert_default();
             // Pending but applied (its ack lost): its effect is in; parked: it must not be.
@@ -312,7 +318,9 @@ pub fn check(fold: &Fold) -> Results {
         deliveries_max: deliveries.map(|d| d.max),
         applied_more_than_once: tally.applied_more_than_once
             + stray_events.values().filter(|lines| lines.len() > 1).count() as u64,
+        events_by_deliveries: tally.events_by_deliveries.take(),
     };
+    let series = applications.finish(fold, tally.duplicates_absorbed.is_some());
 
     let mut faults = fold.faults.clone();
     let ops_outside_faults =
@@ -369,6 +377,7 @@ pub fn check(fold: &Fold) -> Results {
         delivery,
         latency_ms,
         faults,
+        series,
     }
 }
 

@@ -299,6 +299,24 @@ proptest! {
         prop_assert_eq!(results.counts.failed as usize, run.failed.len());
     }
 
+    /// The series lose nothing to their bounded buckets: every completed op
+    /// and every application is in one.
+    #[test]
+    fn the_series_hold_every_op_and_application(run in run_strategy()) {
+        let results = check(&run);
+        let s = &results.series;
+        let ops: u64 = s.ops.iter().flat_map(|b| [&b.ok, &b.fail, &b.info]).flatten().map(|o| o.count).sum();
+        let completed = results.latency_ms.ops.values().map(|q| q.count).sum::<u64>();
+        prop_assert_eq!(ops, completed);
+        let has_meta = run.final_state.iter().any(|l| matches!(l, FinalLine::Meta(_)));
+        match &s.applications {
+            Some(apps) => prop_assert_eq!(apps.iter().map(|b| b.applied).sum::<u64>(), results.counts.applied_lines),
+            None => prop_assert!(!has_meta),
+        }
+        prop_assert!(s.ops.windows(2).all(|w| w[0].start_ns < w[1].start_ns));
+        prop_assert!(s.ops.iter().all(|b| b.start_ns % s.bucket_ns == 0 && b.start_ns <= s.history_end_ns));
+    }
+
     #[test]
     fn lost_order_is_found(run in run_strategy(), pick in any::<prop::sample::Index>()) {
         let mut run = run;
