@@ -22,7 +22,6 @@
 //! - [`nemesis`]: the faults and their seeded schedule.
 //! - [`postgres`]: a PostgreSQL server the harness crashes and restarts.
 //! - [`run`]: one run as a sequence of phases, assembled from roles.
-//! - [`report`], which writes `report.html`.
 //! - [`synthetic`]: large synthetic run directories, for benchmarking the checker.
 //! - [`worker_metrics`]: the workers' delivery counters, scraped live for the
 //!   progress line.
@@ -38,7 +37,6 @@ pub mod pipeline;
 pub mod postgres;
 pub mod progress;
 pub mod proxy;
-pub mod report;
 pub mod roles;
 pub mod run;
 pub mod rundir;

@@ -170,7 +170,8 @@ pub async fn execute(
     run_file.verdict = Some(results.valid.as_str());
     run_file.ended_at_ms = Some(now_ms());
     write_json(&run_dir.join(RUN_FILE), &run_file)?;
-    report(&run_dir, &results, &run_file)?;
+    // From the results and run.json, as `haunt check` writes it for any run.
+    haunt_report::write(&run_dir, &results)?;
     publish_verdict(&metrics, &results);
     if options.metrics_listen.is_some() && !options.metrics_linger.is_zero() {
         tokio::time::sleep(options.metrics_linger).await;
@@ -278,35 +279,6 @@ async fn read_final_state(system: &dyn System, run_dir: &Path, quiet: bool, reco
     writer.write(&FinalLine::Meta(meta))?;
     writer.flush()?;
     Ok(())
-}
-
-/// `report.html`, from the results and the run directory.
-fn report(run_dir: &Path, results: &Results, run_file: &RunFile) -> anyhow::Result<()> {
-    let options = &run_file.options;
-    let faults: Vec<&str> = options.faults.iter().map(|f| f.name()).collect();
-    let subtitle = format!(
-        "{} · seed {} · revision {} · {} workers · nemesis {} · db {}",
-        run_dir.display(),
-        options.seed,
-        options.git_revision,
-        options.workers,
-        if faults.is_empty() { "none".to_owned() } else { faults.join(",") },
-        run_file.db
-    );
-    let history = std::fs::read_to_string(run_dir.join(HISTORY_FILE)).unwrap_or_default();
-    let final_state = std::fs::read_to_string(run_dir.join(FINAL_STATE_FILE)).unwrap_or_default();
-    let coverage = crate::report::Coverage {
-        faults_fired: run_file.faults_fired.clone(),
-        faults_never_fired: run_file.faults_never_fired.clone(),
-    };
-    let page = crate::report::Page {
-        results,
-        history: &history,
-        final_state: &final_state,
-        coverage: &coverage,
-        subtitle: &subtitle,
-    };
-    std::fs::write(run_dir.join("report.html"), crate::report::render(&page)).context("writing report.html")
 }
 
 /// The verdict on the harness's metrics, for a last scrape.
