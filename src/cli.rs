@@ -43,7 +43,8 @@ enum Command {
     /// Benchmarks, each against a baseline measured in the same run.
     #[command(subcommand)]
     Bench(crate::bench::BenchCommand),
-    /// Check a run directory (history.jsonl + final-state.jsonl) and write results.json.
+    /// Check a run directory (history.jsonl + final-state.jsonl, from haunt or any
+    /// other tool) and write results.json and report.html beside them.
     ///
     /// Exit status: 0 valid, 1 invalid (anomalies found), 2 unknown, 65 input that
     /// does not follow the run-directory format (file and line on stderr), 66 no

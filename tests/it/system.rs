@@ -81,30 +81,13 @@ fn the_reference_pipeline_through_its_system_file_matches_haunt_run_on_postgres(
     }
 }
 
-/// A one-node system around `haunt api`, with `final_state` and `extra` lines.
-fn one_node_file(dir: &Path, command: &str, orders: &str) -> PathBuf {
-    let text = format!(
-        r#"name = "broken"
-
-[[node]]
-name = "api"
-command = {command}
-ready = "http://127.0.0.1:{{port:api}}/readyz"
-
-[client]
-url = "http://{{addr:api}}/orders"
-body = '{{"order_id": "{{order_id}}", "item_id": "{{item_id}}", "qty": {{qty}}}}'
-ok = [200, 201]
-event_id = "/event_id"
-
-[final_state]
-database = "sqlite://{{dir}}/shop.db"
-orders = "{orders}"
-projection = "SELECT item_id, reserved_qty FROM inventory_projection"
-"#
-    );
+/// The one-node system of `tests/it/systems/one-node.toml` with `command`,
+/// its orders query reading `orders_table`.
+fn one_node_file(dir: &Path, command: &str, orders_table: &str) -> PathBuf {
+    let template = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/systems/one-node.toml");
+    let text = std::fs::read_to_string(template).unwrap();
     let path = dir.join("broken.toml");
-    std::fs::write(&path, text).unwrap();
+    std::fs::write(&path, text.replace("@COMMAND@", command).replace("@ORDERS_TABLE@", orders_table)).unwrap();
     path
 }
 
@@ -122,7 +105,7 @@ fn failing_run(file: &Path, store: &Path) -> String {
 fn a_node_that_never_becomes_ready_is_named_with_its_command_and_log() {
     let tmp = tempfile::tempdir().unwrap();
     let command = r#"["sh", "-c", "echo the config is missing >&2; exit 3"]"#;
-    let file = one_node_file(tmp.path(), command, "SELECT order_id, item_id, qty, event_id FROM orders");
+    let file = one_node_file(tmp.path(), command, "orders");
     let stderr = failing_run(&file, &tmp.path().join("store"));
     assert!(stderr.contains("node api never became ready"), "{stderr}");
     assert!(stderr.contains("command: sh -c echo the config is missing"), "{stderr}");
@@ -133,7 +116,7 @@ fn a_node_that_never_becomes_ready_is_named_with_its_command_and_log() {
 #[test]
 fn a_final_state_query_that_fails_is_reported_with_the_database_error() {
     let tmp = tempfile::tempdir().unwrap();
-    let file = one_node_file(tmp.path(), API, "SELECT order_id, item_id, qty, event_id FROM no_such_orders");
+    let file = one_node_file(tmp.path(), API, "no_such_orders");
     let stderr = failing_run(&file, &tmp.path().join("store"));
     assert!(stderr.contains("final_state.orders failed"), "{stderr}");
     assert!(stderr.contains("no such table: no_such_orders"), "the database's error: {stderr}");
@@ -143,15 +126,15 @@ fn a_final_state_query_that_fails_is_reported_with_the_database_error() {
 #[test]
 fn a_bad_system_file_starts_nothing() {
     let tmp = tempfile::tempdir().unwrap();
-    let file = one_node_file(tmp.path(), API, "SELECT order_id FROM orders").with_file_name("bad.toml");
+    let file = one_node_file(tmp.path(), API, "orders").with_file_name("bad.toml");
     let text = std::fs::read_to_string(tmp.path().join("broken.toml")).unwrap().replace("{addr:api}", "{addr:apu}");
     std::fs::write(&file, text).unwrap();
     let store = tmp.path().join("store");
     let stderr = failing_run(&file, &store);
-    assert!(stderr.contains("bad.toml:9: client.url: names an unknown node \"apu\""), "{stderr}");
+    assert!(stderr.contains("bad.toml:11: client.url: names an unknown node \"apu\""), "{stderr}");
     assert!(!store.exists(), "no run directory for a refused file");
     // A fault the file cannot take is refused the same way.
-    let good = one_node_file(tmp.path(), API, "SELECT order_id FROM orders").to_string_lossy().into_owned();
+    let good = one_node_file(tmp.path(), API, "orders").to_string_lossy().into_owned();
     let out = haunt_run(&store, &["--system", &good, "--nemesis", "ack-loss"]).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--nemesis ack-loss:") && stderr.contains("cannot take it"), "{stderr}");

@@ -70,6 +70,11 @@ pub struct Results {
     /// rest on absence when the final state is truncated. Their count is 0.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_evaluated: Vec<String>,
+    /// Whether the final state had a ledger of applications. Without one
+    /// (`false`) the per-event rules ([`crate::rules::LEDGER_RULES`]) are in
+    /// `not_evaluated` and the projection was compared with the orders alone.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub ledger: bool,
     pub counts: Counts,
     /// Every anomaly of [`ANOMALIES`], with a count of zero when absent.
     pub anomalies: BTreeMap<String, AnomalyReport>,
@@ -86,6 +91,14 @@ pub struct Results {
     /// before it was added.
     #[serde(default)]
     pub series: Series,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 impl Results {
@@ -134,6 +147,11 @@ pub struct Example {
     /// The first invoke of the order, on the history clock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_ns: Option<u64>,
+    /// For a `projection-mismatch`: `over` (the projection holds more than
+    /// the orders: an effect applied more than once somewhere) or `under`
+    /// (less: an effect lost somewhere); absent when only the ledger disagrees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub direction: Option<String>,
     pub why: String,
 }
 

@@ -51,6 +51,7 @@ fn example(order: &Order, event_id: Option<&str>, why: String) -> Example {
         event_id: event_id.map(str::to_owned),
         item_id: None,
         time_ns: order.invoked.then_some(order.first_invoke_ns),
+        direction: None,
         why,
     }
 }
@@ -125,6 +126,20 @@ impl Tally {
 /// a truncated final state cannot show.
 pub const ABSENCE_RULES: [&str; 3] = ["lost-order", "lost-effect", "projection-mismatch"];
 
+/// The rules that need a ledger of applications (`applied` lines): without one
+/// (`"ledger": false` on the meta line) they are not evaluated, and the
+/// projection is judged against the orders alone.
+pub const LEDGER_RULES: [&str; 2] = ["lost-effect", "double-applied"];
+
+/// An item's sums: the applied effects, the orders whose effect must be in,
+/// and, without a ledger, the orders still queued, whose effect may or may not be.
+#[derive(Debug, Clone, Copy, Default)]
+struct Sums {
+    applied: i128,
+    orders: i128,
+    maybe: i128,
+}
+
 /// Decides the run.
 pub fn check(fold: &Fold) -> Results {
     let mut anomalies = Anomalies::new();
@@ -132,6 +147,8 @@ pub fn check(fold: &Fold) -> Results {
     // A cut final state proves nothing by absence: a row not read may simply
     // not have been written. The rules that rest on absence wait for a whole one.
     let absence_proves = final_present && !fold.final_truncated;
+    // Without a ledger no event can be followed: only the projection speaks.
+    let ledger = fold.meta.as_ref().and_then(|m| m.ledger) != Some(false);
 
     // Applied lines that joined no order row name their order by id only; an
     // order with such a line is present as an effect.
@@ -149,7 +166,7 @@ pub fn check(fold: &Fold) -> Results {
     // Sums in i128: the qty of a foreign run can be anything an i64 holds, and
     // an i64 sum that wraps could turn a mismatch into a match. i128 holds the
     // sum of up to 2^64 of them.
-    let mut sums: Vec<Option<(i128, i128)>> = vec![None; fold.strings.names.len()];
+    let mut sums: Vec<Option<Sums>> = vec![None; fold.strings.names.len()];
     for (i, o) in fold.orders.iter().enumerate() {
         tally.count(o);
         attribution.count(o);
@@ -158,7 +175,9 @@ pub fn check(fold: &Fold) -> Results {
             let entry = sums[row.item as usize].get_or_insert_default();
             // Pending but applied (its ack lost): its effect is in; parked: it must not be.
             if !o.dead && (!o.pending || o.applied.count > 0) {
-                entry.1 += i128::from(row.qty);
+                entry.orders += i128::from(row.qty);
+            } else if !o.dead && !ledger {
+                entry.maybe += i128::from(row.qty);
             }
         }
         let has_stray = stray_by_order.contains_key(&*o.id);
@@ -178,11 +197,11 @@ pub fn check(fold: &Fold) -> Results {
             } else if o.extra_rows > 0 && unexpected.insert(&o.id) {
                 anomalies.add("unexpected-effect", example(o, Some(&row.event), "order present more than once".into()));
             }
-            if absence_proves && o.applied.count == 0 && !o.pending && !o.dead {
+            if ledger && absence_proves && o.applied.count == 0 && !o.pending && !o.dead {
                 let why = "order present but its event was never applied, is not queued and not dead-lettered";
                 anomalies.add("lost-effect", example(o, Some(&row.event), why.into()));
             }
-            if o.applied.count > 1 {
+            if ledger && o.applied.count > 1 {
                 let extra = fold.extra_applications.get(&(i as u32)).map(Vec::as_slice).unwrap_or(&[]);
                 let all: Vec<_> = o.applied.first.iter().chain(extra).collect();
                 let attempts: Vec<String> = all.iter().map(|a| a.attempt.to_string()).collect();
@@ -219,6 +238,7 @@ pub fn check(fold: &Fold) -> Results {
                 event_id: Some(event.to_string()),
                 item_id: None,
                 time_ns: fold.order(&first.order_id).filter(|o| o.invoked).map(|o| o.first_invoke_ns),
+                direction: None,
                 why: format!("applied {} times (delivery attempts {})", lines.len(), attempts.join(", ")),
             };
             anomalies.add("double-applied", ex);
@@ -247,6 +267,7 @@ pub fn check(fold: &Fold) -> Results {
                     event_id: Some(a.event.to_string()),
                     item_id: None,
                     time_ns: fold.order(&a.order_id).filter(|o| o.invoked).map(|o| o.first_invoke_ns),
+                    direction: None,
                     why,
                 };
                 anomalies.add("unexpected-effect", ex);
@@ -257,31 +278,59 @@ pub fn check(fold: &Fold) -> Results {
     // The projection against both of its sources, summed by interned item (one
     // array slot each, no lookup per order), then named.
     for (&item, &sum) in &fold.applied_sum {
-        sums[item as usize].get_or_insert_default().0 += sum;
+        sums[item as usize].get_or_insert_default().applied += sum;
     }
     for &item in fold.projection.keys() {
         sums[item as usize].get_or_insert_default();
     }
-    let items: BTreeMap<&str, (i128, i128)> = if absence_proves {
+    let items: BTreeMap<&str, Sums> = if absence_proves {
         sums.iter().enumerate().filter_map(|(i, s)| Some((fold.strings.name(i as u32), (*s)?))).collect()
     } else {
         BTreeMap::new()
     };
     let projection: HashMap<&str, i64> = fold.projection.iter().map(|(&i, &q)| (fold.strings.name(i), q)).collect();
-    for (item, (applied_sum, orders_sum)) in items {
+    for (item, sum) in items {
         let reserved = i128::from(projection.get(item).copied().unwrap_or(0));
-        if reserved != applied_sum || reserved != orders_sum {
-            let ex = Example {
-                order_id: None,
-                event_id: None,
-                item_id: Some(item.to_owned()),
-                time_ns: None,
-                why: format!(
-                    "reserved_qty {reserved}, but applied effects sum to {applied_sum} and the orders to {orders_sum}"
-                ),
-            };
-            anomalies.add("projection-mismatch", ex);
-        }
+        let (why, direction) = if ledger {
+            let Sums { applied, orders, .. } = sum;
+            if reserved == applied && reserved == orders {
+                continue;
+            }
+            let direction = (reserved != orders).then_some(if reserved > orders { "over" } else { "under" });
+            (
+                format!("reserved_qty {reserved}, but applied effects sum to {applied} and the orders to {orders}"),
+                direction,
+            )
+        } else {
+            // Queued orders may be in or not: any reserved_qty between counts.
+            let (low, high) = (sum.orders, sum.orders + sum.maybe);
+            let queued = if sum.maybe > 0 { format!(" (and {} more queued)", sum.maybe) } else { String::new() };
+            if reserved > high {
+                let why = format!(
+                    "reserved_qty {reserved}, but the orders sum to {low}{queued}: over by {}, an effect applied more \
+                     than once somewhere",
+                    reserved - high
+                );
+                (why, Some("over"))
+            } else if reserved < low {
+                let why = format!(
+                    "reserved_qty {reserved}, but the orders sum to {low}: under by {}, an effect lost somewhere",
+                    low - reserved
+                );
+                (why, Some("under"))
+            } else {
+                continue;
+            }
+        };
+        let ex = Example {
+            order_id: None,
+            event_id: None,
+            item_id: Some(item.to_owned()),
+            time_ns: None,
+            direction: direction.map(str::to_owned),
+            why,
+        };
+        anomalies.add("projection-mismatch", ex);
     }
 
     // Reported, not failures: recovered, dead_lettered and pending, in the tally.
@@ -362,13 +411,21 @@ pub fn check(fold: &Fold) -> Results {
         unknown_reasons.clear();
     }
 
-    let not_evaluated =
+    let mut not_evaluated: Vec<String> =
         if final_present && !absence_proves { ABSENCE_RULES.map(str::to_owned).to_vec() } else { Vec::new() };
+    if !ledger {
+        for rule in LEDGER_RULES {
+            if !not_evaluated.iter().any(|n| n == rule) {
+                not_evaluated.push(rule.to_owned());
+            }
+        }
+    }
 
     Results {
         valid,
         unknown_reasons,
         not_evaluated,
+        ledger,
         counts,
         anomalies: anomalies.reports,
         recovered: tally.recovered,

@@ -49,16 +49,38 @@ fn thousands(n: u64) -> String {
     out
 }
 
-pub fn render(results: &Results) -> String {
-    let mut out = String::new();
-    let verdict = match results.valid {
+/// The verdict in words, the first line of the summary and of the report.
+pub fn headline(results: &Results) -> &'static str {
+    match results.valid {
+        Verdict::Valid if !results.ledger => {
+            "VALID, from the projection alone: every item's projection matches its orders"
+        }
         Verdict::Valid => "VALID: no acknowledged order lost, no event applied twice",
         Verdict::Invalid => "INVALID: anomalies found",
         Verdict::Unknown => "UNKNOWN: the run cannot be decided",
-    };
-    let _ = writeln!(out, "{verdict}");
+    }
+}
+
+/// What the verdict could not look at because the system keeps no ledger, if so.
+pub fn no_ledger(results: &Results) -> Option<String> {
+    (!results.ledger).then(|| {
+        format!(
+            "no ledger: the system keeps no record of each application, so per-event anomalies were not \
+             available ({} not evaluated); the projection was compared with the orders alone, where an effect \
+             lost and another applied twice on the same item cancel out",
+            results.not_evaluated.join(", ")
+        )
+    })
+}
+
+pub fn render(results: &Results) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{}", headline(results));
     for reason in &results.unknown_reasons {
         let _ = writeln!(out, "  because {reason}");
+    }
+    if let Some(note) = no_ledger(results) {
+        let _ = writeln!(out, "  {note}");
     }
     let c = &results.counts;
     let _ = writeln!(
@@ -95,7 +117,10 @@ pub fn render(results: &Results) -> String {
                 let subject = match (&ex.order_id, &ex.event_id, &ex.item_id) {
                     (Some(o), Some(e), _) => format!("order {o} event {e}"),
                     (Some(o), None, _) => format!("order {o}"),
-                    (None, _, Some(i)) => format!("item {i}"),
+                    (None, _, Some(i)) => match &ex.direction {
+                        Some(d) => format!("item {i} ({d})"),
+                        None => format!("item {i}"),
+                    },
                     _ => String::from("-"),
                 };
                 let _ = writeln!(out, "    {subject}: {}", ex.why);

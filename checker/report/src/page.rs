@@ -367,11 +367,12 @@ fn faults(h: &mut String, results: &Results, run: &RunInfo, never: &str) {
 /// The whole page.
 pub fn render(results: &Results, run: &RunInfo) -> String {
     let axis = TimeAxis::of(results);
-    let (verdict_class, verdict_text) = match results.valid {
-        Verdict::Valid => ("valid", "VALID: no acknowledged order lost, no event applied twice"),
-        Verdict::Invalid => ("invalid", "INVALID: anomalies found"),
-        Verdict::Unknown => ("unknown", "UNKNOWN: the run cannot be decided"),
+    let verdict_class = match results.valid {
+        Verdict::Valid => "valid",
+        Verdict::Invalid => "invalid",
+        Verdict::Unknown => "unknown",
     };
+    let verdict_text = haunt_checker::summary::headline(results);
     let mut h = String::new();
     let _ = write!(
         h,
@@ -383,6 +384,9 @@ pub fn render(results: &Results, run: &RunInfo) -> String {
     );
     for reason in &results.unknown_reasons {
         let _ = write!(h, "<p>because {}</p>", esc(reason));
+    }
+    if let Some(note) = haunt_checker::summary::no_ledger(results) {
+        let _ = write!(h, r#"<div class="never-fired">{}</div>"#, esc(&note));
     }
     let never = never_fired(run);
     h.push_str(&never);
