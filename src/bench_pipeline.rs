@@ -33,7 +33,6 @@
 //! The baselines and the resets are SQL on the pipeline's tables, so they live
 //! in the store ([`haunt_store::Baseline`]); this file only calls them.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -136,21 +135,19 @@ async fn haunt_drain(db: &str, workers: usize, batch_size: u32, n: usize) -> any
             poll_interval: Duration::from_millis(5),
             ..haunt_worker::WorkerConfig::default()
         };
-        let worker = haunt_worker::Worker::new(
-            store,
-            config,
-            Arc::new(haunt_worker::Faults::default()),
-            Arc::new(haunt_telemetry::metrics::WorkerMetrics::default()),
-        );
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        running.push((stop, tokio::spawn(async move { worker.run(stopped).await })));
+        let config = haunt_worker::RunConfig { worker: config, ..haunt_worker::RunConfig::default() };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let shutdown = async {
+            let _ = stopped.await;
+        };
+        running.push((stop, tokio::spawn(haunt_worker::run(None, store, config, shutdown))));
     }
     let watcher = Store::connect(db, StoreOptions::default()).await?;
     wait_drained(&watcher, started, || Ok(())).await.with_context(|| format!("haunt's workers, {n} events"))?;
     let elapsed = started.elapsed().as_secs_f64();
     for (stop, task) in running {
-        let _ = stop.send(true);
-        let _ = task.await;
+        let _ = stop.send(());
+        task.await.context("joining a worker")??;
     }
     watcher.close().await;
     Ok(n as f64 / elapsed)

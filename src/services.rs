@@ -2,13 +2,11 @@
 //! structs and the few lines that start each service.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use haunt_store::{Bug, Store, StoreOptions};
 use haunt_telemetry::logging::{self, LogFormat};
-use tokio::sync::watch;
 
 /// The embedded default: a SQLite file in the working directory.
 pub const DEFAULT_DB: &str = "sqlite://haunt.db";
@@ -155,49 +153,38 @@ pub async fn api(args: ApiArgs) -> anyhow::Result<()> {
 
 pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     let telemetry = logging::init("haunt-worker", args.service.log_format)?;
-    // Checked before connecting, so a bad flag fails at once.
-    let faults = haunt_worker::Faults::new(args.ack_fail_rate, args.clock_offset_ms).map_err(anyhow::Error::msg)?;
-    let store = connect(&args.service.db, args.service.bug).await?;
-    let faults = Arc::new(faults.with_db_errors(store.injected_errors().clone()));
-    let next = haunt_worker::faults::FaultSettings { ack_fail_next: Some(args.ack_fail_next), ..Default::default() };
-    faults.set(&next).map_err(anyhow::Error::msg)?;
     let worker_id = args.worker_id.unwrap_or_else(|| format!("worker-{}", std::process::id()));
-    let config = haunt_worker::WorkerConfig {
-        worker_id: worker_id.clone(),
-        visibility_timeout: Duration::from_millis(args.visibility_timeout_ms),
-        batch_size_max: args.batch_size_max.max(1),
-        delivery_attempts_max: args.delivery_attempts_max.max(1),
-        poll_interval: Duration::from_millis(args.poll_interval_ms),
-        concurrency: args.concurrency.max(1),
-        bug: args.service.bug,
-        ..haunt_worker::WorkerConfig::default()
+    let config = haunt_worker::RunConfig {
+        worker: haunt_worker::WorkerConfig {
+            worker_id: worker_id.clone(),
+            visibility_timeout: Duration::from_millis(args.visibility_timeout_ms),
+            batch_size_max: args.batch_size_max.max(1),
+            delivery_attempts_max: args.delivery_attempts_max.max(1),
+            poll_interval: Duration::from_millis(args.poll_interval_ms),
+            concurrency: args.concurrency.max(1),
+            bug: args.service.bug,
+            ..haunt_worker::WorkerConfig::default()
+        },
+        faults: haunt_worker::faults::FaultSettings {
+            ack_fail_rate: Some(args.ack_fail_rate),
+            ack_fail_next: Some(args.ack_fail_next),
+            clock_offset_ms: Some(args.clock_offset_ms),
+            ..Default::default()
+        },
+        admin_token: admin_token(),
     };
-    let metrics = Arc::new(haunt_telemetry::metrics::WorkerMetrics::default());
-    let worker = haunt_worker::Worker::new(store.clone(), config, faults.clone(), metrics.clone());
-    let (stop, stopped) = watch::channel(false);
-    if let Some(addr) = args.metrics_listen {
-        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
-        let app = haunt_worker::http::router(store.clone(), metrics, faults, admin_token());
-        let mut until = stopped.clone();
-        tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = until.wait_for(|s| *s).await;
-            };
-            if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
-                tracing::error!(error = ?e, "metrics server failed");
-            }
-        });
-    }
+    // Checked before connecting, so a bad flag fails at once.
+    config.check().map_err(anyhow::Error::msg)?;
+    let store = connect(&args.service.db, args.service.bug).await?;
+    let listener = match args.metrics_listen {
+        Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?),
+        None => None,
+    };
     tracing::info!(%worker_id, db = %args.service.db.db, bug = ?args.service.bug, "worker ready");
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        tracing::info!("shutting down: no new leases, finishing in-flight deliveries");
-        let _ = stop.send(true);
-    });
-    worker.run(stopped).await;
+    let ran = haunt_worker::run(listener, store.clone(), config, shutdown_signal()).await;
     store.close().await;
     telemetry.shutdown().await;
-    Ok(())
+    Ok(ran?)
 }
 
 pub async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {

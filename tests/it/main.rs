@@ -3,10 +3,12 @@
 mod bench;
 mod check;
 mod docker;
+mod invariants;
 mod matrix;
 mod observability;
 mod report;
 mod run;
+mod source;
 mod store_boundary;
 mod system;
 mod traces;

@@ -18,7 +18,9 @@
 //! (`format!("DELETE FROM {table}")`). A name built any other way (a table
 //! name in a `&str` concatenated with `+`, say) is not seen.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use crate::source::{rust_files, string_literals, workspace};
 
 const TABLES: [&str; 6] =
     ["orders", "queue_messages", "inbox_processed", "inventory_projection", "projection_ledger", "dead_letters"];
@@ -30,123 +32,6 @@ const KEYWORDS: [&str; 6] = ["from", "into", "update", "join", "truncate", "tabl
 const VERBS: [&str; 5] = ["select", "insert", "update", "delete", "truncate"];
 /// What a placeholder where a table goes is reported as.
 const SPLICED: &str = "{a table spliced in}";
-
-/// Directory levels below the workspace root: the deepest source file is four
-/// levels down (`services/api/tests/it/x.rs`); 16 stops a symlink loop.
-const DEPTH_MAX: usize = 16;
-
-/// A string literal: the line it starts on and its text, with escapes turned
-/// into spaces (an escaped newline stays a newline, so lines still count).
-#[derive(Debug, PartialEq)]
-struct Literal {
-    line: usize,
-    text: String,
-}
-
-fn is_ident(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b == b'_' || b >= 0x80
-}
-
-/// The string literals of a Rust source file, comments skipped.
-fn string_literals(src: &str) -> Vec<Literal> {
-    let b = src.as_bytes();
-    let mut out = Vec::new();
-    let (mut i, mut line) = (0, 1);
-    while i < b.len() {
-        match b[i] {
-            b'\n' => {
-                line += 1;
-                i += 1;
-            }
-            b'/' if b.get(i + 1) == Some(&b'/') => {
-                while i < b.len() && b[i] != b'\n' {
-                    i += 1;
-                }
-            }
-            b'/' if b.get(i + 1) == Some(&b'*') => {
-                let mut depth = 0;
-                while i < b.len() {
-                    if b[i..].starts_with(b"/*") {
-                        depth += 1;
-                        i += 2;
-                    } else if b[i..].starts_with(b"*/") {
-                        depth -= 1;
-                        i += 2;
-                        if depth == 0 {
-                            break;
-                        }
-                    } else {
-                        line += usize::from(b[i] == b'\n');
-                        i += 1;
-                    }
-                }
-            }
-            b'"' => i = quoted(b, i + 1, &mut line, &mut out),
-            b'\'' => {
-                // A char literal, or a lifetime (`'a`), which has no closing quote.
-                if b.get(i + 1) == Some(&b'\\') {
-                    i += 3;
-                    while i < b.len() && b[i] != b'\'' {
-                        i += 1;
-                    }
-                    i += 1;
-                } else {
-                    let len = src[i + 1..].chars().next().map_or(1, char::len_utf8);
-                    i += if b.get(i + 1 + len) == Some(&b'\'') { len + 2 } else { 1 };
-                }
-            }
-            c if is_ident(c) => {
-                let start = i;
-                while i < b.len() && is_ident(b[i]) {
-                    i += 1;
-                }
-                let word = &src[start..i];
-                if matches!(word, "r" | "br" | "cr") && matches!(b.get(i), Some(b'"' | b'#')) {
-                    let hashes = b[i..].iter().take_while(|&&c| c == b'#').count();
-                    if b.get(i + hashes) != Some(&b'"') {
-                        continue; // a raw identifier, r#type
-                    }
-                    let body = i + hashes + 1;
-                    let mut close = b"\"".to_vec();
-                    close.extend(std::iter::repeat_n(b'#', hashes));
-                    let end = b[body..].windows(close.len()).position(|w| w == close).map_or(b.len(), |p| body + p);
-                    let text = src[body..end].to_owned();
-                    out.push(Literal { line, text: text.clone() });
-                    line += text.matches('\n').count();
-                    i = (end + close.len()).min(b.len());
-                } else if matches!(word, "b" | "c") && b.get(i) == Some(&b'"') {
-                    i = quoted(b, i + 1, &mut line, &mut out);
-                }
-            }
-            _ => i += 1,
-        }
-    }
-    out
-}
-
-/// Reads a `"…"` literal whose text starts at `i`; returns the index after it.
-fn quoted(b: &[u8], mut i: usize, line: &mut usize, out: &mut Vec<Literal>) -> usize {
-    let start_line = *line;
-    let mut text = Vec::new();
-    while i < b.len() && b[i] != b'"' {
-        match b[i] {
-            b'\\' => {
-                text.push(b' ');
-                let escaped = b.get(i + 1).copied().unwrap_or(b' ');
-                text.push(if escaped == b'\n' { b'\n' } else { b' ' });
-                *line += usize::from(escaped == b'\n');
-                i += 2;
-            }
-            c => {
-                *line += usize::from(c == b'\n');
-                text.push(c);
-                i += 1;
-            }
-        }
-    }
-    out.push(Literal { line: start_line, text: String::from_utf8_lossy(&text).into_owned() });
-    i + 1
-}
 
 /// `(line offset within the literal, keyword, table)` for each table named
 /// after an SQL keyword.
@@ -210,32 +95,6 @@ const NOT_SQL: [(&str, &str, &str); 1] = [
 
 fn allowed(file: &Path, line: &str, table: &str) -> bool {
     NOT_SQL.iter().any(|(f, t, piece)| file == Path::new(f) && *t == table && line.contains(piece))
-}
-
-/// Every `.rs` file under `dir`, skipping build output, hidden directories and
-/// the paths in `skip`.
-fn rust_files(dir: &Path, skip: &[PathBuf], depth: usize, out: &mut Vec<PathBuf>) {
-    assert!(depth < DEPTH_MAX, "{} is nested deeper than {DEPTH_MAX} levels", dir.display());
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .collect();
-    entries.sort();
-    for path in entries {
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if name.starts_with('.') || name == "target" || skip.contains(&path) {
-            continue;
-        }
-        if path.is_dir() {
-            rust_files(&path, skip, depth + 1, out);
-        } else if name.ends_with(".rs") {
-            out.push(path);
-        }
-    }
-}
-
-fn workspace() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 #[test]

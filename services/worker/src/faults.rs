@@ -79,6 +79,23 @@ pub struct FaultSettings {
     pub stall_after_lease_ms: Option<u64>,
 }
 
+impl FaultSettings {
+    /// Whether every value is in range; the error names the first that is not.
+    pub fn check(&self) -> Result<(), FaultError> {
+        rate("ack_fail_rate", self.ack_fail_rate)?;
+        rate("db_error_rate", self.db_error_rate)?;
+        if let Some(ms) = self.stall_after_lease_ms
+            && ms > STALL_MS_MAX
+        {
+            return Err(FaultError {
+                field: "stall_after_lease_ms",
+                message: format!("stall_after_lease_ms must be at most {STALL_MS_MAX}, got {ms}"),
+            });
+        }
+        Ok(())
+    }
+}
+
 impl Faults {
     pub fn new(ack_fail_rate: f64, clock_offset_ms: i64) -> Result<Faults, FaultError> {
         let faults = Faults::default();
@@ -98,16 +115,7 @@ impl Faults {
 
     /// Applies `settings`, or changes nothing if any value is out of range.
     pub fn set(&self, settings: &FaultSettings) -> Result<(), FaultError> {
-        rate("ack_fail_rate", settings.ack_fail_rate)?;
-        rate("db_error_rate", settings.db_error_rate)?;
-        if let Some(ms) = settings.stall_after_lease_ms
-            && ms > STALL_MS_MAX
-        {
-            return Err(FaultError {
-                field: "stall_after_lease_ms",
-                message: format!("stall_after_lease_ms must be at most {STALL_MS_MAX}, got {ms}"),
-            });
-        }
+        settings.check()?;
         // Every value is checked: from here on nothing can fail halfway.
         if let Some(rate) = settings.db_error_rate {
             self.db_errors.set_rate(rate).map_err(|message| FaultError { field: "db_error_rate", message })?;

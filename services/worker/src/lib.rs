@@ -8,12 +8,17 @@
 //!
 //! # Layout
 //!
+//! - [`run`] and [`RunConfig`]: a whole worker process over an open store (the
+//!   fault switches wired to the store, the loops, the HTTP side, the
+//!   shutdown), for `haunt worker` and for tests on `127.0.0.1:0`.
 //! - [`Worker`] and [`WorkerConfig`]: the lease/apply/ack loop and its bounds.
-//! - [`faults`]: the switches the nemesis flips at run time (ack loss, clock offset).
+//! - [`faults`]: the switches the nemesis flips at run time (ack loss, clock
+//!   offset, database errors, a stall after a lease).
 //! - [`http`]: `/metrics`, `/healthz` and the token-guarded fault endpoint.
 
 pub mod faults;
 pub mod http;
+mod run;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,6 +30,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 pub use faults::Faults;
+pub use run::{RunConfig, RunError, run};
 
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {

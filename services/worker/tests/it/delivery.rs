@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use haunt_format::FinalLine;
 use haunt_testkit::{TestDb, databases};
-use haunt_worker::WorkerConfig;
 use haunt_worker::faults::FaultSettings;
+use haunt_worker::{RunConfig, WorkerConfig};
 
-use crate::{counter, order, spawn, store, wait_until};
+use crate::{TOKEN, counter, order, spawn, start, store, wait_until};
 
 /// The tutorial's hands-on: the first two acks are lost, so the event comes
 /// three times; the inbox lets it through once and counts two duplicates.
@@ -24,15 +24,16 @@ async fn one_event_delivered_three_times_is_applied_once() {
             concurrency: 1,
             ..WorkerConfig::default()
         };
-        let w = spawn(store.clone(), config, 0.0);
-        w.faults.set(&FaultSettings { ack_fail_next: Some(2), ..FaultSettings::default() }).unwrap();
+        // Set at start, as `--ack-fail-next 2` does, so that no ack goes before it.
+        let faults = FaultSettings { ack_fail_next: Some(2), ..FaultSettings::default() };
+        let w = start(store.clone(), RunConfig { worker: config, faults, admin_token: Some(TOKEN.into()) }).await;
         let drained = wait_until(Duration::from_secs(20), async || {
             let s = store.queue_stats().await.unwrap();
             s.visible + s.leased + s.delayed == 0
         })
         .await;
         assert!(drained, "{}: the third delivery is acked", db.kind);
-        let t = haunt_telemetry::metrics::encode(&w.metrics().registry);
+        let t = w.metrics().await;
         assert_eq!(counter(&t, "haunt_deliveries_total{outcome=\"applied\"}"), 1.0, "{}:\n{t}", db.kind);
         assert_eq!(counter(&t, "haunt_deliveries_total{outcome=\"duplicate\"}"), 2.0, "{}:\n{t}", db.kind);
         assert_eq!(counter(&t, "haunt_ack_failures_total"), 2.0, "{}", db.kind);
@@ -96,7 +97,7 @@ async fn exactly_once(db: TestDb, worker_count: usize, orders_n: usize, batch_si
             concurrency: 1,
             ..WorkerConfig::default()
         };
-        workers.push(spawn(store(&db.url).await, config, 0.5));
+        workers.push(spawn(store(&db.url).await, config, 0.5).await);
     }
     let drained = wait_until(Duration::from_secs(240), async || {
         let s = writer.queue_stats().await.unwrap();
@@ -106,7 +107,7 @@ async fn exactly_once(db: TestDb, worker_count: usize, orders_n: usize, batch_si
     let mut redeliveries = 0.0;
     let mut duplicates = 0.0;
     for w in workers {
-        let t = haunt_telemetry::metrics::encode(&w.metrics().registry);
+        let t = w.metrics().await;
         redeliveries += counter(&t, "haunt_redeliveries_total");
         duplicates += counter(&t, "haunt_deliveries_total{outcome=\"duplicate\"}");
         w.stop().await;
@@ -149,7 +150,7 @@ async fn exactly_once(db: TestDb, worker_count: usize, orders_n: usize, batch_si
 async fn shutdown_stops_leasing_and_returns() {
     let db = TestDb::sqlite();
     let store = store(&db.url).await;
-    let w = spawn(store.clone(), WorkerConfig::default(), 0.0);
+    let w = spawn(store.clone(), WorkerConfig::default(), 0.0).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     tokio::time::timeout(Duration::from_secs(5), w.stop()).await.expect("the worker stops within 5 s");
     store.place_order(&order(1, "a", 1)).await.unwrap();

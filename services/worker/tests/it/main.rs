@@ -1,44 +1,77 @@
-//! The worker against a real store: the tutorial's scenario, many workers under
-//! ack loss on PostgreSQL, shutdown, and its metrics.
+//! The worker against a real store, started as `haunt worker` starts it
+//! (through `haunt_worker::run`) and observed from outside, over its metrics
+//! and admin endpoints: the tutorial's scenario, many workers under ack loss
+//! on PostgreSQL, the db-error switch, shutdown, and its metrics.
 
 mod delivery;
+mod faults;
 mod metrics;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use haunt_store::{NewOrder, Store, StoreOptions};
-use haunt_telemetry::metrics::WorkerMetrics;
-use haunt_worker::{Faults, Worker, WorkerConfig};
-use tokio::sync::watch;
+use haunt_worker::faults::FaultSettings;
+use haunt_worker::{RunConfig, WorkerConfig};
 
-/// A worker running in this process until dropped or stopped.
+/// The admin token every worker here is started with.
+pub const TOKEN: &str = "t0k";
+
+/// A worker running in this process until stopped, with its HTTP side on
+/// `127.0.0.1:0`.
 #[derive(Debug)]
 pub struct Running {
-    pub worker: Worker,
-    pub faults: Arc<Faults>,
-    stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
+    /// `http://127.0.0.1:PORT`, where `/metrics` and `/admin/faults` answer.
+    pub base: String,
+    client: reqwest::Client,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), haunt_worker::RunError>>,
 }
 
 impl Running {
+    /// Shuts the worker down and waits for `run` to return, which must be `Ok`.
     pub async fn stop(self) {
-        let _ = self.stop.send(true);
-        self.task.await.unwrap();
+        let _ = self.stop.send(());
+        self.task.await.unwrap().unwrap();
     }
 
-    pub fn metrics(&self) -> &WorkerMetrics {
-        self.worker.metrics()
+    /// A scrape of `/metrics`.
+    pub async fn metrics(&self) -> String {
+        let r = self.client.get(format!("{}/metrics", self.base)).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        r.text().await.unwrap()
+    }
+
+    /// The fault switches, read through `GET /admin/faults`.
+    pub async fn faults(&self) -> FaultSettings {
+        let r = self.client.get(format!("{}/admin/faults", self.base)).bearer_auth(TOKEN).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        r.json().await.unwrap()
+    }
+
+    /// Flips switches through `POST /admin/faults`, as the nemesis does.
+    pub async fn set_faults(&self, settings: &FaultSettings) {
+        let url = format!("{}/admin/faults", self.base);
+        let r = self.client.post(url).bearer_auth(TOKEN).json(settings).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{settings:?}: {}", r.text().await.unwrap());
     }
 }
 
-pub fn spawn(store: Store, config: WorkerConfig, ack_fail_rate: f64) -> Running {
-    let faults = Arc::new(Faults::new(ack_fail_rate, 0).unwrap());
-    let worker = Worker::new(store, config, faults.clone(), Arc::new(WorkerMetrics::default()));
-    let (stop, rx) = watch::channel(false);
-    let w = worker.clone();
-    let task = tokio::spawn(async move { w.run(rx).await });
-    Running { worker, faults, stop, task }
+/// Starts a worker over `store` with `config`, losing `ack_fail_rate` of its
+/// acks from the start.
+pub async fn spawn(store: Store, config: WorkerConfig, ack_fail_rate: f64) -> Running {
+    let faults = FaultSettings { ack_fail_rate: Some(ack_fail_rate), ..FaultSettings::default() };
+    start(store, RunConfig { worker: config, faults, admin_token: Some(TOKEN.into()) }).await
+}
+
+/// Starts a worker through `haunt_worker::run`, the wiring of `haunt worker`.
+pub async fn start(store: Store, config: RunConfig) -> Running {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(haunt_worker::run(Some(listener), store, config, async {
+        let _ = stopped.await;
+    }));
+    Running { base, client: reqwest::Client::new(), stop, task }
 }
 
 pub async fn store(url: &str) -> Store {

@@ -5,7 +5,7 @@ use std::time::Duration;
 use haunt_testkit::TestDb;
 use haunt_worker::WorkerConfig;
 
-use crate::{order, spawn, store, wait_until};
+use crate::{TOKEN, order, spawn, store, wait_until};
 
 /// A structural check of OpenMetrics text: metadata before samples, every
 /// sample `name{labels} value` with an optional `# {labels} value` exemplar,
@@ -58,7 +58,7 @@ async fn metrics_are_openmetrics_with_exemplars_on_delivery_attempt() {
     let db = TestDb::sqlite();
     let store = store(&db.url).await;
     store.place_order(&order(7, "a", 1)).await.unwrap();
-    let w = spawn(store.clone(), WorkerConfig::default(), 0.0);
+    let w = spawn(store.clone(), WorkerConfig::default(), 0.0).await;
     assert!(
         wait_until(Duration::from_secs(10), async || store.queue_stats().await.unwrap().visible
             + store.queue_stats().await.unwrap().leased
@@ -66,13 +66,8 @@ async fn metrics_are_openmetrics_with_exemplars_on_delivery_attempt() {
         .await
     );
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let app =
-        haunt_worker::http::router(store.clone(), w.worker.metrics().clone(), w.faults.clone(), Some("t0k".into()));
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     let client = reqwest::Client::new();
-    let r = client.get(format!("http://{addr}/metrics")).send().await.unwrap();
+    let r = client.get(format!("{}/metrics", w.base)).send().await.unwrap();
     assert!(r.headers()["content-type"].to_str().unwrap().starts_with("application/openmetrics-text; version=1.0.0"));
     let text = r.text().await.unwrap();
     check_openmetrics(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
@@ -84,7 +79,7 @@ async fn metrics_are_openmetrics_with_exemplars_on_delivery_attempt() {
     assert!(text.contains("haunt_queue_messages{state=\"visible\"} 0"), "{text}");
 
     // The fault endpoint: token required, bad values rejected and nothing changed.
-    let faults = format!("http://{addr}/admin/faults");
+    let faults = format!("{}/admin/faults", w.base);
     assert_eq!(client.post(&faults).body(r#"{"ack_fail_rate":0.5}"#).send().await.unwrap().status(), 401);
     // Each rejection names the field that was wrong, not always the same one.
     for (body, field) in [
@@ -92,24 +87,24 @@ async fn metrics_are_openmetrics_with_exemplars_on_delivery_attempt() {
         (r#"{"db_error_rate":1.5}"#, "db_error_rate"),
         (r#"{"ack_fail_rate":0.5,"stall_after_lease_ms":99999999}"#, "stall_after_lease_ms"),
     ] {
-        let bad = client.post(&faults).bearer_auth("t0k").body(body).send().await.unwrap();
+        let bad = client.post(&faults).bearer_auth(TOKEN).body(body).send().await.unwrap();
         assert_eq!(bad.status(), 422, "{body}");
         let answer: serde_json::Value = bad.json().await.unwrap();
         assert_eq!(answer["field"], field, "{body}: {answer}");
-        assert_eq!(w.faults.get().ack_fail_rate, Some(0.0), "{body} changed nothing");
+        assert_eq!(w.faults().await.ack_fail_rate, Some(0.0), "{body} changed nothing");
     }
-    let unknown = client.post(&faults).bearer_auth("t0k").body(r#"{"ack_rate":0.5}"#).send().await.unwrap();
+    let unknown = client.post(&faults).bearer_auth(TOKEN).body(r#"{"ack_rate":0.5}"#).send().await.unwrap();
     assert_eq!(unknown.status(), 422);
     let ok = client
         .post(&faults)
-        .bearer_auth("t0k")
+        .bearer_auth(TOKEN)
         .body(r#"{"ack_fail_rate":0.5,"clock_offset_ms":-3000}"#)
         .send()
         .await
         .unwrap();
     assert_eq!(ok.status(), 200);
-    assert_eq!(w.faults.get().ack_fail_rate, Some(0.5));
-    assert_eq!(w.faults.get().clock_offset_ms, Some(-3000));
+    assert_eq!(w.faults().await.ack_fail_rate, Some(0.5));
+    assert_eq!(w.faults().await.clock_offset_ms, Some(-3000));
     w.stop().await;
 }
 
