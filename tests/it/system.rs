@@ -140,3 +140,44 @@ fn a_bad_system_file_starts_nothing() {
     assert!(stderr.contains("--nemesis ack-loss:") && stderr.contains("cannot take it"), "{stderr}");
     assert!(!store.exists());
 }
+
+/// One run of a tutorial shop variant; its exit status and results.
+fn tutorial_shop(variant: &str, seed: &str) -> (Option<i32>, Value) {
+    let store = tempfile::tempdir().unwrap();
+    let file = example(&format!("tutorial-python/{variant}.toml")).to_string_lossy().into_owned();
+    let args = ["--system", &file, "--seed", seed, "--time-limit-s", "18", "--nemesis-interval-s", "3", "--quiet"];
+    let out = haunt_run(store.path(), &args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("never became ready"), "python3 must be installed (./scripts/test does): {stderr}");
+    assert!(store.path().join("latest").exists(), "no run: {stderr}");
+    let dir = latest(store.path());
+    (out.status.code(), read_json(&dir.join("results.json")))
+}
+
+#[test]
+fn the_fixed_tutorial_shop_in_python_is_valid_under_every_fault_it_takes() {
+    let (code, results) = tutorial_shop("fixed", "3");
+    assert_eq!(code, Some(0), "{results:#}");
+    assert_eq!(results["valid"], true);
+    assert!(results.get("ledger").is_none(), "it keeps a ledger: {results:#}");
+    assert!(results["counts"]["applied_events"].as_u64().unwrap() > 100, "{results:#}");
+    let faults: Vec<String> = windows(&results).into_iter().map(|(f, _)| f).collect();
+    for fault in ["kill", "pause", "partition", "delay"] {
+        assert!(faults.iter().any(|f| f == fault), "{fault} fired: {faults:?}");
+    }
+}
+
+#[test]
+fn the_naive_tutorial_shop_in_python_is_caught_from_its_projection() {
+    let (code, results) = tutorial_shop("naive", "3");
+    assert_eq!(code, Some(1), "{results:#}");
+    assert_eq!(results["ledger"], false, "no applied query: projection-only checking");
+    assert_eq!(results["not_evaluated"], serde_json::json!(["lost-effect", "double-applied"]));
+    let mismatch = &results["anomalies"]["projection-mismatch"];
+    assert!(mismatch["count"].as_u64().unwrap() > 0, "{results:#}");
+    assert!(
+        mismatch["examples"].as_array().unwrap().iter().all(|e| e["direction"] == "over" || e["direction"] == "under"),
+        "each mismatch names its direction: {mismatch:#}"
+    );
+    assert_eq!(results["anomalies"]["lost-effect"]["count"], 0, "not evaluated without a ledger");
+}
