@@ -241,11 +241,22 @@ impl RunOptions {
                 self.db.is_none() && self.pg_data.is_none() && self.bug.is_none(),
                 "--system runs the file's own nodes on their own database; leave out --db, --pg-data and --bug"
             );
-            anyhow::ensure!(
-                self.backend == BackendKind::Local,
-                "--system with --backend docker is not supported yet: a system file's nodes run as local processes"
-            );
             let spec = crate::system_file::spec::load(path)?;
+            for node in &spec.nodes {
+                match (&node.image, self.backend) {
+                    (None, BackendKind::Docker) => anyhow::bail!(
+                        "{}: node {} has no image: with --backend docker every node runs as a container (image = …)",
+                        path.display(),
+                        node.name
+                    ),
+                    (Some(_), BackendKind::Local) => anyhow::bail!(
+                        "{}: node {} runs from an image: give --backend docker, or a command instead",
+                        path.display(),
+                        node.name
+                    ),
+                    _ => {}
+                }
+            }
             let allowed = crate::system_file::faults_allowed(&spec);
             if let Some(f) = self.faults.iter().find(|f| !allowed.contains(f)) {
                 let allowed: Vec<&str> = allowed.iter().map(|f| f.name()).collect();

@@ -79,7 +79,9 @@ pub async fn run(options: RunOptions, abort: Arc<AtomicBool>) -> anyhow::Result<
             let spec = crate::system_file::spec::load(path)?;
             let name = format!("{}-{}", options.backend.name(), spec.name);
             let run_dir = create_run_dir(&options.store, &name, started_at_ms)?;
-            (run_dir.clone(), Arc::new(Foreign::create(spec, &run_dir, &options.exe, options.request_timeout).await?))
+            let docker = (options.backend == BackendKind::Docker).then_some(&options.docker);
+            let system = Foreign::create(spec, &run_dir, &options.exe, options.request_timeout, docker).await?;
+            (run_dir.clone(), Arc::new(system))
         }
         None => {
             let prepared = Pipeline::prepare(&options).await?;

@@ -255,3 +255,34 @@ async fn partitions_and_packet_loss_really_cut_the_link_and_heal() {
     backend.remove();
     assert_eq!(containers_of(&run_id), Vec::<String>::new());
 }
+
+#[test]
+fn a_system_file_of_containers_runs_in_docker_with_its_links_cut_inside_the_network() {
+    if !docker_ready("a_system_file_of_containers_runs_in_docker_with_its_links_cut_inside_the_network") {
+        return;
+    }
+    let store = tempfile::tempdir().unwrap();
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/systems/haunt-docker.toml");
+    let file = file.to_string_lossy().into_owned();
+    let args = ["--backend", "docker", "--system", &file, "--time-limit-s", "20", "--nemesis", "kill,pause,partition"];
+    let out = haunt_run(store.path(), &[&args[..], &["--seed", "5", "--quiet"]].concat()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{}\n{stderr}", String::from_utf8_lossy(&out.stdout));
+    let results = read_json(&latest(store.path()).join("results.json"));
+    assert_eq!(results["valid"], true, "{results:#}");
+    let windows: Vec<String> = results["faults"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| format!("{} {}", w["fault"].as_str().unwrap(), w["target"].as_str().unwrap()))
+        .collect();
+    // Seed 5: a worker paused, the database container killed, a worker's link
+    // to it cut with iptables in the worker's namespace.
+    assert!(windows.iter().any(|w| w == "kill postgres"), "{windows:?}");
+    assert!(windows.iter().any(|w| w.starts_with("partition worker-") && w.ends_with("<->postgres")), "{windows:?}");
+    let history = std::fs::read_to_string(latest(store.path()).join("history.jsonl")).unwrap();
+    assert!(history.contains(r#""f":"stop-partition","value":{"result":"ok""#), "healed: {history}");
+    assert!(results["counts"]["applied_events"].as_u64().unwrap() > 200, "{results:#}");
+    let run_id = run_id_in(&stderr);
+    assert_eq!(containers_of(&run_id), Vec::<String>::new(), "nothing left behind");
+}

@@ -139,6 +139,15 @@ fn a_bad_system_file_starts_nothing() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--nemesis ack-loss:") && stderr.contains("cannot take it"), "{stderr}");
     assert!(!store.exists());
+    // Nodes from images need the Docker backend, and the Docker backend images.
+    let containers = example("haunt-docker.toml").to_string_lossy().into_owned();
+    let out = haunt_run(&store, &["--system", &containers]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("node postgres runs from an image: give --backend docker"), "{stderr}");
+    let out = haunt_run(&store, &["--system", &good, "--backend", "docker"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("node api has no image"), "{stderr}");
+    assert!(!store.exists());
 }
 
 /// One run of a tutorial shop variant; its exit status and results.

@@ -17,6 +17,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::time::Instant;
 
+use crate::docker::{ContainerSpec, DockerBackend, IptablesLink, Peer};
 use crate::fault::Fault;
 use crate::local::{LocalBackend, NodeSpec};
 use crate::nemesis::SharedLink;
@@ -38,7 +39,7 @@ const SETTLE: Duration = Duration::from_secs(5);
 #[derive(Debug)]
 pub struct Foreign {
     spec: SystemSpec,
-    processes: Arc<LocalBackend>,
+    nodes: Nodes,
     surfaces: Surfaces,
     client: Arc<TemplateClient>,
     database: Database,
@@ -48,8 +49,41 @@ pub struct Foreign {
     asked: std::sync::Mutex<Option<Instant>>,
 }
 
+/// Where a system file's nodes run.
+#[derive(Debug)]
+enum Nodes {
+    /// Local processes, each with its log in the run's `logs/`.
+    Processes(Arc<LocalBackend>),
+    /// Containers on the run's network; logs are copied to `logs` on demand.
+    Containers(Arc<DockerBackend>, PathBuf),
+}
+
+impl Nodes {
+    fn log(&self, node: &Node) -> PathBuf {
+        match self {
+            Nodes::Processes(b) => b.log_path(node),
+            Nodes::Containers(b, logs) => {
+                b.save_logs(logs);
+                logs.join(format!("{}.log", node.name))
+            }
+        }
+    }
+}
+
+/// How `{addr:NAME}` is reached from inside a node.
+enum Reach {
+    /// Through a fault proxy on the host.
+    Proxy,
+    /// Containers on one network: the callee's container by name, the link
+    /// cut with iptables in the caller's namespace.
+    Network { run_id: String, inner_ports: BTreeMap<String, u16> },
+}
+
 /// What the placeholders of one run stand for.
 struct Fill {
+    reach: Reach,
+    /// `(caller, callee)` of each link between containers.
+    container_links: Vec<(String, String)>,
     haunt: PathBuf,
     dir: PathBuf,
     system_dir: PathBuf,
@@ -72,6 +106,15 @@ impl Fill {
                 Err(Placeholder::Port(name)) => out.push_str(&self.ports[name].to_string()),
                 Err(Placeholder::Addr(name)) => {
                     let from = from.context("{addr:…} where no link can stand")?;
+                    if let (Reach::Network { run_id, inner_ports }, false) = (&self.reach, from == "client") {
+                        let link = (from.to_owned(), name.to_owned());
+                        if !self.container_links.contains(&link) {
+                            self.container_links.push(link);
+                        }
+                        let port = inner_ports.get(name).copied().unwrap_or(self.ports[name]);
+                        out.push_str(&format!("haunt-{run_id}-{name}:{port}"));
+                        continue;
+                    }
                     let key = (from.to_owned(), name.to_owned());
                     let proxy = match self.proxies.get(&key) {
                         Some(p) => p.clone(),
@@ -147,12 +190,30 @@ impl Foreign {
     /// Lays the system out in `run_dir`: a scratch directory (`{dir}`), a port
     /// per name, a proxy per link, the nodes (not started).
     /// `haunt`: the executable that `{haunt}` names.
+    ///
+    /// With `docker`, every node runs from its image as a container on a
+    /// private network of the run: `{addr:NAME}` between nodes is NAME's
+    /// container (its link cut with iptables in the caller's namespace), the
+    /// client's goes through a fault proxy to the published port.
     pub async fn create(
         spec: SystemSpec,
         run_dir: &Path,
         haunt: &Path,
         request_timeout: Duration,
+        docker: Option<&crate::options::DockerOptions>,
     ) -> anyhow::Result<Foreign> {
+        if docker.is_some() {
+            crate::docker::ensure_engine().await?;
+            for image in spec.nodes.iter().filter_map(|n| n.image.as_deref()) {
+                crate::docker::ensure_image(image).await?;
+            }
+        }
+        let mut rng = haunt_store::Rng::from_entropy();
+        let run_id = format!("{:08x}", rng.next_u64() as u32);
+        if docker.is_some() {
+            // Always said: the run id is how `haunt clean` and a user find them.
+            eprintln!("starting containers haunt-{run_id}-*");
+        }
         let dir = std::path::absolute(run_dir.join("scratch"))?;
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let system_dir = std::path::absolute(&spec.system_dir)?;
@@ -164,14 +225,37 @@ impl Foreign {
             ports.insert(name, listener.local_addr()?.port());
             held.push(listener);
         }
-        let mut fill =
-            Fill { haunt: haunt.to_owned(), dir, system_dir: system_dir.clone(), ports, proxies: BTreeMap::new() };
+        let reach = match docker {
+            None => Reach::Proxy,
+            Some(_) => Reach::Network {
+                run_id: run_id.clone(),
+                inner_ports: spec.nodes.iter().filter_map(|n| Some((n.name.clone(), n.port?))).collect(),
+            },
+        };
+        // In a container, `{haunt}` is the image's own.
+        let inside = if docker.is_some() { PathBuf::from("haunt") } else { haunt.to_owned() };
+        let mut fill = Fill {
+            reach,
+            container_links: Vec::new(),
+            haunt: inside,
+            dir,
+            system_dir: system_dir.clone(),
+            ports,
+            proxies: BTreeMap::new(),
+        };
+        let mut containers = Vec::new();
 
         let mut specs = Vec::new();
         let mut ready = Vec::new();
         let mut node_faults: Vec<(Fault, Vec<Node>)> = vec![(Fault::Kill, Vec::new()), (Fault::Pause, Vec::new())];
         for decl in &spec.nodes {
-            let node = Node { name: decl.name.clone(), role: Role::Service };
+            // The node the final state is read from stays up until it is read.
+            let holds_state = spec::pieces(&spec.final_state.database)
+                .unwrap_or_default()
+                .iter()
+                .any(|p| matches!(p, Err(Placeholder::Port(n)) if *n == decl.name));
+            let role = if holds_state { Role::Database } else { Role::Service };
+            let node = Node { name: decl.name.clone(), role };
             let mut command = Vec::new();
             for arg in &decl.command {
                 command.push(fill.fill(arg, Some(&decl.name)).await?);
@@ -192,6 +276,21 @@ impl Foreign {
                     nodes.push(node.clone());
                 }
             }
+            if let Some(image) = &decl.image {
+                // Published on the host at the node's own port: `{port:NAME}`
+                // means the same inside and out.
+                let host = fill.ports.get(&decl.name).copied();
+                let inner = decl.port.or(host);
+                containers.push(ContainerSpec {
+                    node,
+                    image: image.clone(),
+                    args: command,
+                    env,
+                    ports: host.zip(inner).into_iter().collect(),
+                    net_admin: false,
+                });
+                continue;
+            }
             // A program given by a relative path is the system's, not the harness's.
             let program = PathBuf::from(&command[0]);
             let program =
@@ -210,30 +309,46 @@ impl Foreign {
         // Every proxy listens: the nodes may bind their ports.
         drop(held);
 
-        let processes = Arc::new(LocalBackend::new(PathBuf::new(), run_dir.join("logs"), Vec::new(), specs));
-        let links: Vec<(String, Arc<FaultProxy>)> =
+        let proxies: Vec<(String, Arc<FaultProxy>)> =
             fill.proxies.iter().map(|((from, to), p)| (format!("{from}<->{to}"), p.clone())).collect();
-        let surfaces = Surfaces {
-            backend: processes.clone(),
-            node_faults,
-            links: links.iter().map(|(n, p)| (n.clone(), p.clone() as SharedLink)).collect(),
-            proxies: links,
-            lossy: Vec::new(),
-            switches: None,
+        let mut links: Vec<(String, SharedLink)> =
+            proxies.iter().map(|(n, p)| (n.clone(), p.clone() as SharedLink)).collect();
+        let (nodes, backend): (Nodes, Arc<dyn Backend>) = match docker {
+            None => {
+                let processes = Arc::new(LocalBackend::new(PathBuf::new(), run_dir.join("logs"), Vec::new(), specs));
+                (Nodes::Processes(processes.clone()), processes)
+            }
+            Some(options) => {
+                // A caller's links are cut in its own namespace.
+                for spec in &mut containers {
+                    spec.net_admin = fill.container_links.iter().any(|(from, _)| *from == spec.node.name);
+                }
+                let mount = options.mount_exe.then(|| haunt.to_owned());
+                let by_name: BTreeMap<String, Node> =
+                    containers.iter().map(|c| (c.node.name.clone(), c.node.clone())).collect();
+                let docker = Arc::new(DockerBackend::create(&run_id, mount, containers).await?);
+                for (from, to) in &fill.container_links {
+                    let link =
+                        IptablesLink::new(docker.clone(), by_name[from].clone(), Peer::Node(by_name[to].clone()));
+                    links.push((format!("{from}<->{to}"), Arc::new(link)));
+                }
+                (Nodes::Containers(docker.clone(), run_dir.join("logs")), docker)
+            }
         };
+        let surfaces = Surfaces { backend, node_faults, links, proxies, lossy: Vec::new(), switches: None };
         let client = Arc::new(TemplateClient::new(client_decl, request_timeout)?);
-        Ok(Foreign { spec, processes, surfaces, client, database, ready, asked: std::sync::Mutex::new(None) })
+        Ok(Foreign { spec, nodes, surfaces, client, database, ready, asked: std::sync::Mutex::new(None) })
     }
 
     /// Why `node` is not ready, with what a user needs to fix it.
     fn not_ready(&self, node: &Node, probe: &str, last: &str) -> anyhow::Error {
         let decl = self.spec.nodes.iter().find(|d| d.name == node.name);
         let command = decl.map(|d| d.command.join(" ")).unwrap_or_default();
-        let log = self.processes.log_path(node);
+        let log = self.nodes.log(node);
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         let tail = lines[lines.len().saturating_sub(20)..].join("\n    ");
-        let state = if self.processes.is_running(node) { "running" } else { "exited" };
+        let state = if self.surfaces.backend.is_running(node) { "running" } else { "exited" };
         anyhow::anyhow!(
             "node {} never became ready: {probe} did not answer within {} s (last: {last}; the process has {state})\n  \
              command: {command}\n  the last lines of {}:\n    {tail}",
@@ -275,7 +390,7 @@ impl System for Foreign {
                         Ok(()) => break,
                         Err(last) => last,
                     };
-                    if Instant::now() >= deadline || !self.processes.is_running(node) {
+                    if Instant::now() >= deadline || !self.surfaces.backend.is_running(node) {
                         return Err(self.not_ready(node, url, &last));
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;

@@ -45,7 +45,10 @@ struct RawFile {
 struct RawNode {
     name: Spanned<String>,
     count: Option<Spanned<i64>>,
+    #[serde(default = "no_command")]
     command: Spanned<Vec<String>>,
+    image: Option<Spanned<String>>,
+    port: Option<Spanned<i64>>,
     #[serde(default)]
     env: std::collections::BTreeMap<String, String>,
     ready: Option<Spanned<String>>,
@@ -64,6 +67,10 @@ struct RawClient {
     ok: Spanned<Vec<i64>>,
     fail: Option<Spanned<Vec<i64>>>,
     event_id: Option<Spanned<String>>,
+}
+
+fn no_command() -> Spanned<Vec<String>> {
+    Spanned::new(0..0, Vec::new())
 }
 
 fn post() -> Spanned<String> {
@@ -99,8 +106,14 @@ pub struct NodeDecl {
     pub base: String,
     /// Its instance number (1 without `count`).
     pub n: u32,
-    /// Program and arguments, placeholders not yet filled (but `{n}`).
+    /// Program and arguments, placeholders not yet filled (but `{n}`); for a
+    /// node with an image, the arguments after the image's entrypoint.
     pub command: Vec<String>,
+    /// The image the node runs from, as a container (`--backend docker`).
+    pub image: Option<String>,
+    /// The port the image's service listens on inside its container, when it
+    /// is not `{port:NAME}` itself (a database image's 5432).
+    pub port: Option<u16>,
     pub env: Vec<(String, String)>,
     pub ready: Option<String>,
     pub faults: Vec<NodeFault>,
@@ -279,9 +292,28 @@ pub fn parse(path: &Path, text: &str) -> Result<SystemSpec, SpecError> {
             Some(n) if (1..=64).contains(n.get_ref()) => Some(*n.get_ref() as u32),
             Some(n) => return Err(c.at(n.span(), &field("count"), "between 1 and 64")),
         };
-        if node.command.get_ref().is_empty() || node.command.get_ref()[0].is_empty() {
-            return Err(c.at(node.command.span(), &field("command"), "empty: give the program and its arguments"));
+        let image = match &node.image {
+            Some(image) if image.get_ref().trim().is_empty() => {
+                return Err(c.at(image.span(), &field("image"), "empty: name the image the node runs from"));
+            }
+            Some(image) => Some(image.get_ref().clone()),
+            None => None,
+        };
+        let command_empty = node.command.get_ref().first().is_none_or(String::is_empty);
+        if image.is_none() && command_empty {
+            let span = if node.command.span().end > 0 { node.command.span() } else { node.name.span() };
+            return Err(c.at(span, &field("command"), "empty: give the program and its arguments (or an image)"));
         }
+        let port = match &node.port {
+            None => None,
+            Some(p) if image.is_none() => {
+                return Err(c.at(p.span(), &field("port"), "only for a node with an image: its container's port"));
+            }
+            Some(p) => match u16::try_from(*p.get_ref()) {
+                Ok(port) if port > 0 => Some(port),
+                _ => return Err(c.at(p.span(), &field("port"), "a TCP port, 1 to 65535")),
+            },
+        };
         if let Some(ready) = &node.ready
             && !(ready.get_ref().starts_with("http://") || ready.get_ref().starts_with("tcp://"))
         {
@@ -327,6 +359,8 @@ pub fn parse(path: &Path, text: &str) -> Result<SystemSpec, SpecError> {
                 base: base.clone(),
                 n,
                 command: node.command.get_ref().iter().map(fill_n).collect(),
+                image: image.clone(),
+                port,
                 env: node.env.iter().map(|(k, v)| (k.clone(), fill_n(v))).collect(),
                 ready: node.ready.as_ref().map(|r| fill_n(r.get_ref())),
                 faults: faults.clone(),
