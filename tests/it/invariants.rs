@@ -170,7 +170,7 @@ const MAY_SPAWN: [&str; 7] = [
     // (its throughput, peak resident set and CPU time from /proc), optionally
     // under a profiler wrapper that it stops with `kill -INT` so the profile
     // is written; no fault touches it, and it is killed on drop.
-    "src/bench_pipeline.rs",
+    "bench/src/worker_process.rs",
     // The build script asks git for the revision the binary is stamped with;
     // it runs when the binary is built, never during a run.
     "build.rs",
