@@ -1,12 +1,9 @@
-//! `haunt bench`: measurements that are reported, never asserted. Each compares
-//! against a baseline measured in the same run on the same machine.
+//! `haunt bench`: the arguments of each benchmark and the call of its library
+//! function in [`haunt_bench`], whose report is printed as JSON.
 
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use anyhow::Context;
-use serde_json::json;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum BenchCommand {
@@ -20,7 +17,7 @@ pub enum BenchCommand {
     /// The worker and the API against the database's ceiling, in one run: raw
     /// batched SQL, the per-message design (3 transactions per event), haunt's
     /// workers; API ingest against the raw insert transaction.
-    Pipeline(crate::bench_pipeline::PipelineBench),
+    Pipeline(PipelineBench),
 }
 
 #[derive(Debug, clap::Args)]
@@ -31,84 +28,6 @@ pub struct HarnessBench {
     /// Seconds each side runs.
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
-}
-
-/// A stub of `POST /orders` that commits nothing and answers 201 at once.
-async fn stub_api() -> anyhow::Result<std::net::SocketAddr> {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let next = std::sync::Arc::new(AtomicU64::new(0));
-    let app = axum::Router::new().route(
-        "/orders",
-        axum::routing::post(move || {
-            let n = next.fetch_add(1, Ordering::Relaxed);
-            async move { (axum::http::StatusCode::CREATED, axum::Json(json!({"event_id": format!("e{n}")}))) }
-        }),
-    );
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    Ok(addr)
-}
-
-pub async fn harness(args: HarnessBench) -> anyhow::Result<()> {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    let addr = stub_api().await?;
-    let duration = std::time::Duration::from_secs(args.seconds.max(1));
-
-    // Baseline: the same requests, no history.
-    let http = reqwest::Client::new();
-    let sent = Arc::new(AtomicU64::new(0));
-    let deadline = tokio::time::Instant::now() + duration;
-    let mut tasks = tokio::task::JoinSet::new();
-    for t in 0..args.concurrency {
-        let (http, sent) = (http.clone(), sent.clone());
-        let url = format!("http://{addr}/orders");
-        tasks.spawn(async move {
-            let mut n = 0u64;
-            while tokio::time::Instant::now() < deadline {
-                n += 1;
-                let body = json!({"order_id": format!("b-{t}-{n}"), "item_id": "item-1", "qty": 1});
-                if http.post(&url).json(&body).send().await.is_ok_and(|r| r.status().is_success()) {
-                    sent.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        });
-    }
-    while tasks.join_next().await.is_some() {}
-    let baseline = sent.load(Ordering::Relaxed) as f64 / duration.as_secs_f64();
-
-    // The harness: paced clients (pacing far above what can be reached), Jepsen
-    // outcomes, every op recorded in a history file.
-    let tmp = tempfile::tempdir()?;
-    let recorder = Arc::new(haunt_chaos::history::Recorder::create(&tmp.path().join("history.jsonl"))?);
-    let client =
-        Arc::new(haunt_chaos::workload::HttpClient::new(&format!("http://{addr}"), std::time::Duration::from_secs(2))?);
-    let options = haunt_chaos::workload::WorkloadOptions {
-        concurrency: args.concurrency,
-        rate: 1e9,
-        items: 5,
-        retries_max: 3,
-        seed: 1,
-        deadline: tokio::time::Instant::now() + duration,
-        metrics: None,
-    };
-    haunt_chaos::workload::run(client, recorder.clone(), options, Arc::new(AtomicBool::new(false))).await;
-    recorder.finish()?;
-    let t = recorder.tally();
-    let recorded = (t.ok + t.fail + t.info) as f64 / duration.as_secs_f64();
-    let report = json!({
-        "bench": "harness",
-        "machine": machine(),
-        "concurrency": args.concurrency,
-        "seconds": duration.as_secs(),
-        "baseline_requests_per_s": baseline,
-        "harness_ops_per_s": recorded,
-        "harness_over_baseline": recorded / baseline,
-        "history_lines": recorder.ops(),
-    });
-    println!("{}", serde_json::to_string_pretty(&report)?);
-    Ok(())
 }
 
 #[derive(Debug, clap::Args)]
@@ -124,86 +43,84 @@ pub struct CheckBench {
     pub clients: u64,
 }
 
-/// Peak resident memory of this process so far, in MiB (Linux).
-fn peak_rss_mib() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024.0)
+#[derive(Debug, clap::Args)]
+pub struct PipelineBench {
+    /// The database: an empty one (postgres://… for every phase; sqlite://…
+    /// leaves out the PostgreSQL-only client-side SQL baselines).
+    #[arg(long)]
+    pub db: String,
+    /// Events pre-enqueued for each drain phase, and orders sent for each ingest phase.
+    #[arg(long, default_value_t = 20_000)]
+    pub events: usize,
+    /// Worker processes' worth of consumers (each with its own connection pool).
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Concurrent clients for the ingest phases.
+    #[arg(long, default_value_t = 16)]
+    pub clients: usize,
+    /// Messages per batch for haunt's workers (their --batch-size-max).
+    #[arg(long, default_value_t = 500)]
+    pub batch_size: u32,
+    /// Also drain with each of these batch sizes (comma-separated) for each
+    /// count of --sweep-workers: the data of the throughput plot.
+    #[arg(long, value_delimiter = ',', requires = "sweep_workers")]
+    pub sweep_batch_sizes: Vec<u32>,
+    /// The worker counts of the sweep (comma-separated).
+    #[arg(long, value_delimiter = ',', requires = "sweep_batch_sizes")]
+    pub sweep_workers: Vec<usize>,
+    /// RUST_LOG of the `haunt worker` process the bench starts: `warn` logs
+    /// nothing per delivery; `info` (the worker's default) logs each one.
+    #[arg(long, default_value = "warn")]
+    pub worker_rust_log: String,
+    /// Run only one phase: --events pre-enqueued, drained by a `haunt worker`
+    /// process started under this command (split at spaces, the worker's own
+    /// command line appended), e.g. "perf record -g -o worker.perf --". The
+    /// command is sent SIGINT once the queue is empty, so that a profiler
+    /// writes its data.
+    #[arg(long)]
+    pub profile_worker: Option<String>,
+    /// Write the results as JSON here too.
+    #[arg(long)]
+    pub out: Option<std::path::PathBuf>,
 }
 
-pub(crate) fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown cpu".into());
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    format!("{cpu}, {cores} cores")
-}
-
-/// Reads every line of `path` into a `serde_json::Value` and drops it: the cost
-/// of merely deserializing the file.
-fn deserialize_only(path: &Path) -> anyhow::Result<u64> {
-    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
-    let mut line = Vec::with_capacity(512);
-    let mut n = 0;
-    loop {
-        line.clear();
-        if reader.read_until(b'\n', &mut line)? == 0 {
-            return Ok(n);
-        }
-        let value: serde_json::Value = serde_json::from_slice(&line)?;
-        std::hint::black_box(&value);
-        n += 1;
-    }
+pub async fn harness(args: HarnessBench) -> anyhow::Result<()> {
+    let options = haunt_bench::HarnessOptions {
+        concurrency: args.concurrency,
+        duration: std::time::Duration::from_secs(args.seconds),
+    };
+    print_report(&haunt_bench::harness(options).await?, None)
 }
 
 pub fn check(args: CheckBench) -> anyhow::Result<()> {
-    let tmp;
-    let dir = match &args.dir {
-        Some(d) => d.clone(),
-        None => {
-            tmp = tempfile::tempdir()?;
-            tmp.path().to_owned()
-        }
+    let options = haunt_bench::CheckOptions { ops: args.ops, dir: args.dir, clients: args.clients };
+    print_report(&haunt_bench::check(options, |line| eprintln!("{line}"))?, None)
+}
+
+pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
+    let options = haunt_bench::PipelineOptions {
+        // The worker process is this very executable.
+        haunt: std::env::current_exe().context("finding the haunt executable")?,
+        db: args.db,
+        events: args.events,
+        workers: args.workers,
+        clients: args.clients,
+        batch_size: args.batch_size,
+        sweep_batch_sizes: args.sweep_batch_sizes,
+        sweep_workers: args.sweep_workers,
+        worker_rust_log: args.worker_rust_log,
+        profile_worker: args.profile_worker,
     };
-    eprintln!("writing a synthetic run of {} client ops to {}", args.ops, dir.display());
-    let t = Instant::now();
-    let written = haunt_chaos::synthetic::write_run(&dir, args.ops, args.clients, 1)?;
-    let generate_s = t.elapsed().as_secs_f64();
-    let bytes = std::fs::metadata(dir.join(haunt_format::HISTORY_FILE))?.len()
-        + std::fs::metadata(dir.join(haunt_format::FINAL_STATE_FILE))?.len();
+    let report = haunt_bench::pipeline(options, |line| eprintln!("{line}")).await?;
+    print_report(&report, args.out.as_deref())
+}
 
-    let t = Instant::now();
-    let lines = deserialize_only(&dir.join(haunt_format::HISTORY_FILE))?
-        + deserialize_only(&dir.join(haunt_format::FINAL_STATE_FILE))?;
-    let deserialize_s = t.elapsed().as_secs_f64();
-    let rss_after_deserialize = peak_rss_mib();
-
-    let t = Instant::now();
-    let results = haunt_checker::check_dir(&dir).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let check_s = t.elapsed().as_secs_f64();
-    let rss_after_check = peak_rss_mib();
-
-    let report = json!({
-        "bench": "check",
-        "machine": machine(),
-        "ops": written.ops,
-        "orders": written.orders,
-        "lines": lines,
-        "bytes": bytes,
-        "generate_s": generate_s,
-        "deserialize_only_s": deserialize_s,
-        "check_s": check_s,
-        "check_over_deserialize": check_s / deserialize_s,
-        "peak_rss_mib_after_deserialize": rss_after_deserialize,
-        "peak_rss_mib_after_check": rss_after_check,
-        "verdict": results.valid.as_str(),
-    });
-    println!("{}", serde_json::to_string_pretty(&report)?);
-    anyhow::ensure!(results.valid == haunt_checker::Verdict::Valid, "the synthetic run must check valid");
+/// Prints a report as pretty JSON, and writes it to `out` too if given.
+fn print_report(report: &serde_json::Value, out: Option<&Path>) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(report)?;
+    println!("{text}");
+    if let Some(out) = out {
+        std::fs::write(out, format!("{text}\n")).with_context(|| format!("writing {}", out.display()))?;
+    }
     Ok(())
 }

@@ -98,7 +98,7 @@ pub fn main() -> i32 {
             run_async_code("haunt bench", async { crate::bench::harness(args).await.map(|()| 0) })
         }
         Command::Bench(crate::bench::BenchCommand::Pipeline(args)) => {
-            run_async_code("haunt bench", async { crate::bench_pipeline::pipeline(args).await.map(|()| 0) })
+            run_async_code("haunt bench", async { crate::bench::pipeline(args).await.map(|()| 0) })
         }
         Command::Bench(crate::bench::BenchCommand::Check(args)) => match crate::bench::check(args) {
             Ok(()) => 0,

@@ -2,7 +2,6 @@
 //! arguments and calls into the libraries; nothing else lives here.
 
 mod bench;
-mod bench_pipeline;
 mod cli;
 mod matrix_cmd;
 mod run_cmd;

@@ -1,9 +1,16 @@
 //! `haunt matrix`: each bug mode run under the faults that expose it, seed
 //! after seed, and the correct build under all faults; the table says whether
 //! the checker caught each one with the anomaly it should.
+//!
+//! [`run`] is the whole matrix: each run a child `haunt run` (a whole run with
+//! its own backend, not a node of a system under test), its results read back
+//! from its run directory, the table and `matrix.json` written beside them.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
 
 use haunt_checker::{Results, Verdict};
 use haunt_store::Bug;
@@ -369,6 +376,20 @@ impl MatrixVerdict {
     }
 }
 
+impl MatrixVerdict {
+    /// The verdict in words, as the matrix's last line says it.
+    pub fn summary(&self) -> String {
+        match self {
+            MatrixVerdict::Passed => "every row ran and met its bar".to_owned(),
+            MatrixVerdict::BelowBar(rows) => format!("below the bar: {}", rows.join(", ")),
+            MatrixVerdict::Incomplete(rows) => format!(
+                "UNKNOWN: these rows did not run: {} (give --db and --pg-data, or ask for fewer rows with --only or --backends sqlite)",
+                rows.join(", ")
+            ),
+        }
+    }
+}
+
 pub fn verdict(rows: &[Row]) -> MatrixVerdict {
     let below: Vec<String> = rows.iter().filter(|r| r.skipped.is_none() && !r.ok()).map(|r| r.case.name()).collect();
     let skipped: Vec<String> = rows.iter().filter(|r| r.skipped.is_some()).map(|r| r.case.name()).collect();
@@ -414,6 +435,189 @@ pub fn markdown(rows: &[Row], command: &str) -> String {
     }
     let _ = writeln!(out, "\nProduced by `{command}`.");
     out
+}
+
+/// A whole matrix: which rows, how many seeds, how long each run, where.
+#[derive(Debug, Clone)]
+pub struct MatrixOptions {
+    /// The `haunt` executable each run is started from (`haunt run`).
+    pub haunt: PathBuf,
+    /// Runs per bug mode (and of the correct build), seeds 1..=N.
+    pub seeds: u64,
+    /// Length of each run's workload, in seconds.
+    pub time_limit_s: u64,
+    /// A PostgreSQL server (any database URL on it); each PostgreSQL run gets
+    /// a fresh database there. Without it those rows are skipped.
+    pub db: Option<String>,
+    /// The data directory of that server, which async-commit's runs crash.
+    pub pg_data: Option<PathBuf>,
+    /// Where the runs and the table go (under `matrix/<unix time>`).
+    pub store: PathBuf,
+    /// Only these rows: bug mode names, or `correct`; empty for all.
+    pub only: Vec<String>,
+    /// Only the rows on these backends (`sqlite`, `postgres`).
+    pub backends: Vec<String>,
+}
+
+/// A finished matrix.
+#[derive(Debug)]
+pub struct MatrixOutcome {
+    /// The matrix's directory: `runs/`, `matrix.md`, `matrix.json`.
+    pub dir: PathBuf,
+    /// The table in Markdown, as `matrix.md` holds it.
+    pub table: String,
+    pub rows: Vec<Row>,
+    pub verdict: MatrixVerdict,
+}
+
+fn selected(case: &Case, options: &MatrixOptions) -> bool {
+    let named = options.only.is_empty()
+        || options.only.iter().any(|o| match case.bug {
+            Some(b) => o == b.name(),
+            None => o == "correct",
+        });
+    named && options.backends.iter().any(|b| b == case.backend())
+}
+
+fn skip_reason(case: &Case, options: &MatrixOptions) -> Option<String> {
+    match case.needs {
+        Needs::Any if case.postgres && options.db.is_none() => Some("needs --db postgres://…".into()),
+        Needs::Any => None,
+        Needs::Postgres if options.db.is_none() => Some("needs --db postgres://…".into()),
+        Needs::PostgresCrash if options.db.is_none() || options.pg_data.is_none() => {
+            Some("needs --db postgres://… and --pg-data".into())
+        }
+        _ => None,
+    }
+}
+
+/// One run of `case` as a child `haunt run`, on a scratch database of its own
+/// when the case runs on PostgreSQL; whatever goes wrong is the record's error.
+async fn one_run(case: &Case, seed: u64, options: &MatrixOptions, runs_dir: &Path, n: usize) -> RunRecord {
+    let scratch = match (&options.db, case.postgres) {
+        (Some(admin), true) => {
+            match ScratchDb::create(admin, &format!("haunt_matrix_{}_{n}", std::process::id())).await {
+                Ok(db) => Some(db),
+                Err(e) => return RunRecord::failed_to_run(seed, format!("{e:#}")),
+            }
+        }
+        _ => None,
+    };
+    let mut command = Command::new(&options.haunt);
+    command
+        .arg("run")
+        .arg("--store")
+        .arg(runs_dir)
+        .args(["--seed", &seed.to_string(), "--time-limit-s", &options.time_limit_s.to_string()])
+        .args(["--nemesis", case.nemesis, "--quiet"]);
+    if !case.args.contains(&"--nemesis-interval-s") {
+        // About six faults a run, however long the run: a short run must still
+        // see the faults that expose its bug.
+        command.args(["--nemesis-interval-s", &(options.time_limit_s as f64 / 6.0).clamp(1.0, 5.0).to_string()]);
+    }
+    command.args(case.args);
+    if let Some(bug) = case.bug {
+        command.args(["--bug", bug.name()]);
+    }
+    if let Some(db) = &scratch {
+        command.args(["--db", &db.url]);
+        if let Some(data) = &options.pg_data {
+            command.arg("--pg-data").arg(data);
+        }
+    }
+    let output = tokio::task::spawn_blocking(move || command.output()).await;
+    let record = match output {
+        Ok(Ok(out)) if matches!(out.status.code(), Some(0..=2)) => {
+            let latest = runs_dir.join("latest");
+            match std::fs::canonicalize(&latest).and_then(|dir| {
+                let text = std::fs::read_to_string(dir.join("results.json"))?;
+                Ok((dir, text))
+            }) {
+                Ok((dir, text)) => match serde_json::from_str(&text) {
+                    Ok(results) => RunRecord::from_results(case, seed, dir.display().to_string(), &results),
+                    Err(e) => RunRecord::failed_to_run(seed, format!("reading results: {e}")),
+                },
+                Err(e) => RunRecord::failed_to_run(seed, format!("finding the run: {e}")),
+            }
+        }
+        Ok(Ok(out)) => RunRecord::failed_to_run(
+            seed,
+            format!("haunt run exited {:?}: {}", out.status.code(), String::from_utf8_lossy(&out.stderr).trim()),
+        ),
+        Ok(Err(e)) => RunRecord::failed_to_run(seed, e.to_string()),
+        Err(e) => RunRecord::failed_to_run(seed, e.to_string()),
+    };
+    if let Some(db) = scratch {
+        db.drop_now().await;
+    }
+    record
+}
+
+/// Runs the matrix: every selected row, seed after seed, one child `haunt run`
+/// at a time; writes `matrix.md` and `matrix.json`. `progress` gets a line as
+/// the matrix starts, for each skipped row and for each finished run.
+pub async fn run(options: &MatrixOptions, mut progress: impl FnMut(&str)) -> anyhow::Result<MatrixOutcome> {
+    use anyhow::Context;
+    anyhow::ensure!(options.seeds > 0, "--seeds must be positive");
+    let known: Vec<String> =
+        cases().iter().filter_map(|c| c.bug.map(|b| b.name().to_owned())).chain(["correct".to_owned()]).collect();
+    if let Some(bad) = options.only.iter().find(|o| !known.contains(o)) {
+        anyhow::bail!("--only {bad:?}: not a row; known: {}", known.join(", "));
+    }
+    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
+    let dir = options.store.join("matrix").join(stamp.to_string());
+    let runs_dir = dir.join("runs");
+    std::fs::create_dir_all(&runs_dir).with_context(|| format!("creating {}", runs_dir.display()))?;
+    progress(&format!(
+        "matrix: {} seeds per row, {} s runs, into {}",
+        options.seeds,
+        options.time_limit_s,
+        dir.display()
+    ));
+
+    let mut rows = Vec::new();
+    let mut n = 0;
+    for case in cases().into_iter().filter(|c| selected(c, options)) {
+        if let Some(why) = skip_reason(&case, options) {
+            progress(&format!("{:<30} SKIPPED: {why}", case.name()));
+            rows.push(Row { case, runs: Vec::new(), skipped: Some(why) });
+            continue;
+        }
+        let mut runs = Vec::new();
+        for seed in 1..=options.seeds {
+            n += 1;
+            let started = Instant::now();
+            let record = one_run(&case, seed, options, &runs_dir, n).await;
+            let what = match (&record.error, record.passed, case.bug) {
+                (Some(e), _, _) => format!("ERROR {e}"),
+                (None, true, None) => "valid".to_owned(),
+                (None, false, None) => format!("NOT VALID ({})", record.verdict),
+                (None, true, Some(_)) if case.expected == Expect::NotDrained => {
+                    format!("caught: not drained, {} orders pending", record.pending)
+                }
+                (None, true, Some(_)) => format!("caught {:?}", record.anomalies),
+                (None, false, Some(_)) => format!("MISSED (verdict {}, {:?})", record.verdict, record.anomalies),
+            };
+            progress(&format!("{:<30} seed {seed:<3} {what}  [{:.0} s]", case.name(), started.elapsed().as_secs_f64()));
+            runs.push(record);
+        }
+        rows.push(Row { case, runs, skipped: None });
+    }
+
+    let command = format!(
+        "haunt matrix --seeds {} --time-limit-s {}{}{}{}",
+        options.seeds,
+        options.time_limit_s,
+        if options.backends.len() == 2 { String::new() } else { format!(" --backends {}", options.backends.join(",")) },
+        if options.db.is_some() { " --db postgres://…" } else { "" },
+        if options.pg_data.is_some() { " --pg-data DIR" } else { "" }
+    );
+    let table = markdown(&rows, &command);
+    std::fs::write(dir.join("matrix.md"), &table)?;
+    let json = serde_json::json!({ "seeds": options.seeds, "time_limit_s": options.time_limit_s, "rows": rows });
+    std::fs::write(dir.join("matrix.json"), serde_json::to_string_pretty(&json)? + "\n")?;
+    let verdict = verdict(&rows);
+    Ok(MatrixOutcome { dir, table, rows, verdict })
 }
 
 #[cfg(test)]

@@ -161,15 +161,16 @@ const MAY_SPAWN: [&str; 7] = [
     // ... and a PostgreSQL server crashed and restarted by its data
     // directory through `pg_ctl` (under `runuser` when run as root).
     "chaos/src/postgres.rs",
-    // `haunt matrix` runs each bug mode and seed as a child `haunt run`, which
-    // starts its own cluster through a backend: the child is a whole run, not
-    // a node of a system under test.
-    "src/matrix_cmd.rs",
+    // The matrix (`haunt matrix`) runs each bug mode and seed as a child
+    // `haunt run`, which starts its own cluster through a backend: a row is a
+    // whole run, not a node of a system under test, and each row's processes
+    // die with that child.
+    "chaos/src/matrix.rs",
     // `haunt bench pipeline` measures one `haunt worker` process from outside
     // (its throughput, peak resident set and CPU time from /proc), optionally
     // under a profiler wrapper that it stops with `kill -INT` so the profile
     // is written; no fault touches it, and it is killed on drop.
-    "src/bench_pipeline.rs",
+    "bench/src/worker_process.rs",
     // The build script asks git for the revision the binary is stamped with;
     // it runs when the binary is built, never during a run.
     "build.rs",

@@ -104,7 +104,7 @@ fn only_the_store_names_the_pipeline_tables_in_sql() {
     rust_files(&root, &[root.join("services/store")], 0, &mut files);
     // The walk reached every part the invariant is about.
     for must in [
-        "src/bench_pipeline.rs",
+        "bench/src/pipeline.rs",
         "chaos/src/run.rs",
         "services/api/src/orders.rs",
         "services/worker/src/lib.rs",

@@ -33,51 +33,43 @@
 //! The baselines and the resets are SQL on the pipeline's tables, so they live
 //! in the store ([`haunt_store::Baseline`]); this file only calls them.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use haunt_store::{Baseline, LeaseClock, Store, StoreOptions};
 use serde_json::json;
 
-#[derive(Debug, clap::Args)]
-pub struct PipelineBench {
+use crate::worker_process::{WorkerCommand, cpu_seconds, worker_process};
+
+/// What the pipeline bench runs.
+#[derive(Debug, Clone)]
+pub struct PipelineOptions {
+    /// The `haunt` executable the worker process is started from.
+    pub haunt: PathBuf,
     /// The database: an empty one (postgres://… for every phase; sqlite://…
     /// leaves out the PostgreSQL-only client-side SQL baselines).
-    #[arg(long)]
     pub db: String,
     /// Events pre-enqueued for each drain phase, and orders sent for each ingest phase.
-    #[arg(long, default_value_t = 20_000)]
     pub events: usize,
     /// Worker processes' worth of consumers (each with its own connection pool).
-    #[arg(long, default_value_t = 2)]
     pub workers: usize,
     /// Concurrent clients for the ingest phases.
-    #[arg(long, default_value_t = 16)]
     pub clients: usize,
     /// Messages per batch for haunt's workers (their --batch-size-max).
-    #[arg(long, default_value_t = 500)]
     pub batch_size: u32,
-    /// Also drain with each of these batch sizes (comma-separated) for each
-    /// count of --sweep-workers: the data of the throughput plot.
-    #[arg(long, value_delimiter = ',', requires = "sweep_workers")]
+    /// Also drain with each of these batch sizes for each count of
+    /// `sweep_workers`: the data of the throughput plot.
     pub sweep_batch_sizes: Vec<u32>,
-    /// The worker counts of the sweep (comma-separated).
-    #[arg(long, value_delimiter = ',', requires = "sweep_batch_sizes")]
+    /// The worker counts of the sweep.
     pub sweep_workers: Vec<usize>,
-    /// RUST_LOG of the `haunt worker` process the bench starts: `warn` logs
-    /// nothing per delivery; `info` (the worker's default) logs each one.
-    #[arg(long, default_value = "warn")]
+    /// RUST_LOG of the `haunt worker` process the bench starts.
     pub worker_rust_log: String,
-    /// Run only one phase: --events pre-enqueued, drained by a `haunt worker`
+    /// Run only one phase: `events` pre-enqueued, drained by a `haunt worker`
     /// process started under this command (split at spaces, the worker's own
-    /// command line appended), e.g. "perf record -g -o worker.perf --". The
-    /// command is sent SIGINT once the queue is empty, so that a profiler
-    /// writes its data.
-    #[arg(long)]
+    /// command line appended). The command is sent SIGINT once the queue is
+    /// empty, so that a profiler writes its data.
     pub profile_worker: Option<String>,
-    /// Write the results as JSON here too.
-    #[arg(long)]
-    pub out: Option<std::path::PathBuf>,
 }
 
 /// Messages per batch of the client-side SQL baseline, as in issue 8's
@@ -89,19 +81,8 @@ const CLIENT_SQL_BATCH: i64 = 100;
 /// events are seconds of it, enough for a steady rate.
 const PER_MESSAGE_EVENTS_MAX: usize = 2_000;
 
-/// How long a stopped worker process (or the profiler around it) may take to
-/// exit: a profiler writes its data in seconds; past this it is killed.
-const WORKER_EXIT_GRACE: Duration = Duration::from_secs(60);
-
-/// The PostgreSQL application_name of the worker process's connections.
-const WORKER_APPLICATION_NAME: &str = "haunt-bench-worker";
-
 /// The PostgreSQL application_name of the server-side limit's connections.
 const LIMIT_APPLICATION_NAME: &str = "haunt-bench-limit";
-
-/// Linux's clock ticks per second in /proc/PID/stat (USER_HZ, 100 on every
-/// architecture the kernel exports it for).
-const USER_HZ: f64 = 100.0;
 
 /// Every event applied once, the queue empty: a phase that cheated would show.
 async fn verify_drained(baseline: &Baseline, n: usize, phase: &str) -> anyhow::Result<()> {
@@ -174,7 +155,7 @@ where
 /// Returns once the queue is empty (every event applied: the phase's drain is
 /// verified after). Polled at 20 ms, well inside a phase's seconds; `alive`
 /// fails the wait early when the consumers died.
-async fn wait_drained(
+pub(crate) async fn wait_drained(
     watcher: &Store,
     started: Instant,
     mut alive: impl FnMut() -> anyhow::Result<()>,
@@ -188,106 +169,6 @@ async fn wait_drained(
         anyhow::ensure!(started.elapsed() < Duration::from_secs(600), "not drained in 600 s");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-/// What a `haunt worker` process cost while it drained a queue alone.
-#[derive(Debug, Default)]
-struct WorkerProcess {
-    events_per_s: f64,
-    /// VmHWM, MiB.
-    peak_rss_mib: Option<f64>,
-    /// User and system CPU time of the worker process.
-    cpu_s: Option<f64>,
-    /// User and system CPU time of the server backends it connected to
-    /// (PostgreSQL on this machine only).
-    backends_cpu_s: Option<f64>,
-}
-
-/// User plus system CPU seconds of a process, from /proc/PID/stat.
-fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name, which is in parentheses and may hold spaces.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let (utime, stime): (f64, f64) = (fields.get(11)?.parse().ok()?, fields.get(12)?.parse().ok()?);
-    Some((utime + stime) / USER_HZ)
-}
-
-/// The `haunt` process at or below `pid`: the worker itself, or the child of a
-/// profiler that started it (followed down at most 4 levels: a wrapper of a
-/// wrapper is as deep as it goes).
-fn haunt_process(pid: u32) -> Option<u32> {
-    let mut pid = pid;
-    for _ in 0..4 {
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-        if comm.trim() == "haunt" {
-            return Some(pid);
-        }
-        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
-        pid = children.split_whitespace().next()?.parse().ok()?;
-    }
-    None
-}
-
-/// A `haunt worker` process (this executable, under `wrapper` if given)
-/// drains `n` pre-enqueued events with batches of `batch_size`; its peak
-/// resident set (VmHWM) and CPU times are read from /proc before it is stopped.
-async fn worker_process(
-    baseline: &Baseline,
-    (db, rust_log): (&str, &str),
-    batch_size: u32,
-    n: usize,
-    watcher: &Store,
-    wrapper: Option<&str>,
-) -> anyhow::Result<WorkerProcess> {
-    let exe = std::env::current_exe()?;
-    let mut words: Vec<String> = wrapper.map(|w| w.split_whitespace().map(String::from).collect()).unwrap_or_default();
-    words.push(exe.display().to_string());
-    // Its connections are named, so that their server backends can be found.
-    let url = named(db, WORKER_APPLICATION_NAME);
-    let started = Instant::now();
-    let mut child = tokio::process::Command::new(&words[0])
-        .args(&words[1..])
-        .args(["worker", "--db", &url, "--worker-id", "bench-process", "--poll-interval-ms", "5"])
-        .args(["--batch-size-max", &batch_size.to_string()])
-        .env("RUST_LOG", rust_log)
-        .stdout(std::process::Stdio::null())
-        // Its logs (one line per delivery at info) would drown the bench's.
-        .stderr(if wrapper.is_some() { std::process::Stdio::inherit() } else { std::process::Stdio::null() })
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("starting {}", words.join(" ")))?;
-    let pid = child.id().context("the worker has no pid")?;
-    wait_drained(watcher, started, || match child.try_wait()? {
-        Some(status) => anyhow::bail!("the worker exited with {status} before draining"),
-        None => Ok(()),
-    })
-    .await
-    .with_context(|| format!("a worker process, {n} events"))?;
-    let events_per_s = n as f64 / started.elapsed().as_secs_f64();
-    let worker = haunt_process(pid);
-    let peak_rss_mib = worker.and_then(|w| {
-        let status = std::fs::read_to_string(format!("/proc/{w}/status")).ok()?;
-        let kib: f64 =
-            status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
-        Some(kib / 1024.0)
-    });
-    let cpu_s = worker.and_then(cpu_seconds);
-    let backends = baseline.backend_pids(WORKER_APPLICATION_NAME).await?;
-    let backends_cpu_s = if backends.is_empty() {
-        None
-    } else {
-        backends.iter().map(|&p| u32::try_from(p).ok().and_then(cpu_seconds)).sum::<Option<f64>>()
-    };
-    if wrapper.is_some() {
-        // SIGINT, so that a profiler stops, writes its data and ends the worker.
-        let _ = std::process::Command::new("kill").args(["-INT", &pid.to_string()]).status();
-        if tokio::time::timeout(WORKER_EXIT_GRACE, child.wait()).await.is_err() {
-            child.kill().await?;
-        }
-    } else {
-        child.kill().await?;
-    }
-    Ok(WorkerProcess { events_per_s, peak_rss_mib, cpu_s, backends_cpu_s })
 }
 
 /// Runs `tasks` copies of `f` side by side and returns the events per second.
@@ -323,7 +204,7 @@ async fn http_ingest(
 }
 
 /// `url` with its PostgreSQL connections named `name` (SQLite's unchanged).
-fn named(url: &str, name: &str) -> String {
+pub(crate) fn named(url: &str, name: &str) -> String {
     if url.starts_with("postgres") {
         format!("{url}{}application_name={name}", if url.contains('?') { '&' } else { '?' })
     } else {
@@ -370,67 +251,55 @@ async fn server_side_at(
     Ok(Limit { events_per_s, backends_cpu_us_per_event })
 }
 
-fn worker_process_json(w: &WorkerProcess, n: usize, rust_log: &str) -> serde_json::Value {
-    json!({
-        "events_per_s": w.events_per_s,
-        "peak_rss_mib": w.peak_rss_mib,
-        "rust_log": rust_log,
-        "cpu_s": w.cpu_s,
-        "cpu_us_per_event": w.cpu_s.map(|c| c * 1e6 / n as f64),
-        "postgres_backends_cpu_s": w.backends_cpu_s,
-        "postgres_backends_cpu_us_per_event": w.backends_cpu_s.map(|c| c * 1e6 / n as f64),
-    })
-}
-
-fn write_report(
-    report: serde_json::Map<String, serde_json::Value>,
-    out: Option<&std::path::Path>,
-) -> anyhow::Result<()> {
-    let text = serde_json::to_string_pretty(&serde_json::Value::Object(report))?;
-    println!("{text}");
-    if let Some(out) = out {
-        std::fs::write(out, format!("{text}\n")).with_context(|| format!("writing {}", out.display()))?;
-    }
-    Ok(())
-}
-
-pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
-    anyhow::ensure!(args.events > 0 && args.workers > 0 && args.clients > 0, "--events, --workers, --clients > 0");
+/// Runs every phase (or, with `profile_worker`, only the profiled worker
+/// process) on `options.db`, which must be empty and is left empty, and
+/// returns the report. `progress` gets a line per phase with its figures.
+pub async fn pipeline(options: PipelineOptions, mut progress: impl FnMut(&str)) -> anyhow::Result<serde_json::Value> {
     anyhow::ensure!(
-        args.batch_size > 0 && !args.sweep_batch_sizes.contains(&0) && !args.sweep_workers.contains(&0),
+        options.events > 0 && options.workers > 0 && options.clients > 0,
+        "--events, --workers, --clients > 0"
+    );
+    anyhow::ensure!(
+        options.batch_size > 0 && !options.sweep_batch_sizes.contains(&0) && !options.sweep_workers.contains(&0),
         "batch sizes and worker counts must be positive"
     );
-    let postgres = args.db.starts_with("postgres");
+    let postgres = options.db.starts_with("postgres");
     // Opening it migrates it; it must hold nothing the bench would delete.
-    let store = Store::connect(&args.db, StoreOptions { max_connections: 32, ..StoreOptions::default() })
+    let store = Store::connect(&options.db, StoreOptions { max_connections: 32, ..StoreOptions::default() })
         .await
-        .with_context(|| format!("opening {}", args.db))?;
-    anyhow::ensure!(store.is_empty().await?, "{} is not empty; the bench needs a database of its own", args.db);
-    let baseline = Baseline::connect(&args.db, 32).await?;
-    let n = args.events;
+        .with_context(|| format!("opening {}", options.db))?;
+    anyhow::ensure!(store.is_empty().await?, "{} is not empty; the bench needs a database of its own", options.db);
+    let baseline = Baseline::connect(&options.db, 32).await?;
+    let n = options.events;
     let items = 64;
     let mut report = serde_json::Map::new();
-    report.insert("machine".into(), json!(crate::bench::machine()));
+    report.insert("machine".into(), json!(crate::machine()));
     report.insert("db".into(), json!(if postgres { "postgres" } else { "sqlite" }));
     report.insert("events".into(), json!(n));
-    report.insert("workers".into(), json!(args.workers));
-    report.insert("clients".into(), json!(args.clients));
-    report.insert("batch_size".into(), json!(args.batch_size));
+    report.insert("workers".into(), json!(options.workers));
+    report.insert("clients".into(), json!(options.clients));
+    report.insert("batch_size".into(), json!(options.batch_size));
     let size = (n, items);
-    let log = args.worker_rust_log.as_str();
+    let log = options.worker_rust_log.as_str();
+    let command = WorkerCommand {
+        haunt: &options.haunt,
+        db: &options.db,
+        rust_log: log,
+        batch_size: options.batch_size,
+        wrapper: None,
+    };
 
-    if let Some(wrapper) = &args.profile_worker {
+    if let Some(wrapper) = &options.profile_worker {
         let w = drain_phase(&baseline, size, "profiled worker process", || {
-            worker_process(&baseline, (&args.db, log), args.batch_size, n, &store, Some(wrapper))
+            worker_process(&baseline, WorkerCommand { wrapper: Some(wrapper), ..command }, n, &store)
         })
         .await?;
-        eprintln!("haunt worker process under {wrapper:?}: {:>10.0} events/s", w.events_per_s);
+        progress(&format!("haunt worker process under {wrapper:?}: {:>10.0} events/s", w.events_per_s));
         report.insert("profile_worker".into(), json!(wrapper));
-        report.insert("worker_process".into(), worker_process_json(&w, n, log));
-        write_report(report, args.out.as_deref())?;
+        report.insert("worker_process".into(), w.json(n, log));
         baseline.close().await;
         store.close().await;
-        return Ok(());
+        return Ok(serde_json::Value::Object(report));
     }
 
     // The limit: haunt's protocol inside the database, at haunt's batch size,
@@ -438,18 +307,18 @@ pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
     // runs WorkerConfig::concurrency of them): with commits that wait for the
     // WAL flush, concurrency is throughput. SQLite has one writer, so one
     // connection is its limit.
-    let batch = i64::from(args.batch_size);
-    let lease_loops = args.workers * haunt_worker::WorkerConfig::default().concurrency;
+    let batch = i64::from(options.batch_size);
+    let lease_loops = options.workers * haunt_worker::WorkerConfig::default().concurrency;
     let consumers = if postgres { lease_loops } else { 1 };
     baseline.install_server_side().await?;
-    let limit_pool = Baseline::connect(&named(&args.db, LIMIT_APPLICATION_NAME), consumers as u32).await?;
+    let limit_pool = Baseline::connect(&named(&options.db, LIMIT_APPLICATION_NAME), consumers as u32).await?;
     let pools = (&baseline, &limit_pool);
-    let limit = |name: &str, l: &Limit| {
-        eprintln!(
+    let mut limit = |name: &str, l: &Limit| {
+        progress(&format!(
             "server-side limit, {name:<28} {:>10.0} events/s, its backends {:.1} us/event",
             l.events_per_s,
             l.backends_cpu_us_per_event.unwrap_or(f64::NAN)
-        )
+        ))
     };
     let limit_3 = drain_phase(&baseline, size, "server-side limit, 3 commits", || {
         server_side_at(pools, n, consumers, batch, (false, false))
@@ -484,25 +353,25 @@ pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
     let (client_sql, client_sql_same_batch, client_sql_locked) = if baseline.has_client_sql_baseline() {
         let at = |batch: i64| {
             let b = baseline.clone();
-            timed(n, args.workers, move |t| {
+            timed(n, options.workers, move |t| {
                 let b = b.clone();
                 async move { Ok(b.client_sql_drain(t, batch).await?) }
             })
         };
         let rate = drain_phase(&baseline, size, "client-side SQL baseline", || at(CLIENT_SQL_BATCH)).await?;
-        eprintln!("client-side SQL, batch {CLIENT_SQL_BATCH:<4}                  {rate:>10.0} events/s");
+        progress(&format!("client-side SQL, batch {CLIENT_SQL_BATCH:<4}                  {rate:>10.0} events/s"));
         let same_batch =
             drain_phase(&baseline, size, "client-side SQL baseline at haunt's batch size", || at(batch)).await?;
-        eprintln!("client-side SQL, batch {batch:<4}                  {same_batch:>10.0} events/s");
+        progress(&format!("client-side SQL, batch {batch:<4}                  {same_batch:>10.0} events/s"));
         let b = baseline.clone();
         let locked = drain_phase(&baseline, size, "client-side SQL, locked", || {
-            timed(n, args.workers, move |_| {
+            timed(n, options.workers, move |_| {
                 let b = b.clone();
                 async move { Ok(b.client_sql_locked_drain(CLIENT_SQL_BATCH).await?) }
             })
         })
         .await?;
-        eprintln!("client-side SQL, locked, one txn per batch  {locked:>10.0} events/s");
+        progress(&format!("client-side SQL, locked, one txn per batch  {locked:>10.0} events/s"));
         (Some(rate), Some(same_batch), Some(locked))
     } else {
         (None, None, None)
@@ -514,63 +383,63 @@ pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
         timed(pm, lease_loops, move |_| per_message_drain(s.clone()))
     })
     .await?;
-    eprintln!("per-message (3 txn/event)                   {per_message:>10.0} events/s");
+    progress(&format!("per-message (3 txn/event)                   {per_message:>10.0} events/s"));
 
-    let haunt =
-        drain_phase(&baseline, size, "haunt workers", || haunt_drain(&args.db, args.workers, args.batch_size, n))
-            .await?;
-    eprintln!(
+    let haunt = drain_phase(&baseline, size, "haunt workers", || {
+        haunt_drain(&options.db, options.workers, options.batch_size, n)
+    })
+    .await?;
+    progress(&format!(
         "haunt workers (batch {:>4}, {} workers)       {haunt:>10.0} events/s: {:.2} of the 3-commit limit, \
          {:.2} of the 2-commit limit",
-        args.batch_size,
-        args.workers,
+        options.batch_size,
+        options.workers,
         haunt / limit_3,
         haunt / limit_2
-    );
+    ));
 
     // A worker process of its own, at the batch size measured above: memory,
     // CPU, and what its connections cost the server.
-    let process = drain_phase(&baseline, size, "worker process", || {
-        worker_process(&baseline, (&args.db, log), args.batch_size, n, &store, None)
-    })
-    .await?;
-    eprintln!(
+    let process =
+        drain_phase(&baseline, size, "worker process", || worker_process(&baseline, command, n, &store)).await?;
+    progress(&format!(
         "haunt worker process, batch {:>4}, RUST_LOG={log}: {:.0} events/s ({:.2} of the 3-commit limit), \
          peak RSS {:.1} MiB, CPU {:.1} us/event, its server backends {:.1} us/event",
-        args.batch_size,
+        options.batch_size,
         process.events_per_s,
         process.events_per_s / limit_3,
         process.peak_rss_mib.unwrap_or(f64::NAN),
         process.cpu_s.map_or(f64::NAN, |c| c * 1e6 / n as f64),
         process.backends_cpu_s.map_or(f64::NAN, |c| c * 1e6 / n as f64),
-    );
+    ));
 
     let b = baseline.clone();
-    let clients = args.clients;
+    let clients = options.clients;
     let raw_insert = timed(n, clients, move |c| {
         let b = b.clone();
         async move { Ok(b.raw_ingest(c, clients, n).await?) }
     })
     .await?;
     baseline.reset().await?;
-    eprintln!("raw insert txn ({clients} clients)                {raw_insert:>10.0} orders/s");
+    progress(&format!("raw insert txn ({clients} clients)                {raw_insert:>10.0} orders/s"));
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}/orders", listener.local_addr()?);
-    let api_store = Store::connect(&args.db, StoreOptions { max_connections: 32, ..StoreOptions::default() }).await?;
+    let api_store =
+        Store::connect(&options.db, StoreOptions { max_connections: 32, ..StoreOptions::default() }).await?;
     let server =
         tokio::spawn(haunt_api::run(listener, api_store, haunt_api::ApiConfig::default(), std::future::pending()));
     let http = reqwest::Client::builder().pool_max_idle_per_host(clients).build()?;
     let api = timed(n, clients, move |c| http_ingest(http.clone(), url.clone(), c, clients, n)).await?;
     server.abort();
     baseline.reset().await?;
-    eprintln!("API over HTTP ({clients} clients)                 {api:>10.0} orders/s");
+    progress(&format!("API over HTTP ({clients} clients)                 {api:>10.0} orders/s"));
 
     let mut sweep = Vec::new();
-    for &batch in &args.sweep_batch_sizes {
-        for &workers in &args.sweep_workers {
-            let rate = drain_phase(&baseline, size, "sweep", || haunt_drain(&args.db, workers, batch, n)).await?;
-            eprintln!("sweep: batch {batch:>4}, {workers} workers  {rate:>10.0} events/s");
+    for &batch in &options.sweep_batch_sizes {
+        for &workers in &options.sweep_workers {
+            let rate = drain_phase(&baseline, size, "sweep", || haunt_drain(&options.db, workers, batch, n)).await?;
+            progress(&format!("sweep: batch {batch:>4}, {workers} workers  {rate:>10.0} events/s"));
             sweep.push(json!({"batch_size": batch, "workers": workers, "events_per_s": rate}));
         }
     }
@@ -592,7 +461,7 @@ pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
             "worker_process": process.events_per_s,
         }),
     );
-    report.insert("worker_process".into(), worker_process_json(&process, n, log));
+    report.insert("worker_process".into(), process.json(n, log));
     report.insert("postgres_backends_cpu_us_per_event".into(), limit_cpu);
     report.insert("worker_peak_rss_mib".into(), json!(process.peak_rss_mib));
     report.insert("orders_per_s".into(), json!({"raw_insert_txn": raw_insert, "api_http": api}));
@@ -613,8 +482,7 @@ pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
     if !sweep.is_empty() {
         report.insert("sweep".into(), json!(sweep));
     }
-    write_report(report, args.out.as_deref())?;
     baseline.close().await;
     store.close().await;
-    Ok(())
+    Ok(serde_json::Value::Object(report))
 }

@@ -1,0 +1,100 @@
+//! `haunt bench check`: the checker on a synthetic run.
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Context;
+use serde_json::json;
+
+/// What the check bench runs.
+#[derive(Debug, Clone)]
+pub struct CheckOptions {
+    /// Client ops in the synthetic history.
+    pub ops: u64,
+    /// Where to write the synthetic run; `None`: a temporary directory,
+    /// removed after.
+    pub dir: Option<PathBuf>,
+    /// Concurrent client processes simulated in the history.
+    pub clients: u64,
+}
+
+/// Peak resident memory of this process so far, in MiB (Linux).
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+/// Reads every line of `path` into a `serde_json::Value` and drops it: the cost
+/// of merely deserializing the file.
+fn deserialize_only(path: &Path) -> anyhow::Result<u64> {
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
+    let mut line = Vec::with_capacity(512);
+    let mut n = 0;
+    loop {
+        line.clear();
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            return Ok(n);
+        }
+        let value: serde_json::Value = serde_json::from_slice(&line)?;
+        std::hint::black_box(&value);
+        n += 1;
+    }
+}
+
+/// The checker on a synthetic run of `options.ops` client ops, against merely
+/// deserializing the same files with serde_json. `progress` gets a line before
+/// the run is written. The synthetic run must check valid: if it does not, the
+/// error holds the report.
+pub fn check(options: CheckOptions, mut progress: impl FnMut(&str)) -> anyhow::Result<serde_json::Value> {
+    let tmp;
+    let dir = match &options.dir {
+        Some(d) => d.clone(),
+        None => {
+            tmp = tempfile::tempdir()?;
+            tmp.path().to_owned()
+        }
+    };
+    progress(&format!("writing a synthetic run of {} client ops to {}", options.ops, dir.display()));
+    let t = Instant::now();
+    let written = haunt_chaos::synthetic::write_run(&dir, options.ops, options.clients, 1)?;
+    let generate_s = t.elapsed().as_secs_f64();
+    let bytes = std::fs::metadata(dir.join(haunt_format::HISTORY_FILE))?.len()
+        + std::fs::metadata(dir.join(haunt_format::FINAL_STATE_FILE))?.len();
+
+    let t = Instant::now();
+    let lines = deserialize_only(&dir.join(haunt_format::HISTORY_FILE))?
+        + deserialize_only(&dir.join(haunt_format::FINAL_STATE_FILE))?;
+    let deserialize_s = t.elapsed().as_secs_f64();
+    let rss_after_deserialize = peak_rss_mib();
+
+    let t = Instant::now();
+    let results = haunt_checker::check_dir(&dir).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let check_s = t.elapsed().as_secs_f64();
+    let rss_after_check = peak_rss_mib();
+
+    let report = json!({
+        "bench": "check",
+        "machine": crate::machine(),
+        "ops": written.ops,
+        "orders": written.orders,
+        "lines": lines,
+        "bytes": bytes,
+        "generate_s": generate_s,
+        "deserialize_only_s": deserialize_s,
+        "check_s": check_s,
+        "check_over_deserialize": check_s / deserialize_s,
+        "peak_rss_mib_after_deserialize": rss_after_deserialize,
+        "peak_rss_mib_after_check": rss_after_check,
+        "verdict": results.valid.as_str(),
+    });
+    anyhow::ensure!(
+        results.valid == haunt_checker::Verdict::Valid,
+        "the synthetic run must check valid: {}",
+        serde_json::to_string_pretty(&report)?
+    );
+    Ok(report)
+}

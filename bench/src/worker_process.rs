@@ -1,0 +1,174 @@
+//! A `haunt worker` process draining a queue alone, measured from outside: its
+//! rate, its peak resident set and CPU time, and the CPU time of its server
+//! backends, all read from /proc. The one place the benches start a process.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use haunt_store::{Baseline, Store};
+use serde_json::json;
+
+use crate::pipeline::{named, wait_drained};
+
+/// How long a stopped worker process (or the profiler around it) may take to
+/// exit: a profiler writes its data in seconds; past this it is killed.
+const WORKER_EXIT_GRACE: Duration = Duration::from_secs(60);
+
+/// The PostgreSQL application_name of the worker process's connections.
+const WORKER_APPLICATION_NAME: &str = "haunt-bench-worker";
+
+/// Linux's clock ticks per second in /proc/PID/stat (USER_HZ, 100 on every
+/// architecture the kernel exports it for).
+const USER_HZ: f64 = 100.0;
+
+/// The longest process name /proc/PID/comm holds (TASK_COMM_LEN less its NUL).
+const COMM_LEN_MAX: usize = 15;
+
+/// How the worker process is started.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WorkerCommand<'a> {
+    /// The `haunt` executable.
+    pub haunt: &'a Path,
+    pub db: &'a str,
+    /// Its RUST_LOG.
+    pub rust_log: &'a str,
+    pub batch_size: u32,
+    /// A command (split at spaces) the worker runs under, such as a profiler.
+    pub wrapper: Option<&'a str>,
+}
+
+/// What a `haunt worker` process cost while it drained a queue alone.
+#[derive(Debug, Default)]
+pub(crate) struct WorkerProcess {
+    pub events_per_s: f64,
+    /// VmHWM, MiB.
+    pub peak_rss_mib: Option<f64>,
+    /// User and system CPU time of the worker process.
+    pub cpu_s: Option<f64>,
+    /// User and system CPU time of the server backends it connected to
+    /// (PostgreSQL on this machine only).
+    pub backends_cpu_s: Option<f64>,
+}
+
+impl WorkerProcess {
+    /// The report's `worker_process` object, per event over `n` events.
+    pub fn json(&self, n: usize, rust_log: &str) -> serde_json::Value {
+        json!({
+            "events_per_s": self.events_per_s,
+            "peak_rss_mib": self.peak_rss_mib,
+            "rust_log": rust_log,
+            "cpu_s": self.cpu_s,
+            "cpu_us_per_event": self.cpu_s.map(|c| c * 1e6 / n as f64),
+            "postgres_backends_cpu_s": self.backends_cpu_s,
+            "postgres_backends_cpu_us_per_event": self.backends_cpu_s.map(|c| c * 1e6 / n as f64),
+        })
+    }
+}
+
+/// User plus system CPU seconds of a process, from /proc/PID/stat.
+pub(crate) fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let (utime, stime): (f64, f64) = (fields.get(11)?.parse().ok()?, fields.get(12)?.parse().ok()?);
+    Some((utime + stime) / USER_HZ)
+}
+
+/// The process named `comm` at or below `pid`: the worker itself, or the child
+/// of a profiler that started it (followed down at most 4 levels: a wrapper of
+/// a wrapper is as deep as it goes).
+fn process_named(pid: u32, comm: &str) -> Option<u32> {
+    let mut pid = pid;
+    for _ in 0..4 {
+        let found = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        if found.trim() == comm {
+            return Some(pid);
+        }
+        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+        pid = children.split_whitespace().next()?.parse().ok()?;
+    }
+    None
+}
+
+/// What /proc/PID/comm says for a process started from `exe`: its file name,
+/// cut to [`COMM_LEN_MAX`] bytes.
+fn comm_of(exe: &Path) -> String {
+    let name = exe.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut end = name.len().min(COMM_LEN_MAX);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    name[..end].to_owned()
+}
+
+/// A `haunt worker` process (under `command.wrapper` if given) drains `n`
+/// pre-enqueued events; its peak resident set (VmHWM) and CPU times are read
+/// from /proc before it is stopped.
+pub(crate) async fn worker_process(
+    baseline: &Baseline,
+    command: WorkerCommand<'_>,
+    n: usize,
+    watcher: &Store,
+) -> anyhow::Result<WorkerProcess> {
+    let wrapper = command.wrapper;
+    let mut words: Vec<String> = wrapper.map(|w| w.split_whitespace().map(String::from).collect()).unwrap_or_default();
+    words.push(command.haunt.display().to_string());
+    // Its connections are named, so that their server backends can be found.
+    let url = named(command.db, WORKER_APPLICATION_NAME);
+    let started = Instant::now();
+    let mut child = tokio::process::Command::new(&words[0])
+        .args(&words[1..])
+        .args(["worker", "--db", &url, "--worker-id", "bench-process", "--poll-interval-ms", "5"])
+        .args(["--batch-size-max", &command.batch_size.to_string()])
+        .env("RUST_LOG", command.rust_log)
+        .stdout(std::process::Stdio::null())
+        // Its logs (one line per delivery at info) would drown the bench's.
+        .stderr(if wrapper.is_some() { std::process::Stdio::inherit() } else { std::process::Stdio::null() })
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", words.join(" ")))?;
+    let pid = child.id().context("the worker has no pid")?;
+    wait_drained(watcher, started, || match child.try_wait()? {
+        Some(status) => anyhow::bail!("the worker exited with {status} before draining"),
+        None => Ok(()),
+    })
+    .await
+    .with_context(|| format!("a worker process, {n} events"))?;
+    let events_per_s = n as f64 / started.elapsed().as_secs_f64();
+    let worker = process_named(pid, &comm_of(command.haunt));
+    let peak_rss_mib = worker.and_then(|w| {
+        let status = std::fs::read_to_string(format!("/proc/{w}/status")).ok()?;
+        let kib: f64 =
+            status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+        Some(kib / 1024.0)
+    });
+    let cpu_s = worker.and_then(cpu_seconds);
+    let backends = baseline.backend_pids(WORKER_APPLICATION_NAME).await?;
+    let backends_cpu_s = if backends.is_empty() {
+        None
+    } else {
+        backends.iter().map(|&p| u32::try_from(p).ok().and_then(cpu_seconds)).sum::<Option<f64>>()
+    };
+    if wrapper.is_some() {
+        // SIGINT, so that a profiler stops, writes its data and ends the worker.
+        let _ = std::process::Command::new("kill").args(["-INT", &pid.to_string()]).status();
+        if tokio::time::timeout(WORKER_EXIT_GRACE, child.wait()).await.is_err() {
+            child.kill().await?;
+        }
+    } else {
+        child.kill().await?;
+    }
+    Ok(WorkerProcess { events_per_s, peak_rss_mib, cpu_s, backends_cpu_s })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_comm_of_an_executable_is_its_name_cut_as_the_kernel_cuts_it() {
+        assert_eq!(comm_of(Path::new("/work/target/debug/haunt")), "haunt");
+        assert_eq!(comm_of(Path::new("/bin/a-very-long-executable-name")), "a-very-long-exe");
+    }
+}
