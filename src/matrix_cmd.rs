@@ -34,6 +34,11 @@ pub struct MatrixArgs {
     /// database has a row on each; the rest run on PostgreSQL only).
     #[arg(long, value_delimiter = ',', default_value = "sqlite,postgres", value_parser = ["sqlite", "postgres"])]
     pub backends: Vec<String>,
+    /// A system file (docs/system-format.md): instead of haunt's bug modes,
+    /// run that system under each fault it allows, alone and all together,
+    /// seed after seed; every run must be valid. `--only` then names faults.
+    #[arg(long, value_name = "FILE")]
+    pub system: Option<PathBuf>,
 }
 
 impl MatrixArgs {
@@ -47,6 +52,7 @@ impl MatrixArgs {
             store: self.store,
             only: self.only,
             backends: self.backends,
+            system: self.system,
         }
     }
 }

@@ -42,6 +42,9 @@ pub struct Case {
     pub postgres: bool,
     /// What every run must show.
     pub expected: Expect,
+    /// A row of `haunt matrix --system FILE`: the system's name (it runs the
+    /// file's system, under the row's fault, and must stay valid).
+    pub system: Option<String>,
 }
 
 /// What a run of a case must show to count as caught (or, for the correct
@@ -80,6 +83,9 @@ fn bug_name<S: serde::Serializer>(bug: &Option<Bug>, s: S) -> Result<S::Ok, S::E
 
 impl Case {
     pub fn name(&self) -> String {
+        if let Some(system) = &self.system {
+            return format!("{system} under {}", self.nemesis);
+        }
         let what = self.bug.map_or("correct", |b| b.name());
         match (self.needs, self.postgres) {
             // Only PostgreSQL shows it: the name says enough.
@@ -120,6 +126,7 @@ pub fn cases() -> Vec<Case> {
             needs: Needs::Any,
             postgres: false,
             expected: Expect::Anomaly("double-applied"),
+            system: None,
         },
         Case {
             bug: Some(Bug::InboxOutsideTxn),
@@ -128,6 +135,7 @@ pub fn cases() -> Vec<Case> {
             needs: Needs::Any,
             postgres: false,
             expected: Expect::Anomaly("lost-effect"),
+            system: None,
         },
         Case {
             bug: Some(Bug::AckBeforeProcess),
@@ -136,6 +144,7 @@ pub fn cases() -> Vec<Case> {
             needs: Needs::Any,
             postgres: false,
             expected: Expect::Anomaly("lost-effect"),
+            system: None,
         },
         Case {
             bug: Some(Bug::NonAtomicEnqueue),
@@ -144,6 +153,7 @@ pub fn cases() -> Vec<Case> {
             needs: Needs::Any,
             postgres: false,
             expected: Expect::Anomaly("failed-but-present"),
+            system: None,
         },
         Case {
             bug: Some(Bug::ReadModifyWriteProjection),
@@ -153,6 +163,7 @@ pub fn cases() -> Vec<Case> {
             needs: Needs::Postgres,
             postgres: true,
             expected: Expect::Anomaly("projection-mismatch"),
+            system: None,
         },
         Case {
             bug: Some(Bug::WorkerClockLease),
@@ -177,6 +188,7 @@ pub fn cases() -> Vec<Case> {
             needs: Needs::Any,
             postgres: false,
             expected: Expect::NotDrained,
+            system: None,
         },
         Case {
             bug: Some(Bug::NoLeaseToken),
@@ -189,6 +201,7 @@ pub fn cases() -> Vec<Case> {
             needs: Needs::Any,
             postgres: false,
             expected: Expect::Anomaly("projection-mismatch"),
+            system: None,
         },
         Case {
             bug: Some(Bug::NewEventIdOnRetry),
@@ -200,6 +213,7 @@ pub fn cases() -> Vec<Case> {
             needs: Needs::Any,
             postgres: false,
             expected: Expect::Anomaly("unexpected-effect"),
+            system: None,
         },
         Case {
             bug: Some(Bug::DlqDrop),
@@ -211,6 +225,7 @@ pub fn cases() -> Vec<Case> {
             needs: Needs::Any,
             postgres: false,
             expected: Expect::Anomaly("lost-effect"),
+            system: None,
         },
         Case {
             bug: Some(Bug::AsyncCommit),
@@ -230,6 +245,7 @@ pub fn cases() -> Vec<Case> {
             needs: Needs::PostgresCrash,
             postgres: true,
             expected: Expect::Anomaly("lost-order"),
+            system: None,
         },
         Case {
             bug: None,
@@ -238,6 +254,7 @@ pub fn cases() -> Vec<Case> {
             needs: Needs::Any,
             postgres: false,
             expected: Expect::Valid,
+            system: None,
         },
     ];
     // What needs nothing of the database runs on PostgreSQL too, right after.
@@ -457,6 +474,39 @@ pub struct MatrixOptions {
     pub only: Vec<String>,
     /// Only the rows on these backends (`sqlite`, `postgres`).
     pub backends: Vec<String>,
+    /// A system file: the rows are its system under each fault it allows,
+    /// alone and all together, instead of haunt's bug modes.
+    pub system: Option<PathBuf>,
+}
+
+/// The rows of `haunt matrix --system FILE`: each fault the file allows, then
+/// all of them at once; every run must be valid.
+pub fn system_cases(path: &Path) -> anyhow::Result<Vec<Case>> {
+    let spec = crate::system_file::spec::load(path)?;
+    let faults = crate::system_file::faults_allowed(&spec);
+    anyhow::ensure!(
+        !faults.is_empty(),
+        "{}: it allows no fault (no node takes kill or pause, no link)",
+        path.display()
+    );
+    let mut nemeses: Vec<&'static str> = faults.iter().map(|f| f.name()).collect();
+    if nemeses.len() > 1 {
+        nemeses.push("all");
+    }
+    Ok(nemeses
+        .into_iter()
+        .map(|nemesis| Case {
+            bug: None,
+            nemesis,
+            // All at once: two schedules side by side, so that faults overlap
+            // (and the round fits a shorter run).
+            args: if nemesis == "all" { &["--faults-at-once", "2"] } else { &[] },
+            needs: Needs::Any,
+            postgres: false,
+            expected: Expect::Valid,
+            system: Some(spec.name.clone()),
+        })
+        .collect())
 }
 
 /// A finished matrix.
@@ -472,9 +522,10 @@ pub struct MatrixOutcome {
 
 fn selected(case: &Case, options: &MatrixOptions) -> bool {
     let named = options.only.is_empty()
-        || options.only.iter().any(|o| match case.bug {
-            Some(b) => o == b.name(),
-            None => o == "correct",
+        || options.only.iter().any(|o| match (&case.system, case.bug) {
+            (Some(_), _) => o == case.nemesis,
+            (None, Some(b)) => o == b.name(),
+            (None, None) => o == "correct",
         });
     named && options.backends.iter().any(|b| b == case.backend())
 }
@@ -504,8 +555,11 @@ async fn one_run(case: &Case, seed: u64, options: &MatrixOptions, runs_dir: &Pat
         _ => None,
     };
     let mut command = Command::new(&options.haunt);
+    command.arg("run");
+    if let Some(system) = &options.system {
+        command.arg("--system").arg(system);
+    }
     command
-        .arg("run")
         .arg("--store")
         .arg(runs_dir)
         .args(["--seed", &seed.to_string(), "--time-limit-s", &options.time_limit_s.to_string()])
@@ -559,8 +613,16 @@ async fn one_run(case: &Case, seed: u64, options: &MatrixOptions, runs_dir: &Pat
 pub async fn run(options: &MatrixOptions, mut progress: impl FnMut(&str)) -> anyhow::Result<MatrixOutcome> {
     use anyhow::Context;
     anyhow::ensure!(options.seeds > 0, "--seeds must be positive");
-    let known: Vec<String> =
-        cases().iter().filter_map(|c| c.bug.map(|b| b.name().to_owned())).chain(["correct".to_owned()]).collect();
+    let all_cases = match &options.system {
+        Some(path) => system_cases(path)?,
+        None => cases(),
+    };
+    let known: Vec<String> = match &options.system {
+        Some(_) => all_cases.iter().map(|c| c.nemesis.to_owned()).collect(),
+        None => {
+            all_cases.iter().filter_map(|c| c.bug.map(|b| b.name().to_owned())).chain(["correct".to_owned()]).collect()
+        }
+    };
     if let Some(bad) = options.only.iter().find(|o| !known.contains(o)) {
         anyhow::bail!("--only {bad:?}: not a row; known: {}", known.join(", "));
     }
@@ -577,7 +639,7 @@ pub async fn run(options: &MatrixOptions, mut progress: impl FnMut(&str)) -> any
 
     let mut rows = Vec::new();
     let mut n = 0;
-    for case in cases().into_iter().filter(|c| selected(c, options)) {
+    for case in all_cases.into_iter().filter(|c| selected(c, options)) {
         if let Some(why) = skip_reason(&case, options) {
             progress(&format!("{:<30} SKIPPED: {why}", case.name()));
             rows.push(Row { case, runs: Vec::new(), skipped: Some(why) });
@@ -605,7 +667,8 @@ pub async fn run(options: &MatrixOptions, mut progress: impl FnMut(&str)) -> any
     }
 
     let command = format!(
-        "haunt matrix --seeds {} --time-limit-s {}{}{}{}",
+        "haunt matrix{} --seeds {} --time-limit-s {}{}{}{}",
+        options.system.as_ref().map(|p| format!(" --system {}", p.display())).unwrap_or_default(),
         options.seeds,
         options.time_limit_s,
         if options.backends.len() == 2 { String::new() } else { format!(" --backends {}", options.backends.join(",")) },

@@ -190,3 +190,34 @@ fn the_naive_tutorial_shop_in_python_is_caught_from_its_projection() {
     );
     assert_eq!(results["anomalies"]["lost-effect"]["count"], 0, "not evaluated without a ledger");
 }
+
+fn matrix(args: &[&str]) -> (Option<i32>, String) {
+    let store = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_haunt"))
+        .arg("matrix")
+        .arg("--store")
+        .arg(store.path())
+        .args(args)
+        .output()
+        .unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+}
+
+#[test]
+fn the_matrix_runs_a_system_file_under_each_fault_it_allows() {
+    let fixed = example("tutorial-python/fixed.toml").to_string_lossy().into_owned();
+    let rows = ["--seeds", "1", "--time-limit-s", "8", "--only", "kill", "partition"];
+    let (code, out) = matrix(&[&["--system", fixed.as_str()][..], &rows].concat());
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("| tutorial-python-fixed under kill | kill | verdict true | 1/1 valid |"), "{out}");
+    assert!(out.contains("| tutorial-python-fixed under partition | partition | verdict true | 1/1 valid |"), "{out}");
+    assert!(!out.contains("under pause"), "--only names the faults: {out}");
+
+    let naive = example("tutorial-python/naive.toml").to_string_lossy().into_owned();
+    let (code, out) = matrix(&["--system", &naive, "--seeds", "1", "--time-limit-s", "8", "--only", "kill"]);
+    assert_eq!(code, Some(1), "the naive shop is not valid under a kill: {out}");
+    assert!(out.contains("projection-mismatch"), "{out}");
+    let (code, out) = matrix(&["--system", &naive, "--only", "ack-loss"]);
+    assert_ne!(code, Some(0));
+    assert!(out.contains("--only \"ack-loss\": not a row; known: kill, pause, partition, delay, all"), "{out}");
+}
