@@ -9,6 +9,7 @@
 //! - [`system`]: what the harness needs from a system under test (`System`).
 //! - [`pipeline`]: the reference pipeline as a `System`, local or in containers.
 //! - [`system_file`]: a system described by a file (`haunt run --system`).
+//! - [`test`]: haunt as a library in a `#[tokio::test]`: `ChaosTest`, `Outcome::assert_valid`.
 //! - [`fault`]: the faults as data (`Fault`), each building its nemesis.
 //! - [`options`]: a run's options, typed and validated once.
 //! - [`rundir`]: the run directory and `run.json`.
@@ -43,5 +44,6 @@ pub mod rundir;
 pub mod synthetic;
 pub mod system;
 pub mod system_file;
+pub mod test;
 pub mod worker_metrics;
 pub mod workload;

@@ -16,16 +16,18 @@ use haunt_chaos::system::{FinalSink, Surfaces, System};
 use haunt_format::{Applied, FinalLine, OrderRow, OrderValue, ProjectionRow};
 use serde_json::Value;
 
-/// Orders kept in memory, each applied once: a correct system.
+/// Orders kept in memory, each applied once: a correct system, unless
+/// `doubles` says to apply every n-th order twice.
 #[derive(Debug)]
 struct Memory {
     surfaces: Surfaces,
     orders: Arc<Mutex<BTreeMap<String, OrderRow>>>,
+    doubles: Option<usize>,
 }
 
 impl Memory {
     fn new() -> Memory {
-        Memory { surfaces: Surfaces::nodes_only(Arc::new(NoopBackend)), orders: Arc::default() }
+        Memory { surfaces: Surfaces::nodes_only(Arc::new(NoopBackend)), orders: Arc::default(), doubles: None }
     }
 }
 
@@ -65,18 +67,21 @@ impl System for Memory {
         Box::pin(async move {
             let orders = self.orders.lock().unwrap().clone();
             let mut reserved: BTreeMap<String, i64> = BTreeMap::new();
-            for row in orders.values() {
-                *reserved.entry(row.item_id.clone()).or_default() += row.qty;
+            for (i, row) in orders.values().enumerate() {
+                let times = if self.doubles.is_some_and(|n| i % n == 0) { 2 } else { 1 };
                 sink(FinalLine::Order(row.clone()))?;
-                sink(FinalLine::Applied(Applied {
-                    event_id: row.event_id.clone(),
-                    order_id: row.order_id.clone(),
-                    item_id: row.item_id.clone(),
-                    qty: row.qty,
-                    delivery_attempt: 1,
-                    worker_id: "memory".into(),
-                    applied_at_ms: 0,
-                }))?;
+                for attempt in 1..=times {
+                    *reserved.entry(row.item_id.clone()).or_default() += row.qty;
+                    sink(FinalLine::Applied(Applied {
+                        event_id: row.event_id.clone(),
+                        order_id: row.order_id.clone(),
+                        item_id: row.item_id.clone(),
+                        qty: row.qty,
+                        delivery_attempt: attempt,
+                        worker_id: "memory".into(),
+                        applied_at_ms: 0,
+                    }))?;
+                }
             }
             for (item_id, reserved_qty) in reserved {
                 sink(FinalLine::Projection(ProjectionRow { item_id, reserved_qty }))?;
@@ -262,4 +267,33 @@ async fn an_aborted_run_heals_and_is_marked_aborted() {
     assert_faults_paired(&std::fs::read_to_string(s.run_dir.join("history.jsonl")).unwrap());
     let run: Value = serde_json::from_str(&std::fs::read_to_string(s.run_dir.join("run.json")).unwrap()).unwrap();
     assert_eq!(run["aborted"], true);
+}
+
+/// The library's builder over a system given in code: a correct one passes
+/// `assert_valid`, one that applies events twice fails it with the anomaly,
+/// the seed and the report.
+#[tokio::test(start_paused = true)]
+async fn the_library_asserts_a_system_given_in_code() {
+    use haunt_chaos::test::ChaosTest;
+    let tmp = tempfile::tempdir().unwrap();
+    let test = |system: Memory| {
+        ChaosTest::system("memory", Arc::new(system))
+            .faults(&[])
+            .time_limit(Duration::from_secs(5))
+            .seed(7)
+            .store(tmp.path())
+    };
+    let outcome = test(Memory::new()).run().await.unwrap();
+    outcome.assert_valid();
+    assert!(outcome.report().is_file(), "the report is written");
+
+    let outcome = test(Memory { doubles: Some(10), ..Memory::new() }).run().await.unwrap();
+    outcome.assert_anomaly("double-applied");
+    let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| outcome.assert_valid())).unwrap_err();
+    let message = panic.downcast_ref::<String>().unwrap();
+    assert!(message.contains("haunt: the run is not valid"), "{message}");
+    assert!(message.contains("double-applied"), "each anomaly: {message}");
+    assert!(message.contains("applied 2 times"), "with its examples: {message}");
+    assert!(message.contains("seed: 7 (replay with .seed(7))"), "{message}");
+    assert!(message.contains(&format!("report: {}", outcome.report().display())), "{message}");
 }

@@ -4,6 +4,7 @@ mod bench;
 mod check;
 mod docker;
 mod invariants;
+mod library;
 mod matrix;
 mod observability;
 mod report;

@@ -1,0 +1,222 @@
+//! haunt as a library, for a `#[tokio::test]`: a builder for one chaos test,
+//! its outcome, and assertions that fail with what a reader needs.
+//!
+//! ```no_run
+//! # async fn example() -> anyhow::Result<()> {
+//! use std::time::Duration;
+//! use haunt_chaos::fault::Fault;
+//! use haunt_chaos::test::ChaosTest;
+//!
+//! let outcome = ChaosTest::system_file("examples/systems/haunt.toml")
+//!     .faults(&[Fault::Kill, Fault::Pause, Fault::Partition])
+//!     .time_limit(Duration::from_secs(20))
+//!     .seed(7)
+//!     .run()
+//!     .await?;
+//! outcome.assert_valid();
+//! # Ok(()) }
+//! ```
+//!
+//! The run directory is kept (under `store/`, or [`ChaosTest::store`]) for
+//! inspection; the assertion names it and its `report.html`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use haunt_checker::{Results, Verdict};
+use haunt_store::Bug;
+
+use crate::fault::Fault;
+use crate::options::RunOptions;
+use crate::run::{Roles, execute};
+use crate::rundir::{create_run_dir, now_ms};
+use crate::system::System;
+
+/// Which system a test drives.
+enum Target {
+    /// haunt's reference pipeline, as `haunt run` runs it.
+    Pipeline,
+    /// A system file (`docs/system-format.md`).
+    File(PathBuf),
+    /// A system given in code, named for its run directory.
+    Given(String, Arc<dyn System>),
+}
+
+/// One chaos test, built up and then [`run`](ChaosTest::run).
+pub struct ChaosTest {
+    target: Target,
+    options: RunOptions,
+    faults_given: bool,
+}
+
+impl std::fmt::Debug for ChaosTest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChaosTest").field("options", &self.options).finish_non_exhaustive()
+    }
+}
+
+impl ChaosTest {
+    fn new(target: Target) -> ChaosTest {
+        let options = RunOptions {
+            quiet: true,
+            seed: haunt_store::Rng::from_entropy().next_u64() >> 16,
+            // The services run from the `haunt` executable: $HAUNT_EXE, or `haunt` on PATH.
+            exe: std::env::var_os("HAUNT_EXE").map_or_else(|| PathBuf::from("haunt"), PathBuf::from),
+            ..RunOptions::default()
+        };
+        ChaosTest { target, options, faults_given: false }
+    }
+
+    /// haunt's own pipeline, as local processes of the `haunt` executable
+    /// ([`ChaosTest::haunt_exe`]) on a fresh SQLite file.
+    pub fn reference_pipeline() -> ChaosTest {
+        ChaosTest::new(Target::Pipeline)
+    }
+
+    /// The system a system file describes; its nodes, client and final-state SQL.
+    pub fn system_file(path: impl Into<PathBuf>) -> ChaosTest {
+        ChaosTest::new(Target::File(path.into()))
+    }
+
+    /// A system given in code (any [`System`]); `name` names its run directory.
+    pub fn system(name: &str, system: Arc<dyn System>) -> ChaosTest {
+        ChaosTest::new(Target::Given(name.to_owned(), system))
+    }
+
+    /// The faults to inject (default: `haunt run`'s, or for a system file
+    /// everything it allows).
+    pub fn faults(mut self, faults: &[Fault]) -> ChaosTest {
+        self.options.faults = faults.to_vec();
+        self.faults_given = true;
+        self
+    }
+
+    pub fn time_limit(mut self, limit: Duration) -> ChaosTest {
+        self.options.time_limit = limit;
+        self
+    }
+
+    /// The seed of the workload and the fault schedule (default: random; the
+    /// outcome and its assertions name it, for a replay).
+    pub fn seed(mut self, seed: u64) -> ChaosTest {
+        self.options.seed = seed;
+        self
+    }
+
+    /// Client ops per second, across all clients.
+    pub fn rate(mut self, rate: f64) -> ChaosTest {
+        self.options.rate = rate;
+        self
+    }
+
+    /// Mean time between faults (each lasts about as long).
+    pub fn fault_interval(mut self, interval: Duration) -> ChaosTest {
+        self.options.nemesis_interval = interval;
+        self
+    }
+
+    /// Where run directories go (default: `store`).
+    pub fn store(mut self, store: impl Into<PathBuf>) -> ChaosTest {
+        self.options.store = store.into();
+        self
+    }
+
+    /// The `haunt` executable that runs the reference pipeline's services and
+    /// that `{haunt}` names in a system file.
+    pub fn haunt_exe(mut self, exe: impl Into<PathBuf>) -> ChaosTest {
+        self.options.exe = exe.into();
+        self
+    }
+
+    /// The reference pipeline with a known mistake switched on.
+    pub fn bug(mut self, bug: Bug) -> ChaosTest {
+        self.options.bug = Some(bug);
+        self
+    }
+
+    /// Every other option of a run, for what the builder does not name.
+    pub fn options(mut self, edit: impl FnOnce(&mut RunOptions)) -> ChaosTest {
+        edit(&mut self.options);
+        self
+    }
+
+    /// Runs the test to its verdict. An error is a run that could not be
+    /// checked (a bad option, a node that never became ready); a verdict that
+    /// is not valid is an `Ok` outcome, for [`Outcome::assert_valid`].
+    pub async fn run(self) -> anyhow::Result<Outcome> {
+        let ChaosTest { target, mut options, faults_given } = self;
+        let abort = Arc::new(AtomicBool::new(false));
+        let outcome = match target {
+            Target::Pipeline => crate::run::run(options.clone(), abort).await?,
+            Target::File(path) => {
+                options.system = Some(path);
+                if !faults_given {
+                    options.faults = options.default_faults();
+                }
+                crate::run::run(options.clone(), abort).await?
+            }
+            Target::Given(name, system) => {
+                options.validate()?;
+                let started_at_ms = now_ms();
+                let run_dir = create_run_dir(&options.store, &name, started_at_ms)?;
+                let roles = Roles::for_system(system, &options)?;
+                execute(&options, roles, run_dir, started_at_ms, &abort).await?
+            }
+        };
+        let results = outcome.results.ok_or_else(|| anyhow::anyhow!("the run was aborted"))?;
+        Ok(Outcome { results, run_dir: outcome.run_dir, seed: options.seed })
+    }
+}
+
+/// A finished test: its results and where its run directory is.
+#[derive(Debug)]
+pub struct Outcome {
+    pub results: Results,
+    pub run_dir: PathBuf,
+    pub seed: u64,
+}
+
+impl Outcome {
+    pub fn report(&self) -> PathBuf {
+        self.run_dir.join("report.html")
+    }
+
+    /// What a failed assertion says: the verdict, each anomaly with its
+    /// examples, the seed, the run directory and its report.
+    pub fn explain(&self) -> String {
+        let mut text = haunt_checker::summary::render(&self.results);
+        text.push_str(&format!(
+            "\nseed: {} (replay with .seed({}))\nrun: {}\nreport: {}\n",
+            self.seed,
+            self.seed,
+            self.run_dir.display(),
+            self.report().display()
+        ));
+        text
+    }
+
+    /// Panics unless the verdict is valid.
+    #[track_caller]
+    pub fn assert_valid(&self) {
+        if self.results.valid != Verdict::Valid {
+            panic!("haunt: the run is not valid\n\n{}", self.explain());
+        }
+    }
+
+    /// Panics unless the checker reported `anomaly` (a test that a known
+    /// mistake is caught).
+    #[track_caller]
+    pub fn assert_anomaly(&self, anomaly: &str) {
+        let found = self.results.anomalies.get(anomaly).is_some_and(|a| a.count > 0);
+        if !found {
+            panic!("haunt: expected {anomaly}, which the run did not show\n\n{}", self.explain());
+        }
+    }
+
+    /// The run directory, for a test that reads its files.
+    pub fn dir(&self) -> &Path {
+        &self.run_dir
+    }
+}
