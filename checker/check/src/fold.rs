@@ -196,6 +196,9 @@ struct WindowState {
     end_ns: Option<u64>,
     /// A stop whose result is not known yet.
     stopping_ns: Option<u64>,
+    /// Opened by a start whose result is not known yet: a result that says it
+    /// failed takes the window back (the fault never happened).
+    starting: bool,
 }
 
 impl WindowState {
@@ -535,15 +538,18 @@ impl Fold {
     fn push_fault(&mut self, f: &str, target: String, result: FaultResult, t: u64) {
         let (family, starts) = fault_family(f);
         let key = (family.to_owned(), target);
+        let opened =
+            |t| WindowState { start_ns: t, end_ns: None, stopping_ns: None, starting: result == FaultResult::Unsaid };
         let Some(mut w) = self.windows.get(&key).copied() else {
-            // A stop with no start (the history began mid-fault): nothing to shade.
-            if starts {
+            // A stop with no start (the history began mid-fault), or a start
+            // that failed: nothing to shade.
+            if starts && result != FaultResult::Failed {
                 if self.first_fault_ns.is_none() {
                     self.start_timing();
                     self.first_fault_ns = Some(t);
                 }
                 self.window_order.push(key.clone());
-                self.windows.insert(key, WindowState { start_ns: t, end_ns: None, stopping_ns: None });
+                self.windows.insert(key, opened(t));
             }
             return;
         };
@@ -553,9 +559,24 @@ impl Fold {
             // stop that failed) belongs to this one.
             if let Some(end_ns) = w.settled_end() {
                 self.faults.push(FaultWindow::new(&key.0, &key.1, w.start_ns, Some(end_ns)));
-                w = WindowState { start_ns: t, end_ns: None, stopping_ns: None };
+                if result == FaultResult::Failed {
+                    self.windows.remove(&key);
+                    return;
+                }
+                w = opened(t);
+            } else if w.starting {
+                match result {
+                    // The start's own result: it never happened.
+                    FaultResult::Failed => {
+                        self.windows.remove(&key);
+                        return;
+                    }
+                    FaultResult::Ok => w.starting = false,
+                    FaultResult::Unsaid => {}
+                }
             }
         } else {
+            w.starting = false;
             match result {
                 FaultResult::Unsaid => {
                     w.end_ns = w.settled_end();
