@@ -168,11 +168,6 @@ impl RunOptions {
     /// The database the pipeline will use: the Docker backend's own
     /// PostgreSQL, the server `db` names, or a SQLite file in the run directory.
     pub fn db_kind(&self) -> DbKind {
-        let system_db = self.system.as_ref().and_then(|p| crate::system_file::spec::load(p).ok());
-        if let Some(spec) = system_db {
-            let postgres = !spec.final_state.database.starts_with("sqlite:");
-            return if postgres { DbKind::Postgres } else { DbKind::Sqlite };
-        }
         match &self.db {
             _ if self.backend == BackendKind::Docker => DbKind::Postgres,
             Some(url) if haunt_store::Backend::from_url(url).is_ok_and(|b| b == haunt_store::Backend::Postgres) => {

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use haunt_store::{Rng, Store, StoreOptions};
-use tokio::time::Instant;
 
 use crate::docker::{ContainerSpec, DockerBackend, IptablesLink, Peer, postgres_node};
 use crate::local::{LocalBackend, NodeSpec, api_node, worker_node};
@@ -98,7 +97,13 @@ impl System for Pipeline {
             // migrates; 30 s covers a slow disk.
             for (node, url) in &self.endpoints {
                 let path = if node.name == api_node().name { "readyz" } else { "healthz" };
-                wait_http_ok(&format!("{url}/{path}"), Duration::from_secs(30)).await?;
+                let url = format!("{url}/{path}");
+                let limit = Duration::from_secs(30);
+                crate::system::wait_ready(&url, limit, || true).await.map_err(|last| {
+                    anyhow::anyhow!(
+                        "{url} did not answer within {limit:?} (last: {last}; the service's log is in the run's logs/)"
+                    )
+                })?;
             }
             Ok(())
         })
@@ -147,25 +152,6 @@ fn switches(token: &str, endpoints: &[(Node, String)]) -> anyhow::Result<Switche
 fn reserve_port() -> anyhow::Result<(SocketAddr, std::net::TcpListener)> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok((l.local_addr()?, l))
-}
-
-async fn wait_http_ok(url: &str, limit: Duration) -> anyhow::Result<()> {
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(1)).build()?;
-    let deadline = Instant::now() + limit;
-    loop {
-        // The last answer is kept for the error: refused (the process is not
-        // listening, or died), a timeout, or the service's own reason.
-        let last = match http.get(url).send().await {
-            Ok(r) if r.status().is_success() => return Ok(()),
-            Ok(r) => format!("{}: {}", r.status(), r.text().await.unwrap_or_default().trim()),
-            Err(e) => format!("{e:#}"),
-        };
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "{url} did not answer within {limit:?} (last: {last}; the service's log is in the run's logs/)"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Splits a `postgres://` URL around its `host:port`.

@@ -12,6 +12,7 @@
 //! - how to read its final state, as `final-state.jsonl` lines.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use haunt_format::FinalLine;
 
@@ -107,5 +108,31 @@ pub trait System: Send + Sync + std::fmt::Debug {
     /// the backend tears the nodes down.
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(async {})
+    }
+}
+
+/// Polls a readiness probe until it answers: an `http://` URL (any 2xx) or
+/// `tcp://HOST:PORT` (a connection). Gives up after `limit`, or at once when
+/// `alive` says the process is gone; the error is the last answer (refused, a
+/// timeout, or the service's own status and reason).
+pub async fn wait_ready(url: &str, limit: Duration, alive: impl Fn() -> bool) -> Result<(), String> {
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(1)).build().map_err(|e| e.to_string())?;
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let last = match url.strip_prefix("tcp://") {
+            Some(addr) => match tokio::net::TcpStream::connect(addr).await {
+                Ok(_) => return Ok(()),
+                Err(e) => e.to_string(),
+            },
+            None => match http.get(url).send().await {
+                Ok(r) if r.status().is_success() => return Ok(()),
+                Ok(r) => format!("{}: {}", r.status(), r.text().await.unwrap_or_default().trim()),
+                Err(e) => format!("{e:#}"),
+            },
+        };
+        if tokio::time::Instant::now() >= deadline || !alive() {
+            return Err(last);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

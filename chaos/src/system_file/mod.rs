@@ -138,17 +138,27 @@ impl Fill {
     }
 }
 
-/// Every `{port:NAME}` and `{addr:NAME}` name in the file.
-fn port_names(spec: &SystemSpec) -> Vec<String> {
-    let mut texts: Vec<&str> = Vec::new();
+/// The strings of the file that may hold placeholders: the nodes' commands
+/// and env and the client's URL (where links stand), and, with `probes`, the
+/// readiness probes and the database URL too.
+fn texts(spec: &SystemSpec, probes: bool) -> Vec<&str> {
+    let mut texts: Vec<&str> = vec![&spec.client.url];
     for node in &spec.nodes {
         texts.extend(node.command.iter().map(String::as_str));
         texts.extend(node.env.iter().map(|(_, v)| v.as_str()));
-        texts.extend(node.ready.as_deref());
+        if probes {
+            texts.extend(node.ready.as_deref());
+        }
     }
-    texts.push(&spec.client.url);
-    texts.push(&spec.final_state.database);
-    let mut names: Vec<String> = texts
+    if probes {
+        texts.push(&spec.final_state.database);
+    }
+    texts
+}
+
+/// Every `{port:NAME}` and `{addr:NAME}` name in the file.
+fn port_names(spec: &SystemSpec) -> Vec<String> {
+    let mut names: Vec<String> = texts(spec, true)
         .into_iter()
         .flat_map(|t| spec::pieces(t).unwrap_or_default())
         .filter_map(|p| match p {
@@ -165,12 +175,7 @@ fn port_names(spec: &SystemSpec) -> Vec<String> {
 /// allows them, partition and delay where a link passes through `{addr:…}`.
 pub fn faults_allowed(spec: &SystemSpec) -> Vec<Fault> {
     let takes = |f: NodeFault| spec.nodes.iter().any(|n| n.faults.contains(&f));
-    let mut texts: Vec<&str> = vec![&spec.client.url];
-    for node in &spec.nodes {
-        texts.extend(node.command.iter().map(String::as_str));
-        texts.extend(node.env.iter().map(|(_, v)| v.as_str()));
-    }
-    let links = texts
+    let links = texts(spec, false)
         .into_iter()
         .any(|t| spec::pieces(t).unwrap_or_default().iter().any(|p| matches!(p, Err(Placeholder::Addr(_)))));
     let mut out = Vec::new();
@@ -359,18 +364,6 @@ impl Foreign {
     }
 }
 
-/// One readiness probe: an HTTP 2xx, or a TCP connect.
-async fn probe(http: &reqwest::Client, url: &str) -> Result<(), String> {
-    if let Some(addr) = url.strip_prefix("tcp://") {
-        return tokio::net::TcpStream::connect(addr).await.map(drop).map_err(|e| e.to_string());
-    }
-    match http.get(url).send().await {
-        Ok(r) if r.status().is_success() => Ok(()),
-        Ok(r) => Err(r.status().to_string()),
-        Err(e) => Err(format!("{e:#}")),
-    }
-}
-
 impl System for Foreign {
     fn surfaces(&self) -> &Surfaces {
         &self.surfaces
@@ -382,18 +375,10 @@ impl System for Foreign {
 
     fn ready(&self) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(async move {
-            let http = reqwest::Client::builder().timeout(Duration::from_secs(1)).build()?;
             for (node, url) in &self.ready {
-                let deadline = Instant::now() + READY_WAIT;
-                loop {
-                    let last = match probe(&http, url).await {
-                        Ok(()) => break,
-                        Err(last) => last,
-                    };
-                    if Instant::now() >= deadline || !self.surfaces.backend.is_running(node) {
-                        return Err(self.not_ready(node, url, &last));
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                let alive = || self.surfaces.backend.is_running(node);
+                if let Err(last) = crate::system::wait_ready(url, READY_WAIT, alive).await {
+                    return Err(self.not_ready(node, url, &last));
                 }
             }
             Ok(())
