@@ -1,14 +1,25 @@
-//! The Docker backend: PostgreSQL, the API and the workers as containers on a
-//! private network; node faults by `docker kill`/`start`/`pause`, link faults by
-//! iptables inside a container's network namespace.
+//! The Docker backend: nodes as containers, node faults by kill, start, pause
+//! and unpause, link faults by iptables rules in a container's network
+//! namespace.
 //!
-//! Everything it creates is named `haunt-<run id>-…` and labelled
-//! [`RUN_LABEL`]`=<run id>`. Dropping the backend removes its containers and its
-//! network, which covers errors, Ctrl-C and panics; [`clean`] (`haunt clean`)
-//! removes what a harness killed outright left behind. Ports are published on
-//! 127.0.0.1 only. It drives the `docker` command line, which speaks to every
-//! engine version the way a user would.
+//! It speaks to the engine through the Docker API with bollard, the client
+//! testcontainers is built on, so a test's own testcontainers and haunt's
+//! backend are one way to Docker (no `docker` command line anywhere). A
+//! backend either creates its containers ([`DockerBackend::create`]: named
+//! `haunt-<run id>-…` on a network of its own, ports on 127.0.0.1 only) or
+//! adopts containers someone else started ([`DockerBackend::adopt`]: a test's
+//! testcontainers, by id), which it faults but never removes.
+//!
+//! Links are cut from a short-lived helper container that joins the target's
+//! network namespace with `NET_ADMIN` (the tools image, haunt's own, carries
+//! iptables), so the target's image needs neither iptables nor privileges, and
+//! a paused target can be healed.
+//!
+//! Everything created is labelled [`RUN_LABEL`]`=<run id>`. Dropping the
+//! backend removes it, which covers errors, Ctrl-C and panics; [`clean`]
+//! (`haunt clean`) removes what a harness killed outright left behind.
 
+use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,12 +27,27 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
+use futures_util::StreamExt;
+pub use testcontainers::bollard;
+use testcontainers::bollard::Docker;
+use testcontainers::bollard::errors::Error as ApiError;
+use testcontainers::bollard::models::{
+    ContainerCreateBody, EndpointSettings, HealthStatusEnum, HostConfig, NetworkCreateRequest, NetworkingConfig,
+    PortBinding,
+};
+use testcontainers::bollard::query_parameters::{
+    CreateContainerOptions, KillContainerOptions, ListContainersOptions, ListNetworksOptions, LogsOptions,
+    RemoveContainerOptions, StopContainerOptions, WaitContainerOptions,
+};
 use tokio::time::Instant;
 
 use crate::roles::{Backend, BoxFuture, Nemesis, Node, Role};
 
 /// The label on every container and network of a run; its value is the run id.
 pub const RUN_LABEL: &str = "io.haunt.run";
+
+/// The image whose iptables, bash and timeout the link helpers use.
+pub const TOOLS_IMAGE: &str = "haunt:latest";
 
 /// The runs of this process whose containers exist, for [`remove_live`].
 static LIVE: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
@@ -35,49 +61,85 @@ pub fn remove_live() {
     }
 }
 
-/// Runs `docker ARGS`, returning its standard output; a failure carries stderr.
-async fn docker(args: &[&str]) -> anyhow::Result<String> {
-    let out = tokio::process::Command::new("docker")
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .await
-        .context("running docker (is the Docker CLI installed? scripts/docker sets it up)")?;
-    finish(args, out)
+/// A connection to the engine `DOCKER_HOST` names (the local socket by
+/// default), at the API version both ends speak.
+pub async fn connect() -> anyhow::Result<Docker> {
+    const HELP: &str = "no Docker engine answers: start one (scripts/docker installs and starts it on Debian as root)";
+    let docker = Docker::connect_with_defaults().context(HELP)?;
+    docker.negotiate_version().await.context(HELP)
 }
 
-/// [`docker`] for places without a runtime: `Drop`, `haunt clean`.
-fn docker_blocking(args: &[&str]) -> anyhow::Result<String> {
-    let out = std::process::Command::new("docker")
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .context("running docker (is the Docker CLI installed? scripts/docker sets it up)")?;
-    finish(args, out)
+/// Runs `work` on a connection and a runtime of its own, on a thread of its
+/// own: for `Drop`, `haunt clean` and the trait's synchronous methods, which
+/// may run inside or outside a runtime (a connection belongs to the runtime
+/// that opened it, so none is shared).
+fn blocking<T, F, Fut>(work: F) -> anyhow::Result<T>
+where
+    T: Send,
+    F: FnOnce(Docker) -> Fut + Send,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+                runtime.block_on(async { work(connect().await?).await })
+            })
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the Docker call panicked")))
+    })
 }
 
-fn finish(args: &[&str], out: std::process::Output) -> anyhow::Result<String> {
-    if out.status.success() {
-        return Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned());
+/// The engine's own words for an error (bollard wraps them).
+fn said(e: &ApiError) -> String {
+    match e {
+        ApiError::DockerResponseServerError { message, .. } => message.clone(),
+        other => other.to_string(),
     }
-    let err = String::from_utf8_lossy(&out.stderr);
-    anyhow::bail!("docker {}: {}", args.first().unwrap_or(&""), err.trim())
+}
+
+/// Whether an error is the engine's 404 or 409 for a container that is gone
+/// or not running: what a kill or a heal of such a container wants anyway.
+fn not_running(e: &ApiError) -> bool {
+    matches!(e, ApiError::DockerResponseServerError { status_code: 404, .. }) || said(e).contains("is not running")
 }
 
 /// Fails with directions when no engine answers.
 pub async fn ensure_engine() -> anyhow::Result<()> {
-    docker(&["version", "--format", "{{.Server.Version}}"])
-        .await
-        .context("no Docker engine answers: start one (scripts/docker installs and starts it on Debian as root)")?;
-    Ok(())
+    connect().await.map(drop)
 }
 
 /// Fails with directions when an image is missing.
 pub async fn ensure_image(image: &str) -> anyhow::Result<()> {
-    docker(&["image", "inspect", "--format", "{{.Id}}", image])
+    connect()
+        .await?
+        .inspect_image(image)
         .await
+        .map_err(|e| anyhow::anyhow!("{}", said(&e)))
         .with_context(|| format!("image {image} is missing: build it with scripts/images"))?;
     Ok(())
+}
+
+/// The port on the host that `port` (TCP) of a running container is
+/// published on, preferring an IPv4 binding.
+pub async fn host_port(container: &str, port: u16) -> anyhow::Result<u16> {
+    let inspect = connect()
+        .await?
+        .inspect_container(container, None)
+        .await
+        .map_err(|e| anyhow::anyhow!("no container {container}: {}", said(&e)))?;
+    let ports = inspect.network_settings.and_then(|s| s.ports).unwrap_or_default();
+    let bindings = ports.get(&format!("{port}/tcp")).cloned().flatten().unwrap_or_default();
+    let mut found: Vec<(bool, u16)> = bindings
+        .iter()
+        .filter_map(|b| {
+            Some((b.host_ip.as_deref().is_some_and(|ip| ip.contains(':')), b.host_port.as_deref()?.parse().ok()?))
+        })
+        .collect();
+    found.sort();
+    found.first().map(|(_, p)| *p).with_context(|| {
+        format!("container {container} publishes no host port for {port}/tcp (publish it, e.g. with_mapped_port)")
+    })
 }
 
 /// How one node runs as a container.
@@ -90,18 +152,27 @@ pub struct ContainerSpec {
     pub env: Vec<(String, String)>,
     /// `(port on 127.0.0.1, port in the container)`.
     pub ports: Vec<(u16, u16)>,
-    /// Lets the harness add iptables rules in the container's namespace (exec as
-    /// root); the service itself runs as an unprivileged user without it.
-    pub net_admin: bool,
+}
+
+/// One node and the container that runs it (a name or an id).
+#[derive(Debug, Clone)]
+struct Member {
+    node: Node,
+    container: String,
 }
 
 #[derive(Debug)]
 pub struct DockerBackend {
+    docker: Docker,
     run_id: String,
-    network: String,
+    /// The network it created, if it created its containers.
+    network: Option<String>,
     /// Mounted over the image's `haunt`, so the containers run the harness's own code.
     mount_exe: Option<PathBuf>,
+    /// The containers it creates (none when it adopted them).
     specs: Vec<ContainerSpec>,
+    members: Vec<Member>,
+    tools_image: String,
     removed: AtomicBool,
 }
 
@@ -112,75 +183,170 @@ impl DockerBackend {
         run_id: &str,
         mount_exe: Option<PathBuf>,
         specs: Vec<ContainerSpec>,
+        tools_image: &str,
     ) -> anyhow::Result<DockerBackend> {
+        let network = format!("haunt-{run_id}");
+        let members = specs
+            .iter()
+            .map(|s| Member { node: s.node.clone(), container: format!("{network}-{}", s.node.name) })
+            .collect();
         let backend = DockerBackend {
+            docker: connect().await?,
             run_id: run_id.to_owned(),
-            network: format!("haunt-{run_id}"),
+            network: Some(network.clone()),
             mount_exe,
             specs,
+            members,
+            tools_image: tools_image.to_owned(),
             removed: AtomicBool::new(false),
         };
-        let label = format!("{RUN_LABEL}={run_id}");
         LIVE.lock().unwrap_or_else(|p| p.into_inner()).push(run_id.to_owned());
-        docker(&["network", "create", "--label", &label, &backend.network]).await?;
+        let request =
+            NetworkCreateRequest { name: network.clone(), labels: Some(backend.labels(None)), ..Default::default() };
+        backend
+            .docker
+            .create_network(request)
+            .await
+            .map_err(|e| anyhow::anyhow!("creating network {network}: {}", said(&e)))?;
         for spec in &backend.specs {
-            backend.create_container(spec, &label).await?;
+            backend.create_container(spec, &network).await?;
         }
         Ok(backend)
     }
 
-    async fn create_container(&self, spec: &ContainerSpec, label: &str) -> anyhow::Result<()> {
+    /// Takes over containers that are already running, `(node, container name
+    /// or id)`, such as a test's testcontainers. Faults reach them as they
+    /// reach the backend's own; when the backend drops they are resumed and
+    /// their links healed, never removed: they belong to whoever started them.
+    pub async fn adopt(run_id: &str, nodes: Vec<(Node, String)>, tools_image: &str) -> anyhow::Result<DockerBackend> {
+        let docker = connect().await?;
+        for (node, container) in &nodes {
+            docker
+                .inspect_container(container, None)
+                .await
+                .map_err(|e| anyhow::anyhow!("{}", said(&e)))
+                .with_context(|| format!("node {}: no container {container}", node.name))?;
+        }
+        LIVE.lock().unwrap_or_else(|p| p.into_inner()).push(run_id.to_owned());
+        Ok(DockerBackend {
+            docker,
+            run_id: run_id.to_owned(),
+            network: None,
+            mount_exe: None,
+            specs: Vec::new(),
+            members: nodes.into_iter().map(|(node, container)| Member { node, container }).collect(),
+            tools_image: tools_image.to_owned(),
+            removed: AtomicBool::new(false),
+        })
+    }
+
+    /// The run's label, and the node's when there is one.
+    fn labels(&self, node: Option<&Node>) -> HashMap<String, String> {
+        let mut labels = HashMap::from([(RUN_LABEL.to_owned(), self.run_id.clone())]);
+        if let Some(node) = node {
+            labels.insert("io.haunt.node".to_owned(), node.name.clone());
+        }
+        labels
+    }
+
+    async fn create_container(&self, spec: &ContainerSpec, network: &str) -> anyhow::Result<()> {
         let name = self.container(&spec.node);
-        let mut args: Vec<String> =
-            ["create", "--name", &name, "--hostname", &spec.node.name].into_iter().map(String::from).collect();
-        args.extend(["--network".into(), self.network.clone(), "--label".into(), label.to_owned()]);
-        args.extend(["--label".into(), format!("io.haunt.node={}", spec.node.name)]);
-        if spec.net_admin {
-            args.extend(["--cap-add".into(), "NET_ADMIN".into()]);
-        }
-        for (host, inner) in &spec.ports {
-            args.extend(["--publish".into(), format!("127.0.0.1:{host}:{inner}")]);
-        }
-        for (k, v) in &spec.env {
-            args.extend(["--env".into(), format!("{k}={v}")]);
-        }
-        if let Some(exe) = &self.mount_exe {
-            args.extend(["--volume".into(), format!("{}:/usr/local/bin/haunt:ro", exe.display())]);
-        }
-        args.push(spec.image.clone());
-        args.extend(spec.args.iter().cloned());
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        docker(&refs).await.with_context(|| format!("creating container {name}"))?;
+        let port_bindings = spec
+            .ports
+            .iter()
+            .map(|(host, inner)| {
+                let binding = PortBinding { host_ip: Some("127.0.0.1".into()), host_port: Some(host.to_string()) };
+                (format!("{inner}/tcp"), Some(vec![binding]))
+            })
+            .collect();
+        let binds = self.mount_exe.as_ref().map(|exe| vec![format!("{}:/usr/local/bin/haunt:ro", exe.display())]);
+        let endpoint = EndpointSettings { aliases: Some(vec![spec.node.name.clone()]), ..Default::default() };
+        let body = ContainerCreateBody {
+            image: Some(spec.image.clone()),
+            cmd: Some(spec.args.clone()),
+            env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+            hostname: Some(spec.node.name.clone()),
+            labels: Some(self.labels(Some(&spec.node))),
+            exposed_ports: Some(spec.ports.iter().map(|(_, inner)| format!("{inner}/tcp")).collect()),
+            host_config: Some(HostConfig {
+                network_mode: Some(network.to_owned()),
+                port_bindings: Some(port_bindings),
+                binds,
+                ..Default::default()
+            }),
+            networking_config: Some(NetworkingConfig {
+                endpoints_config: Some(HashMap::from([(network.to_owned(), endpoint)])),
+            }),
+            ..Default::default()
+        };
+        let options = CreateContainerOptions { name: Some(name.clone()), ..Default::default() };
+        self.docker
+            .create_container(Some(options), body)
+            .await
+            .map_err(|e| anyhow::anyhow!("creating container {name}: {}", said(&e)))?;
         Ok(())
     }
 
-    /// The container's name, also its host name on the run's network.
+    /// The node's container: its name, or the id it was adopted by.
     pub fn container(&self, node: &Node) -> String {
-        format!("haunt-{}-{}", self.run_id, node.name)
+        match self.members.iter().find(|m| m.node.name == node.name) {
+            Some(member) => member.container.clone(),
+            None => format!("haunt-{}-{}", self.run_id, node.name),
+        }
     }
 
-    /// The node's address on the run's network (it may change after a restart).
-    pub async fn ip(&self, node: &Node) -> anyhow::Result<Ipv4Addr> {
-        let format = format!("{{{{(index .NetworkSettings.Networks \"{}\").IPAddress}}}}", self.network);
-        let ip = docker(&["inspect", "--format", &format, &self.container(node)]).await?;
-        ip.parse().with_context(|| format!("{} has no address on {} (is it running?)", node.name, self.network))
+    async fn inspect(&self, node: &Node) -> anyhow::Result<testcontainers::bollard::models::ContainerInspectResponse> {
+        self.docker
+            .inspect_container(&self.container(node), None)
+            .await
+            .map_err(|e| anyhow::anyhow!("inspecting {}: {}", node.name, said(&e)))
     }
 
-    /// The network's gateway: where traffic from the host (published ports) comes from.
-    pub async fn gateway(&self) -> anyhow::Result<Ipv4Addr> {
-        let gw =
-            docker(&["network", "inspect", "--format", "{{(index .IPAM.Config 0).Gateway}}", &self.network]).await?;
-        gw.parse().with_context(|| format!("network {} has no IPv4 gateway", self.network))
+    /// The node's networks and its address on each (they may change after a restart).
+    async fn addresses(&self, node: &Node) -> anyhow::Result<Vec<(String, Ipv4Addr)>> {
+        let networks = self.inspect(node).await?.network_settings.and_then(|s| s.networks).unwrap_or_default();
+        let mut found: Vec<(String, Ipv4Addr)> =
+            networks.into_iter().filter_map(|(name, e)| Some((name, e.ip_address?.parse().ok()?))).collect();
+        // The run's own network first, then by name: the same answer every time.
+        found.sort_by_key(|(name, _)| (Some(name) != self.network.as_ref(), name.clone()));
+        anyhow::ensure!(!found.is_empty(), "{} has no IPv4 address (is it running?)", node.name);
+        Ok(found)
     }
 
+    /// `peer`'s address on a network it shares with `node`.
+    pub async fn ip_toward(&self, node: &Node, peer: &Node) -> anyhow::Result<Ipv4Addr> {
+        let mine = self.addresses(node).await?;
+        let theirs = self.addresses(peer).await?;
+        theirs
+            .iter()
+            .find(|(net, _)| mine.iter().any(|(n, _)| n == net))
+            .map(|(_, ip)| *ip)
+            .with_context(|| format!("{} and {} share no network", node.name, peer.name))
+    }
+
+    /// The gateway of the node's first network: where traffic from the host
+    /// (published ports) comes from.
+    pub async fn gateway(&self, node: &Node) -> anyhow::Result<Ipv4Addr> {
+        let (network, _) = self.addresses(node).await?.remove(0);
+        let inspect = self
+            .docker
+            .inspect_network(&network, None)
+            .await
+            .map_err(|e| anyhow::anyhow!("inspecting network {network}: {}", said(&e)))?;
+        let gateway = inspect.ipam.and_then(|i| i.config).unwrap_or_default().into_iter().find_map(|c| c.gateway);
+        gateway.and_then(|g| g.parse().ok()).with_context(|| format!("network {network} has no IPv4 gateway"))
+    }
+
+    /// `running/healthy`, `paused/`, `exited/`, …: the state and the health
+    /// check's status, if the image has one.
     async fn state(&self, node: &Node) -> anyhow::Result<String> {
-        docker(&[
-            "inspect",
-            "--format",
-            "{{.State.Status}}/{{if .State.Health}}{{.State.Health.Status}}{{end}}",
-            &self.container(node),
-        ])
-        .await
+        let state = self.inspect(node).await?.state.unwrap_or_default();
+        let status = state.status.map(|s| s.to_string()).unwrap_or_default();
+        let health = match state.health.and_then(|h| h.status) {
+            Some(HealthStatusEnum::EMPTY | HealthStatusEnum::NONE) | None => String::new(),
+            Some(h) => h.to_string(),
+        };
+        Ok(format!("{status}/{health}"))
     }
 
     /// Waits until the image's health check passes (or, without one, until the
@@ -199,38 +365,52 @@ impl DockerBackend {
         }
     }
 
-    /// Runs a shell script as root inside the node's container.
-    pub async fn exec_root(&self, node: &Node, script: &str) -> anyhow::Result<String> {
-        docker(&["exec", "--user", "root", &self.container(node), "sh", "-c", script]).await
+    /// Runs a shell script as root in a helper container of the tools image
+    /// that shares the node's network namespace, with `NET_ADMIN`; returns its
+    /// output. The node may be paused; one that is not running fails with the
+    /// engine's "non running container".
+    pub async fn in_netns(&self, node: &Node, script: &str) -> anyhow::Result<String> {
+        let helper = Helper { tools_image: &self.tools_image, labels: self.labels(None), target: self.container(node) };
+        helper.run(&self.docker, script).await.with_context(|| format!("in {}'s network namespace", node.name))
     }
 
     /// Whether `node` can open a TCP connection to `host:port` within 2 s.
     pub async fn probe(&self, node: &Node, host: &str, port: u16) -> bool {
         let script = format!("timeout 2 bash -c '</dev/tcp/{host}/{port}'");
-        docker(&["exec", &self.container(node), "sh", "-c", &script]).await.is_ok()
+        self.in_netns(node, &script).await.is_ok()
     }
 
-    /// Copies every container's output to `dir/<node>.log`.
+    /// Copies every node's output to `dir/<node>.log`.
     pub fn save_logs(&self, dir: &Path) {
-        for spec in &self.specs {
-            let out = std::process::Command::new("docker").args(["logs", &self.container(&spec.node)]).output();
-            if let Ok(out) = out {
-                let mut text = out.stdout;
-                text.extend_from_slice(&out.stderr);
-                let _ = std::fs::write(dir.join(format!("{}.log", spec.node.name)), text);
+        let _ = blocking(|docker| async move {
+            for member in &self.members {
+                let text = logs(&docker, &member.container).await;
+                let _ = std::fs::write(dir.join(format!("{}.log", member.node.name)), text);
             }
-        }
+            Ok(())
+        });
     }
 
-    /// Removes every container and the network of this run. Idempotent.
+    /// Removes every container and the network this run created; adopted
+    /// containers are resumed instead. Idempotent.
     pub fn remove(&self) {
         if self.removed.swap(true, Ordering::SeqCst) {
             return;
         }
         LIVE.lock().unwrap_or_else(|p| p.into_inner()).retain(|r| *r != self.run_id);
+        if self.specs.is_empty() {
+            for member in &self.members {
+                let _ = self.resume_blocking(&member.node);
+            }
+        }
         if let Err(e) = remove_labelled(&format!("{RUN_LABEL}={}", self.run_id)) {
             eprintln!("haunt: removing the containers of run {}: {e:#} (try `haunt clean`)", self.run_id);
         }
+    }
+
+    /// Whether the backend took its containers over rather than creating them.
+    fn adopted(&self) -> bool {
+        self.network.is_none()
     }
 }
 
@@ -240,25 +420,101 @@ impl Drop for DockerBackend {
     }
 }
 
+/// A short-lived container of the tools image in `target`'s network namespace.
+struct Helper<'a> {
+    tools_image: &'a str,
+    labels: HashMap<String, String>,
+    target: String,
+}
+
+impl Helper<'_> {
+    async fn run(self, docker: &Docker, script: &str) -> anyhow::Result<String> {
+        let body = ContainerCreateBody {
+            image: Some(self.tools_image.to_owned()),
+            entrypoint: Some(vec!["sh".into(), "-c".into()]),
+            cmd: Some(vec![script.to_owned()]),
+            user: Some("root".into()),
+            labels: Some(self.labels),
+            host_config: Some(HostConfig {
+                network_mode: Some(format!("container:{}", self.target)),
+                cap_add: Some(vec!["NET_ADMIN".into()]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let helper = docker
+            .create_container(None::<CreateContainerOptions>, body)
+            .await
+            .map_err(|e| anyhow::anyhow!("creating a helper: {}", said(&e)))?
+            .id;
+        let outcome = async {
+            docker.start_container(&helper, None).await.map_err(|e| anyhow::anyhow!("{}", said(&e)))?;
+            let mut wait = docker.wait_container(&helper, None::<WaitContainerOptions>);
+            let code = match wait.next().await {
+                Some(Ok(done)) => done.status_code,
+                Some(Err(ApiError::DockerContainerWaitError { code, .. })) => code,
+                Some(Err(e)) => anyhow::bail!("{}", said(&e)),
+                None => anyhow::bail!("the helper's wait ended without a status"),
+            };
+            let output = logs(docker, &helper).await;
+            anyhow::ensure!(code == 0, "exit status {code}: {}", output.trim());
+            Ok(output)
+        }
+        .await;
+        let remove = RemoveContainerOptions { force: true, ..Default::default() };
+        let _ = docker.remove_container(&helper, Some(remove)).await;
+        outcome
+    }
+}
+
+/// A container's output so far, both streams.
+async fn logs(docker: &Docker, container: &str) -> String {
+    let options = LogsOptions { stdout: true, stderr: true, ..Default::default() };
+    let mut stream = docker.logs(container, Some(options));
+    let mut text = Vec::new();
+    while let Some(Ok(chunk)) = stream.next().await {
+        text.extend_from_slice(&chunk.into_bytes());
+    }
+    String::from_utf8_lossy(&text).into_owned()
+}
+
 /// Removes the containers (with their anonymous volumes) and networks that
 /// carry `label` (`key` or `key=value`). Returns how many of each.
 fn remove_labelled(label: &str) -> anyhow::Result<(usize, usize)> {
-    let filter = format!("label={label}");
-    let containers = docker_blocking(&["ps", "--all", "--quiet", "--filter", &filter])?;
-    let containers: Vec<&str> = containers.lines().filter(|l| !l.is_empty()).collect();
-    if !containers.is_empty() {
-        let mut args = vec!["rm", "--force", "--volumes"];
-        args.extend(&containers);
-        docker_blocking(&args)?;
-    }
-    let networks = docker_blocking(&["network", "ls", "--quiet", "--filter", &filter])?;
-    let networks: Vec<&str> = networks.lines().filter(|l| !l.is_empty()).collect();
-    if !networks.is_empty() {
-        let mut args = vec!["network", "rm"];
-        args.extend(&networks);
-        docker_blocking(&args)?;
-    }
-    Ok((containers.len(), networks.len()))
+    blocking(|docker| async move {
+        let (containers, networks) = labelled(&docker, label).await?;
+        for (id, _) in &containers {
+            let options = RemoveContainerOptions { force: true, v: true, ..Default::default() };
+            match docker.remove_container(id, Some(options)).await {
+                Err(e) if !not_running(&e) => anyhow::bail!("removing container {id}: {}", said(&e)),
+                _ => {}
+            }
+        }
+        for (id, name) in &networks {
+            docker.remove_network(id).await.map_err(|e| anyhow::anyhow!("removing network {name}: {}", said(&e)))?;
+        }
+        Ok((containers.len(), networks.len()))
+    })
+}
+
+/// The `(id, name)` of every container and every network carrying `label`.
+async fn labelled(docker: &Docker, label: &str) -> anyhow::Result<(Vec<(String, String)>, Vec<(String, String)>)> {
+    let filters = HashMap::from([("label".to_owned(), vec![label.to_owned()])]);
+    let options = ListContainersOptions { all: true, filters: Some(filters.clone()), ..Default::default() };
+    let containers = docker.list_containers(Some(options)).await.map_err(|e| anyhow::anyhow!("{}", said(&e)))?;
+    let containers = containers
+        .into_iter()
+        .filter_map(|c| {
+            let name = c.names.unwrap_or_default().first().map(|n| n.trim_start_matches('/').to_owned());
+            Some((c.id?, name.unwrap_or_default()))
+        })
+        .collect();
+    let networks = docker
+        .list_networks(Some(ListNetworksOptions { filters: Some(filters) }))
+        .await
+        .map_err(|e| anyhow::anyhow!("{}", said(&e)))?;
+    let networks = networks.into_iter().filter_map(|n| Some((n.id?, n.name.unwrap_or_default()))).collect();
+    Ok((containers, networks))
 }
 
 /// `haunt clean`: removes every container and network any haunt run created.
@@ -266,32 +522,44 @@ pub fn clean() -> anyhow::Result<(usize, usize)> {
     remove_labelled(RUN_LABEL)
 }
 
-/// What `docker ps` shows of haunt's containers and networks (for tests and `haunt clean --dry-run`).
+/// The names of what a haunt run left: containers, then `network NAME`s
+/// (for tests and `haunt clean --dry-run`).
 pub fn leftovers() -> anyhow::Result<Vec<String>> {
-    let filter = format!("label={RUN_LABEL}");
-    let mut names: Vec<String> = docker_blocking(&["ps", "--all", "--format", "{{.Names}}", "--filter", &filter])?
-        .lines()
-        .filter(|l| !l.is_empty())
-        .map(String::from)
-        .collect();
-    names.extend(
-        docker_blocking(&["network", "ls", "--format", "{{.Name}}", "--filter", &filter])?
-            .lines()
-            .filter(|l| !l.is_empty())
-            .map(|n| format!("network {n}")),
-    );
-    Ok(names)
+    leftovers_of(RUN_LABEL)
+}
+
+/// [`leftovers`] of one run.
+pub fn leftovers_of_run(run_id: &str) -> anyhow::Result<Vec<String>> {
+    leftovers_of(&format!("{RUN_LABEL}={run_id}"))
+}
+
+fn leftovers_of(label: &str) -> anyhow::Result<Vec<String>> {
+    let label = label.to_owned();
+    blocking(|docker| async move {
+        let (containers, networks) = labelled(&docker, &label).await?;
+        let names = containers.into_iter().map(|(_, name)| name);
+        Ok(names.chain(networks.into_iter().map(|(_, name)| format!("network {name}"))).collect())
+    })
+}
+
+/// What the engine reports, for tests: whether it answers and has `image`.
+pub fn has_image(image: &str) -> anyhow::Result<bool> {
+    let image = image.to_owned();
+    blocking(|docker| async move { Ok(docker.inspect_image(&image).await.is_ok()) })
 }
 
 impl Backend for DockerBackend {
     fn nodes(&self) -> Vec<Node> {
-        self.specs.iter().map(|s| s.node.clone()).collect()
+        self.members.iter().map(|m| m.node.clone()).collect()
     }
 
     fn start<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
         Box::pin(async move {
-            // `docker start` on a running container is a no-op.
-            docker(&["start", &self.container(node)]).await.map(drop)
+            match self.docker.start_container(&self.container(node), None).await {
+                // 304: already running, which is what was asked for.
+                Ok(()) | Err(ApiError::DockerResponseServerError { status_code: 304, .. }) => Ok(()),
+                Err(e) => anyhow::bail!("starting {}: {}", node.name, said(&e)),
+            }
         })
     }
 
@@ -299,35 +567,54 @@ impl Backend for DockerBackend {
         Box::pin(async move {
             let name = self.container(node);
             if self.state(node).await?.starts_with("paused") {
-                docker(&["unpause", &name]).await?;
+                self.resume(node).await?;
             }
             // SIGTERM, then SIGKILL after 5 s, as the local backend does.
-            docker(&["stop", "--time", "5", &name]).await.map(drop)
+            let options = StopContainerOptions { t: Some(5), ..Default::default() };
+            match self.docker.stop_container(&name, Some(options)).await {
+                Ok(()) | Err(ApiError::DockerResponseServerError { status_code: 304, .. }) => Ok(()),
+                Err(e) => anyhow::bail!("stopping {}: {}", node.name, said(&e)),
+            }
         })
     }
 
     fn kill<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
         Box::pin(async move {
-            let name = self.container(node);
-            match docker(&["kill", "--signal", "KILL", &name]).await {
-                Ok(_) => Ok(()),
+            let options = KillContainerOptions { signal: "KILL".into() };
+            match self.docker.kill_container(&self.container(node), Some(options)).await {
+                Ok(()) => Ok(()),
                 // Already dead is what was asked for.
-                Err(e) if format!("{e}").contains("is not running") => Ok(()),
-                Err(e) => Err(e),
+                Err(e) if said(&e).contains("is not running") => Ok(()),
+                Err(e) => anyhow::bail!("killing {}: {}", node.name, said(&e)),
             }
         })
     }
 
     fn pause<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
-        Box::pin(async move { docker(&["pause", &self.container(node)]).await.map(drop) })
+        Box::pin(async move {
+            let name = self.container(node);
+            self.docker.pause_container(&name).await.map_err(|e| anyhow::anyhow!("pausing {}: {}", node.name, said(&e)))
+        })
     }
 
     fn resume<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
-        Box::pin(async move { docker(&["unpause", &self.container(node)]).await.map(drop) })
+        Box::pin(async move {
+            match self.docker.unpause_container(&self.container(node)).await {
+                Ok(()) => Ok(()),
+                Err(e) if said(&e).contains("is not paused") => Ok(()),
+                Err(e) => anyhow::bail!("resuming {}: {}", node.name, said(&e)),
+            }
+        })
     }
 
     fn resume_blocking(&self, node: &Node) -> anyhow::Result<()> {
-        docker_blocking(&["unpause", &self.container(node)]).map(drop)
+        let name = self.container(node);
+        blocking(|docker| async move {
+            match docker.unpause_container(&name).await {
+                Err(e) if !said(&e).contains("is not paused") && !not_running(&e) => anyhow::bail!("{}", said(&e)),
+                _ => Ok(()),
+            }
+        })
     }
 
     fn teardown(&self, logs: &Path) {
@@ -337,17 +624,22 @@ impl Backend for DockerBackend {
 
     fn is_running(&self, node: &Node) -> bool {
         let name = self.container(node);
-        let ask = || docker_blocking(&["inspect", "--format", "{{.State.Running}}", &name]);
+        let ask = || {
+            blocking(|docker| async move {
+                let state = docker.inspect_container(&name, None).await.map_err(|e| anyhow::anyhow!("{}", said(&e)))?;
+                // A paused container is running: it resumes where it stopped.
+                Ok(state.state.and_then(|s| s.running) == Some(true))
+            })
+        };
         // The trait is synchronous; on the harness's multi-threaded runtime the
-        // wait for the CLI moves off the worker thread, as the local backend's reap does.
-        let out = match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        // wait moves off the worker thread, as the local backend's reap does.
+        let answer = match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
             Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(ask),
             _ => ask(),
         };
-        matches!(out.as_deref(), Ok("true"))
+        answer.unwrap_or(false)
     }
 }
-
 /// The far end of a link, seen from the container whose rules cut it.
 #[derive(Debug, Clone)]
 pub enum Peer {
@@ -381,11 +673,11 @@ impl IptablesLink {
     async fn matches(&self) -> anyhow::Result<(String, String)> {
         Ok(match &self.peer {
             Peer::Node(peer) => {
-                let ip = self.backend.ip(peer).await?;
+                let ip = self.backend.ip_toward(&self.node, peer).await?;
                 (format!("-s {ip}"), format!("-d {ip}"))
             }
             Peer::Host { port } => {
-                let gw = self.backend.gateway().await?;
+                let gw = self.backend.gateway(&self.node).await?;
                 (format!("-s {gw} -p tcp --dport {port}"), format!("-d {gw} -p tcp --sport {port}"))
             }
         })
@@ -395,7 +687,7 @@ impl IptablesLink {
         let (from, to) = self.matches().await?;
         let script =
             format!("{CHAINS}; iptables -A {chain} {from} {extra} -j DROP && iptables -A {chain} {to} {extra} -j DROP");
-        self.backend.exec_root(&self.node, &script).await.map(drop)
+        self.backend.in_netns(&self.node, &script).await.map(drop)
     }
 
     /// Drops every packet both ways.
@@ -409,18 +701,11 @@ impl IptablesLink {
     }
 
     /// Flushes one chain. A container that is not running has nothing to heal
-    /// (it gets a fresh namespace when it starts); a paused one is waited for.
+    /// (it gets a fresh namespace when it starts).
     async fn flush(&self, chain: &str) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            match self.backend.exec_root(&self.node, &format!("iptables -F {chain} 2>/dev/null; true")).await {
-                Ok(_) => return Ok(()),
-                Err(e) if format!("{e}").contains("is not running") => return Ok(()),
-                Err(e) if format!("{e}").contains("paused") && Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                Err(e) => return Err(e),
-            }
+        match self.backend.in_netns(&self.node, &format!("iptables -F {chain} 2>/dev/null; true")).await {
+            Err(e) if format!("{e:#}").contains("non running container") => Ok(()),
+            other => other.map(drop),
         }
     }
 
@@ -440,9 +725,22 @@ impl crate::nemesis::Link for IptablesLink {
     fn heal(&self) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(IptablesLink::heal(self))
     }
-    /// Nothing: the rules live in the container's network namespace, which
-    /// goes with the container when the backend drops.
-    fn heal_blocking(&self) {}
+    /// Nothing for the backend's own containers: the rules live in the
+    /// container's network namespace, which goes with the container when the
+    /// backend drops. An adopted container outlives the run, so both chains
+    /// are flushed.
+    fn heal_blocking(&self) {
+        if !self.backend.adopted() {
+            return;
+        }
+        let helper = Helper {
+            tools_image: &self.backend.tools_image,
+            labels: self.backend.labels(None),
+            target: self.backend.container(&self.node),
+        };
+        let script = "iptables -F haunt-partition 2>/dev/null; iptables -F haunt-loss 2>/dev/null; true";
+        let _ = blocking(|docker| async move { helper.run(&docker, script).await });
+    }
 }
 
 /// Random packet loss on a link (iptables `statistic` match): TCP retransmits,

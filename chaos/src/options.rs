@@ -239,6 +239,8 @@ impl RunOptions {
             let spec = crate::system_file::spec::load(path)?;
             for node in &spec.nodes {
                 match (&node.image, self.backend) {
+                    // A running container is adopted whatever the backend.
+                    _ if node.container.is_some() => {}
                     (None, BackendKind::Docker) => anyhow::bail!(
                         "{}: node {} has no image: with --backend docker every node runs as a container (image = …)",
                         path.display(),

@@ -302,7 +302,6 @@ async fn docker_pipeline(options: &RunOptions, run_id: &str, token: &str) -> any
             args: Vec::new(),
             env: Vec::new(),
             ports: vec![(pg_port, 5432)],
-            net_admin: false,
         },
         ContainerSpec {
             node: api_node(),
@@ -314,7 +313,6 @@ async fn docker_pipeline(options: &RunOptions, run_id: &str, token: &str) -> any
             .concat(),
             env: common_env.clone(),
             ports: vec![(api_port, API_PORT)],
-            net_admin: true,
         },
     ];
     let mut endpoints = vec![(api_node(), format!("http://127.0.0.1:{api_port}"))];
@@ -330,13 +328,12 @@ async fn docker_pipeline(options: &RunOptions, run_id: &str, token: &str) -> any
             image: options.docker.image.clone(),
             env,
             ports: vec![(metrics_port, METRICS_PORT)],
-            net_admin: true,
         });
     }
     // Released for the engine, which binds them when the containers start.
     drop(reserved);
     let mount = options.docker.mount_exe.then(|| options.exe.clone());
-    let docker = Arc::new(DockerBackend::create(run_id, mount, specs).await?);
+    let docker = Arc::new(DockerBackend::create(run_id, mount, specs, &options.docker.image).await?);
     docker.start(&pg).await?;
     docker.wait_healthy(&pg, Duration::from_secs(90)).await?;
     let db = format!("postgres://postgres@127.0.0.1:{pg_port}/postgres");

@@ -7,11 +7,11 @@
 //! skip them, and then each skip is printed.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use haunt_chaos::docker::{ContainerSpec, DockerBackend, IptablesLink, Peer, postgres_node};
+use haunt_chaos::docker::{self, ContainerSpec, DockerBackend, IptablesLink, Peer, postgres_node};
 use haunt_chaos::local::api_node;
 use haunt_chaos::roles::Backend;
 
@@ -19,34 +19,26 @@ use crate::run::{haunt_run, latest, read_json};
 
 /// False (with a printed skip) only when the user opted out; panics with
 /// directions when Docker or the images are missing.
-fn docker_ready(test: &str) -> bool {
+pub fn docker_ready(test: &str) -> bool {
     if std::env::var("HAUNT_SKIP_DOCKER").as_deref() == Ok("1") {
         eprintln!("SKIPPED: {test} (HAUNT_SKIP_DOCKER=1)");
         return false;
     }
-    let ok = |args: &[&str]| Command::new("docker").args(args).output().is_ok_and(|o| o.status.success());
-    assert!(
-        ok(&["info"]),
-        "{test} needs a Docker engine: run ./scripts/test (scripts/docker starts one), or set HAUNT_SKIP_DOCKER=1"
-    );
     for image in ["haunt:latest", "haunt-postgres:latest"] {
-        assert!(ok(&["image", "inspect", image]), "{test} needs the image {image}: run scripts/images");
+        match docker::has_image(image) {
+            Ok(true) => {}
+            Ok(false) => panic!("{test} needs the image {image}: run scripts/images"),
+            Err(e) => panic!(
+                "{test} needs a Docker engine: run ./scripts/test (scripts/docker starts one), or set HAUNT_SKIP_DOCKER=1: {e:#}"
+            ),
+        }
     }
     true
 }
 
 /// Every container and network labelled with this run id.
-fn containers_of(run_id: &str) -> Vec<String> {
-    let filter = format!("label=io.haunt.run={run_id}");
-    let mut found = Vec::new();
-    for args in [
-        vec!["ps", "--all", "--format", "{{.Names}}", "--filter", &filter],
-        vec!["network", "ls", "--format", "{{.Name}}", "--filter", &filter],
-    ] {
-        let out = Command::new("docker").args(&args).output().unwrap();
-        found.extend(String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.is_empty()).map(String::from));
-    }
-    found
+pub fn containers_of(run_id: &str) -> Vec<String> {
+    docker::leftovers_of_run(run_id).unwrap()
 }
 
 /// The run id from the harness's `starting containers haunt-<id>-*` line.
@@ -201,7 +193,6 @@ async fn partitions_and_packet_loss_really_cut_the_link_and_heal() {
             args: vec![],
             env: vec![],
             ports: vec![],
-            net_admin: false,
         },
         ContainerSpec {
             node: api.clone(),
@@ -211,11 +202,10 @@ async fn partitions_and_packet_loss_really_cut_the_link_and_heal() {
                 .to_vec(),
             env: vec![],
             ports: vec![(api_port, 8080)],
-            net_admin: true,
         },
     ];
     let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_haunt"));
-    let backend = Arc::new(DockerBackend::create(&run_id, Some(exe), specs).await.unwrap());
+    let backend = Arc::new(DockerBackend::create(&run_id, Some(exe), specs, "haunt:latest").await.unwrap());
     backend.start(&pg).await.unwrap();
     backend.wait_healthy(&pg, Duration::from_secs(90)).await.unwrap();
     backend.start(&api).await.unwrap();

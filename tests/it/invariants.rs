@@ -155,8 +155,9 @@ const MAY_SPAWN: [&str; 7] = [
     // The backends (the `Backend` role): the cluster's nodes as child
     // processes with a parent-death signal, ...
     "chaos/src/local.rs",
-    // ... as containers through the `docker` CLI (run, kill, pause, logs,
-    // networks, removal by label), ...
+    // ... as containers through the Docker API (bollard, as re-exported by
+    // testcontainers: create, kill, pause, logs, networks, the helpers that
+    // cut links, removal by label), ...
     "chaos/src/docker.rs",
     // ... and a PostgreSQL server crashed and restarted by its data
     // directory through `pg_ctl` (under `runuser` when run as root).
@@ -180,9 +181,8 @@ const MAY_SPAWN: [&str; 7] = [
     "services/testkit/src/lib.rs",
 ];
 
-/// Names in code that start a process or talk to a container engine other
-/// than through the `docker` CLI: the POSIX calls (through `nix` or `libc`)
-/// and the Docker API crates.
+/// Names in code that start a process or talk to a container engine: the
+/// POSIX calls (through `nix` or `libc`) and the Docker API crates.
 const SPAWN_NAMES: [&str; 14] = [
     "fork",
     "vfork",
@@ -326,4 +326,35 @@ fn the_spawn_scan_sees_each_way_and_skips_comments_and_messages() {
             (10, "docker.sock".to_owned()),
         ]
     );
+}
+
+/// `(file, line)` of every start of the `docker` command line in `src`.
+fn docker_cli(src: &str) -> Vec<usize> {
+    let code = without_comments(src);
+    let line_of = |offset: usize| 1 + code[..offset].matches('\n').count();
+    code.match_indices("Command::new(\"docker\")").map(|(at, _)| line_of(at)).collect()
+}
+
+#[test]
+fn docker_is_spoken_to_one_way_through_its_api_never_the_command_line() {
+    // Integration tests included: a test that shells out to `docker` checks
+    // something other than what the harness does.
+    let root = workspace();
+    let mut files = Vec::new();
+    rust_files(&root, &[], 0, &mut files);
+    assert!(files.contains(&root.join("tests/it/docker.rs")), "the container tests were scanned");
+    let hits: Vec<String> = files
+        .iter()
+        .flat_map(|file| {
+            let src = std::fs::read_to_string(file).unwrap();
+            let relative = file.strip_prefix(&root).unwrap().display().to_string();
+            docker_cli(&src).into_iter().map(move |line| format!("{relative}:{line}"))
+        })
+        .collect();
+    assert!(
+        hits.is_empty(),
+        "talk to Docker through haunt_chaos::docker (bollard, testcontainers), not the CLI:\n{}",
+        hits.join("\n")
+    );
+    assert_eq!(docker_cli("let x = 1;\nstd::process::Command::new(\"docker\").arg(\"ps\");"), [2]);
 }

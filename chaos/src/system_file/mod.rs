@@ -187,6 +187,8 @@ pub fn faults_allowed(spec: &SystemSpec) -> Vec<Fault> {
     }
     if links {
         out.extend([Fault::Partition, Fault::Delay]);
+    } else if spec.nodes.iter().any(|n| !n.links.is_empty()) {
+        out.push(Fault::Partition);
     }
     out
 }
@@ -207,9 +209,13 @@ impl Foreign {
         request_timeout: Duration,
         docker: Option<&crate::options::DockerOptions>,
     ) -> anyhow::Result<Foreign> {
-        if docker.is_some() {
+        // Containers someone else started: haunt faults them where they are.
+        let adopted = spec.nodes.iter().all(|n| n.container.is_some());
+        let tools_image = docker.map_or(crate::docker::TOOLS_IMAGE, |d| d.image.as_str());
+        if docker.is_some() || adopted {
             crate::docker::ensure_engine().await?;
-            for image in spec.nodes.iter().filter_map(|n| n.image.as_deref()) {
+            // The tools image cuts the links between containers.
+            for image in spec.nodes.iter().filter_map(|n| n.image.as_deref()).chain([tools_image]) {
                 crate::docker::ensure_image(image).await?;
             }
         }
@@ -226,6 +232,17 @@ impl Foreign {
         let mut held = Vec::new();
         let mut ports = BTreeMap::new();
         for name in port_names(&spec) {
+            if adopted {
+                let decl = spec.nodes.iter().find(|n| n.name == name).context("a port of no node")?;
+                let inner = decl.port.with_context(|| {
+                    format!("node {name}: {{port:{name}}} needs `port`, the container's port it is published from")
+                })?;
+                ports.insert(
+                    name.clone(),
+                    crate::docker::host_port(decl.container.as_deref().unwrap_or(""), inner).await?,
+                );
+                continue;
+            }
             let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
             ports.insert(name, listener.local_addr()?.port());
             held.push(listener);
@@ -249,6 +266,7 @@ impl Foreign {
             proxies: BTreeMap::new(),
         };
         let mut containers = Vec::new();
+        let mut adopt = Vec::new();
 
         let mut specs = Vec::new();
         let mut ready = Vec::new();
@@ -281,6 +299,10 @@ impl Foreign {
                     nodes.push(node.clone());
                 }
             }
+            if let Some(container) = &decl.container {
+                adopt.push((node, container.clone()));
+                continue;
+            }
             if let Some(image) = &decl.image {
                 // Published on the host at the node's own port: `{port:NAME}`
                 // means the same inside and out.
@@ -292,7 +314,6 @@ impl Foreign {
                     args: command,
                     env,
                     ports: host.zip(inner).into_iter().collect(),
-                    net_admin: false,
                 });
                 continue;
             }
@@ -319,19 +340,27 @@ impl Foreign {
         let mut links: Vec<(String, SharedLink)> =
             proxies.iter().map(|(n, p)| (n.clone(), p.clone() as SharedLink)).collect();
         let (nodes, backend): (Nodes, Arc<dyn Backend>) = match docker {
+            _ if adopted => {
+                let by_name: BTreeMap<String, Node> = adopt.iter().map(|(n, _)| (n.name.clone(), n.clone())).collect();
+                let docker = Arc::new(DockerBackend::adopt(&run_id, adopt, tools_image).await?);
+                for decl in &spec.nodes {
+                    for peer in &decl.links {
+                        let (from, to) = (by_name[&decl.name].clone(), by_name[peer].clone());
+                        let link = IptablesLink::new(docker.clone(), from, Peer::Node(to));
+                        links.push((format!("{}<->{peer}", decl.name), Arc::new(link)));
+                    }
+                }
+                (Nodes::Containers(docker.clone(), run_dir.join("logs")), docker)
+            }
             None => {
                 let processes = Arc::new(LocalBackend::new(PathBuf::new(), run_dir.join("logs"), Vec::new(), specs));
                 (Nodes::Processes(processes.clone()), processes)
             }
             Some(options) => {
-                // A caller's links are cut in its own namespace.
-                for spec in &mut containers {
-                    spec.net_admin = fill.container_links.iter().any(|(from, _)| *from == spec.node.name);
-                }
                 let mount = options.mount_exe.then(|| haunt.to_owned());
                 let by_name: BTreeMap<String, Node> =
                     containers.iter().map(|c| (c.node.name.clone(), c.node.clone())).collect();
-                let docker = Arc::new(DockerBackend::create(&run_id, mount, containers).await?);
+                let docker = Arc::new(DockerBackend::create(&run_id, mount, containers, &options.image).await?);
                 for (from, to) in &fill.container_links {
                     let link =
                         IptablesLink::new(docker.clone(), by_name[from].clone(), Peer::Node(by_name[to].clone()));

@@ -48,7 +48,9 @@ struct RawNode {
     #[serde(default = "no_command")]
     command: Spanned<Vec<String>>,
     image: Option<Spanned<String>>,
+    container: Option<Spanned<String>>,
     port: Option<Spanned<i64>>,
+    links: Option<Spanned<Vec<String>>>,
     #[serde(default)]
     env: std::collections::BTreeMap<String, String>,
     ready: Option<Spanned<String>>,
@@ -111,9 +113,17 @@ pub struct NodeDecl {
     pub command: Vec<String>,
     /// The image the node runs from, as a container (`--backend docker`).
     pub image: Option<String>,
+    /// A container that is already running (a name or an id), which haunt
+    /// faults but neither starts nor removes: a test's testcontainers, a
+    /// compose service.
+    pub container: Option<String>,
     /// The port the image's service listens on inside its container, when it
-    /// is not `{port:NAME}` itself (a database image's 5432).
+    /// is not `{port:NAME}` itself (a database image's 5432); for a
+    /// `container`, the port whose published host port `{port:NAME}` is.
     pub port: Option<u16>,
+    /// For a `container`: the nodes it talks to, each link cut with iptables
+    /// in its network namespace (`NAME<->OTHER`).
+    pub links: Vec<String>,
     pub env: Vec<(String, String)>,
     pub ready: Option<String>,
     pub faults: Vec<NodeFault>,
@@ -300,14 +310,56 @@ pub fn parse(path: &Path, text: &str) -> Result<SystemSpec, SpecError> {
             None => None,
         };
         let command_empty = node.command.get_ref().first().is_none_or(String::is_empty);
-        if image.is_none() && command_empty {
+        let container = match &node.container {
+            Some(name) if name.get_ref().trim().is_empty() => {
+                return Err(c.at(name.span(), &field("container"), "empty: name or id of a running container"));
+            }
+            Some(name) => {
+                let clash = if image.is_some() {
+                    Some("image")
+                } else if !command_empty {
+                    Some("command")
+                } else if count.is_some() {
+                    Some("count")
+                } else if !node.env.is_empty() {
+                    Some("env")
+                } else {
+                    None
+                };
+                if let Some(other) = clash {
+                    return Err(c.at(
+                        name.span(),
+                        &field("container"),
+                        format!("a running container has no {other}: haunt adopts it as it is"),
+                    ));
+                }
+                Some(name.get_ref().clone())
+            }
+            None => None,
+        };
+        let links = match &node.links {
+            Some(links) if container.is_none() => {
+                return Err(c.at(
+                    links.span(),
+                    &field("links"),
+                    "only for a container: a node haunt starts names its links with {addr:NAME}",
+                ));
+            }
+            Some(links) => links.get_ref().clone(),
+            None => Vec::new(),
+        };
+        if image.is_none() && container.is_none() && command_empty {
             let span = if node.command.span().end > 0 { node.command.span() } else { node.name.span() };
             return Err(c.at(span, &field("command"), "empty: give the program and its arguments (or an image)"));
         }
         let port = match &node.port {
             None => None,
-            Some(p) if image.is_none() => {
-                return Err(c.at(p.span(), &field("port"), "only for a node with an image: its container's port"));
+            Some(p) if image.is_none() && container.is_none() => {
+                return Err(c.at(
+                    p.span(),
+                    &field("port"),
+                    "only for a node with an image or a container: its port inside",
+                ));
             }
             Some(p) => match u16::try_from(*p.get_ref()) {
                 Ok(port) if port > 0 => Some(port),
@@ -360,7 +412,9 @@ pub fn parse(path: &Path, text: &str) -> Result<SystemSpec, SpecError> {
                 n,
                 command: node.command.get_ref().iter().map(fill_n).collect(),
                 image: image.clone(),
+                container: container.clone(),
                 port,
+                links: links.clone(),
                 env: node.env.iter().map(|(k, v)| (k.clone(), fill_n(v))).collect(),
                 ready: node.ready.as_ref().map(|r| fill_n(r.get_ref())),
                 faults: faults.clone(),
@@ -418,6 +472,29 @@ pub fn parse(path: &Path, text: &str) -> Result<SystemSpec, SpecError> {
         }
         if let (Some(ready), Some(raw_ready)) = (&decl.ready, &node.ready) {
             check(ready, raw_ready.span(), &format!("node[{i}].ready"), Place::Ready)?;
+        }
+    }
+
+    let adopted = nodes.iter().filter(|n| n.container.is_some()).count();
+    for (decl, &i) in nodes.iter().zip(&origin) {
+        let node = &raw.nodes[i];
+        if adopted > 0 && decl.container.is_none() {
+            return Err(c.at(
+                node.name.span(),
+                &format!("node[{i}].container"),
+                "missing: other nodes are running containers, and haunt adopts all of a system's nodes or none",
+            ));
+        }
+        let span = node.links.as_ref().map_or(node.name.span(), |l| l.span());
+        for link in &decl.links {
+            let Some(peer) = nodes.iter().find(|n| &n.name == link) else {
+                let known: Vec<&str> = names.iter().copied().collect();
+                let message = format!("names an unknown node {link:?} (nodes: {})", known.join(", "));
+                return Err(c.at(span, &format!("node[{i}].links"), message));
+            };
+            if peer.name == decl.name {
+                return Err(c.at(span, &format!("node[{i}].links"), "a node has no link to itself"));
+            }
         }
     }
 
