@@ -196,6 +196,39 @@ impl RunOptions {
 
     /// The faults of a run that names none: the seven local defaults for the
     /// reference pipeline, everything a system file allows.
+    /// What [`validate`](RunOptions::validate) checks of a system file: every
+    /// node can run on the backend, and the faults are ones it can take.
+    pub fn check_system(&self, spec: &crate::system_file::spec::SystemSpec) -> anyhow::Result<()> {
+        for node in &spec.nodes {
+            match (&node.image, self.backend) {
+                // A running container is adopted whatever the backend.
+                _ if node.container.is_some() => {}
+                (None, BackendKind::Docker) => anyhow::bail!(
+                    "{}: node {} has no image: with --backend docker every node runs as a container (image = …)",
+                    spec.file.display(),
+                    node.name
+                ),
+                (Some(_), BackendKind::Local) => anyhow::bail!(
+                    "{}: node {} runs from an image: give --backend docker, or a command instead",
+                    spec.file.display(),
+                    node.name
+                ),
+                _ => {}
+            }
+        }
+        let allowed = crate::system_file::faults_allowed(spec);
+        if let Some(f) = self.faults.iter().find(|f| !allowed.contains(f)) {
+            let allowed: Vec<&str> = allowed.iter().map(|f| f.name()).collect();
+            anyhow::bail!(
+                "--nemesis {f}: {} cannot take it (it allows: {}; kill and pause are given per node in `faults`, \
+                 partition and delay need a link through {{addr:NAME}}, other faults need the system's help)",
+                spec.file.display(),
+                if allowed.is_empty() { "none".to_owned() } else { allowed.join(", ") }
+            );
+        }
+        Ok(())
+    }
+
     pub fn default_faults(&self) -> Vec<Fault> {
         match &self.system {
             Some(_) => self.all_faults(),
@@ -236,34 +269,7 @@ impl RunOptions {
                 self.db.is_none() && self.pg_data.is_none() && self.bug.is_none(),
                 "--system runs the file's own nodes on their own database; leave out --db, --pg-data and --bug"
             );
-            let spec = crate::system_file::spec::load(path)?;
-            for node in &spec.nodes {
-                match (&node.image, self.backend) {
-                    // A running container is adopted whatever the backend.
-                    _ if node.container.is_some() => {}
-                    (None, BackendKind::Docker) => anyhow::bail!(
-                        "{}: node {} has no image: with --backend docker every node runs as a container (image = …)",
-                        path.display(),
-                        node.name
-                    ),
-                    (Some(_), BackendKind::Local) => anyhow::bail!(
-                        "{}: node {} runs from an image: give --backend docker, or a command instead",
-                        path.display(),
-                        node.name
-                    ),
-                    _ => {}
-                }
-            }
-            let allowed = crate::system_file::faults_allowed(&spec);
-            if let Some(f) = self.faults.iter().find(|f| !allowed.contains(f)) {
-                let allowed: Vec<&str> = allowed.iter().map(|f| f.name()).collect();
-                anyhow::bail!(
-                    "--nemesis {f}: {} cannot take it (it allows: {}; kill and pause are given per node in `faults`, \
-                     partition and delay need a link through {{addr:NAME}}, other faults need the system's help)",
-                    path.display(),
-                    if allowed.is_empty() { "none".to_owned() } else { allowed.join(", ") }
-                );
-            }
+            self.check_system(&crate::system_file::spec::load(path)?)?;
         }
         let docker = self.backend == BackendKind::Docker;
         anyhow::ensure!(

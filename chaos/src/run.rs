@@ -29,6 +29,7 @@ use crate::roles::{Checker, Client, Role, RunDirChecker};
 use crate::rundir::{RunFile, create_run_dir, now_ms, write_json};
 use crate::system::System;
 use crate::system_file::Foreign;
+use crate::system_file::spec::SystemSpec;
 use crate::workload::WorkloadOptions;
 
 /// How a run ended.
@@ -73,28 +74,31 @@ impl std::fmt::Debug for Roles {
 pub async fn run(options: RunOptions, abort: Arc<AtomicBool>) -> anyhow::Result<RunOutcome> {
     // Before anything exists: a refused run leaves nothing behind.
     options.validate()?;
+    if let Some(path) = &options.system {
+        return run_spec(&options, crate::system_file::spec::load(path)?, &abort).await;
+    }
     let started_at_ms = now_ms();
-    let (run_dir, system): (PathBuf, Arc<dyn System>) = match &options.system {
-        Some(path) => {
-            let spec = crate::system_file::spec::load(path)?;
-            let name = format!("{}-{}", options.backend.name(), spec.name);
-            let run_dir = create_run_dir(&options.store, &name, started_at_ms)?;
-            let docker = (options.backend == BackendKind::Docker).then_some(&options.docker);
-            let system = Foreign::create(spec, &run_dir, &options.exe, options.request_timeout, docker).await?;
-            (run_dir.clone(), Arc::new(system))
-        }
-        None => {
-            let prepared = Pipeline::prepare(&options).await?;
-            let mut name = format!("{}-{}", options.backend.name(), options.db_kind().name());
-            if let Some(bug) = options.bug {
-                name = format!("{name}-{}", bug.name());
-            }
-            let run_dir = create_run_dir(&options.store, &name, started_at_ms)?;
-            (run_dir.clone(), Arc::new(Pipeline::create(&options, prepared, &run_dir).await?))
-        }
-    };
+    let prepared = Pipeline::prepare(&options).await?;
+    let mut name = format!("{}-{}", options.backend.name(), options.db_kind().name());
+    if let Some(bug) = options.bug {
+        name = format!("{name}-{}", bug.name());
+    }
+    let run_dir = create_run_dir(&options.store, &name, started_at_ms)?;
+    let system = Arc::new(Pipeline::create(&options, prepared, &run_dir).await?);
     let roles = Roles::for_system(system, &options)?;
     execute(&options, roles, run_dir, started_at_ms, &abort).await
+}
+
+/// Runs one test of the system a system file describes, already checked
+/// against `options` ([`RunOptions::check_system`]).
+pub async fn run_spec(options: &RunOptions, spec: SystemSpec, abort: &Arc<AtomicBool>) -> anyhow::Result<RunOutcome> {
+    let started_at_ms = now_ms();
+    let name = format!("{}-{}", options.backend.name(), spec.name);
+    let run_dir = create_run_dir(&options.store, &name, started_at_ms)?;
+    let docker = (options.backend == BackendKind::Docker).then_some(&options.docker);
+    let system = Foreign::create(spec, &run_dir, &options.exe, options.request_timeout, docker).await?;
+    let roles = Roles::for_system(Arc::new(system), options)?;
+    execute(options, roles, run_dir, started_at_ms, abort).await
 }
 
 /// The phases of a run over any roles, in `run_dir` (which exists).

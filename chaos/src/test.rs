@@ -40,6 +40,8 @@ enum Target {
     Pipeline,
     /// A system file (`docs/system-format.md`).
     File(PathBuf),
+    /// A system file's text, given in code.
+    Text(String),
     /// A system given in code, named for its run directory.
     Given(String, Arc<dyn System>),
 }
@@ -78,6 +80,43 @@ impl ChaosTest {
     /// The system a system file describes; its nodes, client and final-state SQL.
     pub fn system_file(path: impl Into<PathBuf>) -> ChaosTest {
         ChaosTest::new(Target::File(path.into()))
+    }
+
+    /// A system file's text given in code, for a system whose containers the
+    /// test started itself: nodes with `container = "<id>"` are adopted, and
+    /// the faults reach them (kill, pause, and `links` cut with iptables).
+    /// `{system_dir}` is the current directory. Errors name the line.
+    ///
+    /// ```no_run
+    /// # async fn example(pg: &str, api: &str, api_port: u16) -> anyhow::Result<()> {
+    /// use haunt_chaos::test::ChaosTest;
+    /// let system = format!(r#"
+    /// name = "shop"
+    /// [[node]]
+    /// name = "postgres"
+    /// container = "{pg}"
+    /// port = 5432
+    /// faults = ["kill"]
+    /// [[node]]
+    /// name = "api"
+    /// container = "{api}"
+    /// port = 8080
+    /// links = ["postgres"]
+    /// faults = ["kill", "pause"]
+    /// [client]
+    /// url = "http://{{addr:api}}/orders"
+    /// body = '{{"order_id": "{{order_id}}", "item_id": "{{item_id}}", "qty": {{qty}}}}'
+    /// ok = [200, 201]
+    /// [final_state]
+    /// database = "postgres://postgres@127.0.0.1:{{port:postgres}}/postgres"
+    /// orders = "SELECT order_id, item_id, qty, event_id FROM orders"
+    /// projection = "SELECT item_id, reserved_qty FROM inventory"
+    /// "#);
+    /// ChaosTest::system_toml(&system).run().await?.assert_valid();
+    /// # Ok(()) }
+    /// ```
+    pub fn system_toml(text: &str) -> ChaosTest {
+        ChaosTest::new(Target::Text(text.to_owned()))
     }
 
     /// A system given in code (any [`System`]); `name` names its run directory.
@@ -136,6 +175,13 @@ impl ChaosTest {
         self
     }
 
+    /// Runs the reference pipeline's nodes, or a system file's `image` nodes,
+    /// as containers the backend starts and removes (`--backend docker`).
+    pub fn in_containers(mut self) -> ChaosTest {
+        self.options.backend = crate::options::BackendKind::Docker;
+        self
+    }
+
     /// Every other option of a run, for what the builder does not name.
     pub fn options(mut self, edit: impl FnOnce(&mut RunOptions)) -> ChaosTest {
         edit(&mut self.options);
@@ -156,6 +202,16 @@ impl ChaosTest {
                     options.faults = options.default_faults();
                 }
                 crate::run::run(options.clone(), abort).await?
+            }
+            Target::Text(text) => {
+                let mut spec = crate::system_file::spec::parse(Path::new("(system given in code)"), &text)?;
+                spec.system_dir = std::env::current_dir()?;
+                if !faults_given {
+                    options.faults = crate::system_file::faults_allowed(&spec);
+                }
+                options.validate()?;
+                options.check_system(&spec)?;
+                crate::run::run_spec(&options, spec, &abort).await?
             }
             Target::Given(name, system) => {
                 options.validate()?;

@@ -61,3 +61,236 @@ async fn a_chaos_test_of_a_system_file_takes_the_faults_the_file_allows() {
         assert!(fired.contains(&fault), "{fault} fired: {fired:?}");
     }
 }
+
+// Containers a test started itself, with testcontainers.
+
+use testcontainers::core::{ContainerPort, Mount, WaitFor};
+use testcontainers::runners::AsyncRunner;
+use testcontainers::{ContainerAsync, GenericImage, ImageExt};
+
+/// haunt's pipeline as a user's test would start their own: PostgreSQL, the
+/// API and two workers, each a testcontainers container on a network of the
+/// test, the services running this build's `haunt`. The API and PostgreSQL
+/// are published on fixed host ports, which survive a kill and restart.
+struct Shop {
+    postgres: ContainerAsync<GenericImage>,
+    api: ContainerAsync<GenericImage>,
+    workers: Vec<ContainerAsync<GenericImage>>,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Shop {
+    async fn start(tag: &str, bug: Option<&str>) -> Shop {
+        let network = format!("haunt-lib-{tag}-{}", std::process::id());
+        let pg_name = format!("{network}-postgres");
+        let exe = Mount::bind_mount(haunt(), "/usr/local/bin/haunt");
+        let db = format!("postgres://postgres@{pg_name}:5432/postgres");
+        let bug: Vec<&str> = bug.map(|b| vec!["--bug", b]).unwrap_or_default();
+        let postgres = GenericImage::new("haunt-postgres", "latest")
+            .with_wait_for(WaitFor::healthcheck())
+            .with_network(&network)
+            .with_container_name(&pg_name)
+            .with_mapped_port(free_port(), ContainerPort::Tcp(5432))
+            .start()
+            .await
+            .expect("haunt-postgres:latest starts (scripts/images builds it)");
+        let api = GenericImage::new("haunt", "latest")
+            .with_wait_for(WaitFor::healthcheck())
+            .with_network(&network)
+            .with_container_name(format!("{network}-api"))
+            .with_mount(exe.clone())
+            .with_mapped_port(free_port(), ContainerPort::Tcp(8080))
+            .with_cmd([&["api", "--db", &db, "--listen", "0.0.0.0:8080"][..], &bug].concat())
+            .start()
+            .await
+            .expect("haunt:latest starts");
+        let mut workers = Vec::new();
+        for n in 1..=2 {
+            let id = format!("worker-{n}");
+            let args = ["worker", "--db", &db, "--worker-id", &id, "--visibility-timeout-ms", "1000"];
+            let worker = GenericImage::new("haunt", "latest")
+                .with_wait_for(WaitFor::healthcheck())
+                .with_network(&network)
+                .with_container_name(format!("{network}-{id}"))
+                .with_mount(exe.clone())
+                .with_env_var("HAUNT_HEALTH_URL", "http://127.0.0.1:9090/healthz")
+                .with_cmd([&args[..], &["--metrics-listen", "0.0.0.0:9090"], &bug].concat())
+                .start()
+                .await
+                .expect("a worker starts");
+            workers.push(worker);
+        }
+        Shop { postgres, api, workers }
+    }
+
+    /// The system, in the system file's words: every node adopted by id.
+    fn toml(&self) -> String {
+        let mut text = format!(
+            r#"name = "shop"
+[[node]]
+name = "postgres"
+container = "{}"
+port = 5432
+faults = ["kill"]
+[[node]]
+name = "api"
+container = "{}"
+port = 8080
+links = ["postgres"]
+faults = ["kill"]
+"#,
+            self.postgres.id(),
+            self.api.id()
+        );
+        for (i, worker) in self.workers.iter().enumerate() {
+            text.push_str(&format!(
+                "[[node]]\nname = \"worker-{}\"\ncontainer = \"{}\"\nlinks = [\"postgres\"]\nfaults = [\"kill\", \"pause\"]\n",
+                i + 1,
+                worker.id()
+            ));
+        }
+        text.push_str(
+            r#"[client]
+url = "http://{addr:api}/orders"
+headers = { content-type = "application/json" }
+body = '{"order_id": "{order_id}", "item_id": "{item_id}", "qty": {qty}}'
+ok = [200, 201]
+fail = [400, 409, 422]
+event_id = "/event_id"
+[final_state]
+database = "postgres://postgres@127.0.0.1:{port:postgres}/postgres"
+orders = "SELECT order_id, item_id, qty, event_id FROM orders"
+projection = "SELECT item_id, reserved_qty FROM inventory_projection"
+applied = "SELECT event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms FROM projection_ledger"
+pending = "SELECT message_id, event_id, delivery_count FROM queue_messages"
+dead_letters = "SELECT message_id, event_id, delivery_count, last_error FROM dead_letters"
+quiet = "SELECT count(*) = 0 FROM queue_messages"
+"#,
+        );
+        text
+    }
+}
+
+/// What the engine says of a container: its status, and how many helper
+/// containers in its network namespace still exist.
+async fn state_of(container: &str) -> (String, usize) {
+    use haunt_chaos::docker::bollard::query_parameters::ListContainersOptions;
+    let docker = haunt_chaos::docker::connect().await.unwrap();
+    let inspect = docker.inspect_container(container, None).await.expect("the test's container still exists");
+    let status = inspect.state.and_then(|s| s.status).map(|s| s.to_string()).unwrap_or_default();
+    let all = docker.list_containers(Some(ListContainersOptions { all: true, ..Default::default() })).await.unwrap();
+    let mode = format!("container:{container}");
+    let helpers =
+        all.iter().filter(|c| c.host_config.as_ref().and_then(|h| h.network_mode.as_ref()) == Some(&mode)).count();
+    (status, helpers)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_chaos_test_faults_containers_the_test_started_with_testcontainers() {
+    if !crate::docker::docker_ready("a_chaos_test_faults_containers_the_test_started_with_testcontainers") {
+        return;
+    }
+    let store = tempfile::tempdir().unwrap();
+    let shop = Shop::start("valid", None).await;
+    let outcome = ChaosTest::system_toml(&shop.toml())
+        .haunt_exe(haunt())
+        .faults(&[Fault::Kill, Fault::Pause, Fault::Partition])
+        .time_limit(Duration::from_secs(20))
+        .fault_interval(Duration::from_millis(1500))
+        .options(|o| o.visibility_timeout = Duration::from_secs(1))
+        .seed(4)
+        .store(store.path())
+        .run()
+        .await
+        .unwrap();
+    outcome.assert_valid();
+    let windows: Vec<String> = outcome.results.faults.iter().map(|w| format!("{} {}", w.fault, w.target)).collect();
+    for fault in ["kill ", "pause worker-", "partition "] {
+        assert!(windows.iter().any(|w| w.starts_with(fault)), "{fault}…: {windows:?}");
+    }
+    assert!(outcome.results.counts.acknowledged > 100, "{:?}", outcome.results.counts);
+    // The containers are the test's: still there (stopped at the end of the
+    // run, never paused), and no helper that cut their links is left.
+    for container in [&shop.postgres, &shop.api].into_iter().chain(&shop.workers) {
+        let (status, helpers) = state_of(container.id()).await;
+        assert_ne!(status, "paused", "{}", container.id());
+        assert_eq!(helpers, 0, "helpers left in {}'s namespace", container.id());
+    }
+    drop(shop);
+}
+
+/// What of haunt's is left in the engine with `marker` in its name, with the
+/// network of the run whose container names carry it.
+fn left_with(marker: &str, networks: &[String]) -> Vec<String> {
+    haunt_chaos::docker::leftovers()
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.contains(marker) || networks.iter().any(|net| n == &format!("network {net}")))
+        .collect()
+}
+
+#[test]
+fn a_panic_in_the_middle_of_a_chaos_test_in_containers_leaves_no_container_or_network() {
+    if !crate::docker::docker_ready(
+        "a_panic_in_the_middle_of_a_chaos_test_in_containers_leaves_no_container_or_network",
+    ) {
+        return;
+    }
+    // haunt's containers file, its nodes renamed so that this test's
+    // containers are told apart from any other test's.
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/systems/haunt-docker.toml");
+    let text = std::fs::read_to_string(source).unwrap();
+    let mut text = text;
+    for (from, to) in [("postgres", "panicdb"), ("api", "panicapi")] {
+        for (a, b) in [("{addr:", "}"), ("{port:", "}"), ("name = \"", "\"")] {
+            text = text.replace(&format!("{a}{from}{b}"), &format!("{a}{to}{b}"));
+        }
+    }
+    assert!(text.contains("{addr:panicdb}") && text.contains("name = \"panicapi\""), "{text}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("panic.toml");
+    std::fs::write(&file, text).unwrap();
+    let store = dir.path().join("store");
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let mut network = Vec::new();
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        runtime.block_on(async {
+            let run = ChaosTest::system_file(&file)
+                .in_containers()
+                .haunt_exe(haunt())
+                .faults(&[Fault::Kill, Fault::Pause, Fault::Partition])
+                .time_limit(Duration::from_secs(120))
+                .fault_interval(Duration::from_secs(1))
+                .store(&store)
+                .run();
+            let panics = async {
+                // Until the run's containers exist, then a few faults' worth.
+                let deadline = std::time::Instant::now() + Duration::from_secs(120);
+                loop {
+                    let left = left_with("-panicapi", &[]);
+                    if let Some(api) = left.first() {
+                        let run_id = api.trim_start_matches("haunt-").split('-').next().unwrap();
+                        network.push(format!("haunt-{run_id}"));
+                        break;
+                    }
+                    assert!(std::time::Instant::now() < deadline, "the run's containers never appeared");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                tokio::time::sleep(Duration::from_secs(8)).await;
+                assert!(!left_with("-panicdb", &network).is_empty(), "the containers exist while the test runs");
+                panic!("the test panics in the middle of its chaos test");
+            };
+            tokio::select! {
+                outcome = run => panic!("the run ended before the panic: {:?}", outcome.map(|o| o.results.valid)),
+                () = panics => {}
+            }
+        })
+    }));
+    let message = unwound.expect_err("the test panicked");
+    assert_eq!(message.downcast_ref::<&str>(), Some(&"the test panics in the middle of its chaos test"));
+    assert_eq!(left_with("panic", &network), Vec::<String>::new(), "containers or the network left after a panic");
+}
