@@ -68,4 +68,11 @@ fn the_faults_a_file_allows_follow_its_nodes_and_links() {
         haunt_chaos::system_file::faults_allowed(&counted),
         [Fault::Kill, Fault::Pause, Fault::Partition, Fault::Delay]
     );
+    let adopted = spec::load(&dir.join("adopted.toml")).unwrap();
+    assert_eq!(adopted.nodes[0].container.as_deref(), Some("shop-db-1"));
+    assert_eq!((adopted.nodes[1].port, adopted.nodes[1].links.as_slice()), (Some(8080), &["db".to_owned()][..]));
+    assert_eq!(
+        haunt_chaos::system_file::faults_allowed(&adopted),
+        [Fault::Kill, Fault::Pause, Fault::Partition, Fault::Delay]
+    );
 }
