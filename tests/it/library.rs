@@ -62,117 +62,13 @@ async fn a_chaos_test_of_a_system_file_takes_the_faults_the_file_allows() {
     }
 }
 
-// Containers a test started itself, with testcontainers.
+// Containers a test started itself, with testcontainers: the example crate's
+// shop (examples/cargo-test), running this build's `haunt`.
 
-use testcontainers::core::{ContainerPort, Mount, WaitFor};
-use testcontainers::runners::AsyncRunner;
-use testcontainers::{ContainerAsync, GenericImage, ImageExt};
+#[path = "../../examples/cargo-test/tests/shop/mod.rs"]
+mod shop;
 
-/// haunt's pipeline as a user's test would start their own: PostgreSQL, the
-/// API and two workers, each a testcontainers container on a network of the
-/// test, the services running this build's `haunt`. The API and PostgreSQL
-/// are published on fixed host ports, which survive a kill and restart.
-struct Shop {
-    postgres: ContainerAsync<GenericImage>,
-    api: ContainerAsync<GenericImage>,
-    workers: Vec<ContainerAsync<GenericImage>>,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-impl Shop {
-    async fn start(tag: &str, bug: Option<&str>) -> Shop {
-        let network = format!("haunt-lib-{tag}-{}", std::process::id());
-        let pg_name = format!("{network}-postgres");
-        let exe = Mount::bind_mount(haunt(), "/usr/local/bin/haunt");
-        let db = format!("postgres://postgres@{pg_name}:5432/postgres");
-        let bug: Vec<&str> = bug.map(|b| vec!["--bug", b]).unwrap_or_default();
-        let postgres = GenericImage::new("haunt-postgres", "latest")
-            .with_wait_for(WaitFor::healthcheck())
-            .with_network(&network)
-            .with_container_name(&pg_name)
-            .with_mapped_port(free_port(), ContainerPort::Tcp(5432))
-            .start()
-            .await
-            .expect("haunt-postgres:latest starts (scripts/images builds it)");
-        let api = GenericImage::new("haunt", "latest")
-            .with_wait_for(WaitFor::healthcheck())
-            .with_network(&network)
-            .with_container_name(format!("{network}-api"))
-            .with_mount(exe.clone())
-            .with_mapped_port(free_port(), ContainerPort::Tcp(8080))
-            .with_cmd([&["api", "--db", &db, "--listen", "0.0.0.0:8080"][..], &bug].concat())
-            .start()
-            .await
-            .expect("haunt:latest starts");
-        let mut workers = Vec::new();
-        for n in 1..=2 {
-            let id = format!("worker-{n}");
-            let args = ["worker", "--db", &db, "--worker-id", &id, "--visibility-timeout-ms", "1000"];
-            let worker = GenericImage::new("haunt", "latest")
-                .with_wait_for(WaitFor::healthcheck())
-                .with_network(&network)
-                .with_container_name(format!("{network}-{id}"))
-                .with_mount(exe.clone())
-                .with_env_var("HAUNT_HEALTH_URL", "http://127.0.0.1:9090/healthz")
-                .with_cmd([&args[..], &["--metrics-listen", "0.0.0.0:9090"], &bug].concat())
-                .start()
-                .await
-                .expect("a worker starts");
-            workers.push(worker);
-        }
-        Shop { postgres, api, workers }
-    }
-
-    /// The system, in the system file's words: every node adopted by id.
-    fn toml(&self) -> String {
-        let mut text = format!(
-            r#"name = "shop"
-[[node]]
-name = "postgres"
-container = "{}"
-port = 5432
-faults = ["kill"]
-[[node]]
-name = "api"
-container = "{}"
-port = 8080
-links = ["postgres"]
-faults = ["kill"]
-"#,
-            self.postgres.id(),
-            self.api.id()
-        );
-        for (i, worker) in self.workers.iter().enumerate() {
-            text.push_str(&format!(
-                "[[node]]\nname = \"worker-{}\"\ncontainer = \"{}\"\nlinks = [\"postgres\"]\nfaults = [\"kill\", \"pause\"]\n",
-                i + 1,
-                worker.id()
-            ));
-        }
-        text.push_str(
-            r#"[client]
-url = "http://{addr:api}/orders"
-headers = { content-type = "application/json" }
-body = '{"order_id": "{order_id}", "item_id": "{item_id}", "qty": {qty}}'
-ok = [200, 201]
-fail = [400, 409, 422]
-event_id = "/event_id"
-[final_state]
-database = "postgres://postgres@127.0.0.1:{port:postgres}/postgres"
-orders = "SELECT order_id, item_id, qty, event_id FROM orders"
-projection = "SELECT item_id, reserved_qty FROM inventory_projection"
-applied = "SELECT event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms FROM projection_ledger"
-pending = "SELECT message_id, event_id, delivery_count FROM queue_messages"
-dead_letters = "SELECT message_id, event_id, delivery_count, last_error FROM dead_letters"
-quiet = "SELECT count(*) = 0 FROM queue_messages"
-"#,
-        );
-        text
-    }
-}
+use shop::{Shop, ShopOptions};
 
 /// What the engine says of a container: its status, and how many helper
 /// containers in its network namespace still exist.
@@ -194,8 +90,9 @@ async fn a_chaos_test_faults_containers_the_test_started_with_testcontainers() {
         return;
     }
     let store = tempfile::tempdir().unwrap();
-    let shop = Shop::start("valid", None).await;
-    let outcome = ChaosTest::system_toml(&shop.toml())
+    let options = ShopOptions { haunt: Some(std::path::Path::new(haunt())), ..ShopOptions::default() };
+    let shop = Shop::start("library", options).await;
+    let outcome = ChaosTest::system_toml(&shop.system())
         .haunt_exe(haunt())
         .faults(&[Fault::Kill, Fault::Pause, Fault::Partition])
         .time_limit(Duration::from_secs(20))

@@ -1,0 +1,1 @@
+//! Nothing here: the example is its tests (`tests/`).
