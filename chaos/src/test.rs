@@ -206,6 +206,10 @@ impl ChaosTest {
             Target::Text(text) => {
                 let mut spec = crate::system_file::spec::parse(Path::new("(system given in code)"), &text)?;
                 spec.system_dir = std::env::current_dir()?;
+                // Adopted containers are a Docker run, named so.
+                if spec.nodes.iter().any(|n| n.container.is_some()) {
+                    options.backend = crate::options::BackendKind::Docker;
+                }
                 if !faults_given {
                     options.faults = crate::system_file::faults_allowed(&spec);
                 }

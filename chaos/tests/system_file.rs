@@ -73,6 +73,6 @@ fn the_faults_a_file_allows_follow_its_nodes_and_links() {
     assert_eq!((adopted.nodes[1].port, adopted.nodes[1].links.as_slice()), (Some(8080), &["db".to_owned()][..]));
     assert_eq!(
         haunt_chaos::system_file::faults_allowed(&adopted),
-        [Fault::Kill, Fault::Pause, Fault::Partition, Fault::Delay]
+        [Fault::Kill, Fault::Pause, Fault::Partition, Fault::Delay, Fault::Loss]
     );
 }

@@ -94,7 +94,7 @@ async fn a_chaos_test_faults_containers_the_test_started_with_testcontainers() {
     let shop = Shop::start("library", options).await;
     let outcome = ChaosTest::system_toml(&shop.system())
         .haunt_exe(haunt())
-        .faults(&[Fault::Kill, Fault::Pause, Fault::Partition])
+        .faults(&[Fault::Kill, Fault::Pause, Fault::Partition, Fault::Loss])
         .time_limit(Duration::from_secs(20))
         .fault_interval(Duration::from_millis(1500))
         .options(|o| o.visibility_timeout = Duration::from_secs(1))
@@ -105,7 +105,7 @@ async fn a_chaos_test_faults_containers_the_test_started_with_testcontainers() {
         .unwrap();
     outcome.assert_valid();
     let windows: Vec<String> = outcome.results.faults.iter().map(|w| format!("{} {}", w.fault, w.target)).collect();
-    for fault in ["kill ", "pause worker-", "partition "] {
+    for fault in ["kill ", "pause worker-", "partition ", "loss "] {
         assert!(windows.iter().any(|w| w.starts_with(fault)), "{fault}…: {windows:?}");
     }
     assert!(outcome.results.counts.acknowledged > 100, "{:?}", outcome.results.counts);

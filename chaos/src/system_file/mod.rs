@@ -185,10 +185,21 @@ pub fn faults_allowed(spec: &SystemSpec) -> Vec<Fault> {
     if takes(NodeFault::Pause) {
         out.push(Fault::Pause);
     }
+    // Links between containers: `links`, or `{addr:…}` in an image node's strings.
+    let container_links = spec.nodes.iter().any(|n| {
+        !n.links.is_empty()
+            || (n.image.is_some()
+                && n.command.iter().chain(n.env.iter().map(|(_, v)| v)).any(|s| {
+                    spec::pieces(s).unwrap_or_default().iter().any(|p| matches!(p, Err(Placeholder::Addr(_))))
+                }))
+    });
     if links {
         out.extend([Fault::Partition, Fault::Delay]);
-    } else if spec.nodes.iter().any(|n| !n.links.is_empty()) {
+    } else if container_links {
         out.push(Fault::Partition);
+    }
+    if container_links {
+        out.push(Fault::Loss);
     }
     out
 }
@@ -221,7 +232,7 @@ impl Foreign {
         }
         let mut rng = haunt_store::Rng::from_entropy();
         let run_id = format!("{:08x}", rng.next_u64() as u32);
-        if docker.is_some() {
+        if docker.is_some() && !adopted {
             // Always said: the run id is how `haunt clean` and a user find them.
             eprintln!("starting containers haunt-{run_id}-*");
         }
@@ -339,6 +350,8 @@ impl Foreign {
             fill.proxies.iter().map(|((from, to), p)| (format!("{from}<->{to}"), p.clone())).collect();
         let mut links: Vec<(String, SharedLink)> =
             proxies.iter().map(|(n, p)| (n.clone(), p.clone() as SharedLink)).collect();
+        // Links between containers: cut (partition) or lossy (loss) by iptables.
+        let mut lossy: Vec<(String, Arc<IptablesLink>)> = Vec::new();
         let (nodes, backend): (Nodes, Arc<dyn Backend>) = match docker {
             _ if adopted => {
                 let by_name: BTreeMap<String, Node> = adopt.iter().map(|(n, _)| (n.name.clone(), n.clone())).collect();
@@ -346,8 +359,8 @@ impl Foreign {
                 for decl in &spec.nodes {
                     for peer in &decl.links {
                         let (from, to) = (by_name[&decl.name].clone(), by_name[peer].clone());
-                        let link = IptablesLink::new(docker.clone(), from, Peer::Node(to));
-                        links.push((format!("{}<->{peer}", decl.name), Arc::new(link)));
+                        let link = Arc::new(IptablesLink::new(docker.clone(), from, Peer::Node(to)));
+                        lossy.push((format!("{}<->{peer}", decl.name), link));
                     }
                 }
                 (Nodes::Containers(docker.clone(), run_dir.join("logs")), docker)
@@ -362,14 +375,15 @@ impl Foreign {
                     containers.iter().map(|c| (c.node.name.clone(), c.node.clone())).collect();
                 let docker = Arc::new(DockerBackend::create(&run_id, mount, containers, &options.image).await?);
                 for (from, to) in &fill.container_links {
-                    let link =
-                        IptablesLink::new(docker.clone(), by_name[from].clone(), Peer::Node(by_name[to].clone()));
-                    links.push((format!("{from}<->{to}"), Arc::new(link)));
+                    let (caller, callee) = (by_name[from].clone(), by_name[to].clone());
+                    let link = Arc::new(IptablesLink::new(docker.clone(), caller, Peer::Node(callee)));
+                    lossy.push((format!("{from}<->{to}"), link));
                 }
                 (Nodes::Containers(docker.clone(), run_dir.join("logs")), docker)
             }
         };
-        let surfaces = Surfaces { backend, node_faults, links, proxies, lossy: Vec::new(), switches: None };
+        links.extend(lossy.iter().map(|(name, link)| (name.clone(), link.clone() as SharedLink)));
+        let surfaces = Surfaces { backend, node_faults, links, proxies, lossy, switches: None };
         let client = Arc::new(TemplateClient::new(client_decl, request_timeout)?);
         Ok(Foreign { spec, nodes, surfaces, client, database, ready, asked: std::sync::Mutex::new(None) })
     }
