@@ -101,7 +101,10 @@ fn allowed(file: &Path, line: &str, table: &str) -> bool {
 fn only_the_store_names_the_pipeline_tables_in_sql() {
     let root = workspace();
     let mut files = Vec::new();
-    rust_files(&root, &[root.join("services/store")], 0, &mut files);
+    // examples/ holds systems seen from outside, as a user writes them: their
+    // system files read the final state with SQL of their own, which is the
+    // contract of docs/system-format.md, not a way around the store.
+    rust_files(&root, &[root.join("services/store"), root.join("examples")], 0, &mut files);
     // The walk reached every part the invariant is about.
     for must in [
         "bench/src/pipeline.rs",
@@ -114,7 +117,7 @@ fn only_the_store_names_the_pipeline_tables_in_sql() {
     ] {
         assert!(files.contains(&root.join(must)), "{must} was not scanned");
     }
-    assert!(!files.iter().any(|f| f.starts_with(root.join("services/store"))));
+    assert!(!files.iter().any(|f| f.starts_with(root.join("services/store")) || f.starts_with(root.join("examples"))));
     let mut hits = Vec::new();
     let mut allowances_used = 0;
     for file in &files {

@@ -25,7 +25,8 @@ pub enum Bug {
     NewEventIdOnRetry,
     /// Dead letters are deleted instead of parked.
     DlqDrop,
-    /// Orders commit with `synchronous_commit = off` (PostgreSQL).
+    /// Every session commits with `synchronous_commit = off` (PostgreSQL): an
+    /// acknowledged order is lost in a database crash.
     AsyncCommit,
 }
 

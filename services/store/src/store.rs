@@ -112,6 +112,12 @@ impl Store {
             _ => url.to_owned(),
         };
         let connect_options = AnyConnectOptions::from_str(&url).map_err(StoreError::Connect)?;
+        // BUG MODE async-commit: every session of the build commits without
+        // waiting for the WAL flush, as `synchronous_commit = off` in the
+        // server's configuration would. (With the orders alone asynchronous,
+        // each synchronous commit of a worker flushed them too, and a crash
+        // lost only what the last few milliseconds had acknowledged.)
+        let async_commit = backend == Backend::Postgres && options.bug == Some(Bug::AsyncCommit);
         let pool = AnyPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
@@ -126,6 +132,9 @@ impl Store {
                         sqlx::raw_sql(sqlx::AssertSqlSafe(format!("PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")))
                             .execute(&mut *conn)
                             .await?;
+                    }
+                    if async_commit {
+                        sqlx::raw_sql("SET synchronous_commit = off").execute(&mut *conn).await?;
                     }
                     Ok(())
                 })
@@ -174,12 +183,10 @@ impl Store {
         if self.backend == Backend::Postgres && !matches!(self.bug, Some(Bug::AsyncCommit | Bug::NonAtomicEnqueue)) {
             return self.place_order_in_one_statement(new, event_id).await;
         }
+        // BUG MODE async-commit runs here too, on a session that commits
+        // asynchronously (see `connect`): an acknowledged order can vanish in a
+        // database crash.
         let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
-        if self.bug == Some(Bug::AsyncCommit) && self.backend == Backend::Postgres {
-            // BUG MODE async-commit: the commit returns before the WAL is flushed,
-            // so an acknowledged order can vanish in a database crash.
-            sqlx::query("SET LOCAL synchronous_commit = off").execute(&mut *tx).await.map_err(NotCommitted)?;
-        }
         let inserted = sqlx::query(self.dialect.place_order)
             .bind(&new.order_id)
             .bind(&new.item_id)
