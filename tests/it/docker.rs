@@ -254,7 +254,22 @@ fn a_system_file_of_containers_runs_in_docker_with_its_links_cut_inside_the_netw
     let store = tempfile::tempdir().unwrap();
     let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/systems/haunt-docker.toml");
     let file = file.to_string_lossy().into_owned();
-    let args = ["--backend", "docker", "--system", &file, "--time-limit-s", "20", "--nemesis", "kill,pause,partition"];
+    // A fault every 1.5 s on average: the first round of all three (the
+    // pause alone holds 4 s, twice the file's lease) ends by about 11 s and
+    // fits the 20 s with room for a slow engine. At the default interval the
+    // partition started at 17 s, and on a loaded machine after the end.
+    let args = [
+        "--backend",
+        "docker",
+        "--system",
+        &file,
+        "--time-limit-s",
+        "20",
+        "--nemesis",
+        "kill,pause,partition",
+        "--nemesis-interval-s",
+        "1.5",
+    ];
     let out = haunt_run(store.path(), &[&args[..], &["--seed", "5", "--quiet"]].concat()).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{}\n{stderr}", String::from_utf8_lossy(&out.stdout));
