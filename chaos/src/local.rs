@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::Context;
-use nix::sys::signal::{Signal, kill};
+use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
 use crate::roles::{Backend, BoxFuture, Node, Role};
@@ -66,9 +66,12 @@ impl LocalBackend {
         children.get(&node.name).map(|c| Pid::from_raw(c.id() as i32))
     }
 
+    /// Signals the node's whole process group: a node that is a script
+    /// (a broker's launcher, `sh -c …`) dies, stops and resumes with every
+    /// process it started.
     fn signal(&self, node: &Node, signal: Signal) -> anyhow::Result<()> {
         let pid = self.pid(node).with_context(|| format!("{} is not running", node.name))?;
-        kill(pid, signal).with_context(|| format!("sending {signal} to {}", node.name))
+        killpg(pid, signal).with_context(|| format!("sending {signal} to {}", node.name))
     }
 
     /// Reaps a child that has exited, or waits for it up to `limit`.
@@ -97,7 +100,8 @@ impl LocalBackend {
     pub fn kill_all(&self) {
         let mut children = self.children.lock().unwrap_or_else(|p| p.into_inner());
         for (_, child) in children.iter_mut() {
-            let _ = child.kill();
+            // The whole group: what the node started goes with it.
+            let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
             let _ = child.wait();
         }
         children.clear();
@@ -121,15 +125,17 @@ fn spawn(exe: &Path, spec: &NodeSpec, env: &[(String, String)], log: &Path) -> a
     command.spawn().with_context(|| format!("starting {} {}", exe.display(), spec.args.join(" ")))
 }
 
-/// Asks the kernel to SIGKILL the child when the harness dies, even by SIGKILL,
-/// where no destructor runs.
+/// Puts the child in a process group of its own, which the faults signal as
+/// one, and asks the kernel to SIGKILL the child when the harness dies, even
+/// by SIGKILL, where no destructor runs.
 #[allow(unsafe_code)]
 fn set_parent_death_signal(command: &mut Command) {
     use std::os::unix::process::CommandExt;
     // SAFETY: the closure runs in the child between fork and exec and only makes
-    // the async-signal-safe prctl(2) system call.
+    // the async-signal-safe setpgid(2) and prctl(2) system calls.
     unsafe {
         command.pre_exec(|| {
+            nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0)).map_err(std::io::Error::from)?;
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
             Ok(())
         });
