@@ -27,6 +27,7 @@
 //! - [`worker_metrics`]: the workers' delivery counters, scraped live for the
 //!   progress line.
 
+pub mod brokers;
 pub mod docker;
 pub mod fault;
 pub mod history;

@@ -55,6 +55,8 @@ pub enum Role {
     /// A node of a system haunt did not build: what it may take is the
     /// system file's to say.
     Service,
+    /// A message broker (`brokers.rs`), which `broker-restart` kills.
+    Broker,
 }
 
 /// The nodes of a cluster, and what can be done to them. Object-safe: a run

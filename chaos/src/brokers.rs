@@ -1,0 +1,276 @@
+//! The message brokers of the broker transports, each a local child process
+//! on a loopback port with a data directory of its own, as the PostgreSQL
+//! server of a run is. A broker is a node of the local backend (its own
+//! process group), so `broker-restart` kills and restarts it and `pause`
+//! stops it, with every process it started.
+//!
+//! `scripts/brokers` installs the servers. What each does with a lost ack,
+//! and why each is started the way it is here: `docs/brokers.md`.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use crate::local::NodeSpec;
+use crate::roles::{Node, Role};
+
+/// A broker server haunt can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Broker {
+    RabbitMq,
+    Redis,
+    Nats,
+    Mosquitto,
+    /// moto's SQS emulator (in memory: a restart loses every queue).
+    Moto,
+    /// tansu, a Kafka-compatible broker on SQLite.
+    Tansu,
+}
+
+impl Broker {
+    pub const ALL: [Broker; 6] =
+        [Broker::RabbitMq, Broker::Redis, Broker::Nats, Broker::Mosquitto, Broker::Moto, Broker::Tansu];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Broker::RabbitMq => "rabbitmq",
+            Broker::Redis => "redis",
+            Broker::Nats => "nats",
+            Broker::Mosquitto => "mosquitto",
+            Broker::Moto => "moto",
+            Broker::Tansu => "tansu",
+        }
+    }
+
+    /// The server's executable and where it is looked for.
+    fn candidates(self) -> Vec<PathBuf> {
+        let on_path = |name: &str| -> Vec<PathBuf> {
+            std::env::var_os("PATH")
+                .map(|p| std::env::split_paths(&p).map(|d| d.join(name)).collect())
+                .unwrap_or_default()
+        };
+        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+        match self {
+            // The real server script: /usr/sbin/rabbitmq-server switches user
+            // and logs under /var/log.
+            Broker::RabbitMq => vec![PathBuf::from("/usr/lib/rabbitmq/bin/rabbitmq-server")],
+            Broker::Redis => [on_path("redis-server"), vec!["/usr/bin/redis-server".into()]].concat(),
+            Broker::Nats => [on_path("nats-server"), vec!["/usr/local/bin/nats-server".into()]].concat(),
+            Broker::Mosquitto => [on_path("mosquitto"), vec!["/usr/sbin/mosquitto".into()]].concat(),
+            Broker::Moto => [on_path("moto_server"), vec!["/usr/local/bin/moto_server".into()]].concat(),
+            Broker::Tansu => [on_path("tansu"), vec![home.join(".cargo/bin/tansu")]].concat(),
+        }
+    }
+
+    /// The server's executable, or what to do when it is missing.
+    pub fn program(self) -> anyhow::Result<PathBuf> {
+        self.candidates().into_iter().find(|p| p.is_file()).with_context(|| {
+            format!("the {} server is not installed: scripts/brokers installs it (see docs/brokers.md)", self.name())
+        })
+    }
+
+    /// How long a start may take before the broker answers (RabbitMQ boots
+    /// an Erlang node: 7 to 15 s on 2 cores).
+    pub fn start_limit(self) -> Duration {
+        match self {
+            Broker::RabbitMq => Duration::from_secs(60),
+            _ => Duration::from_secs(20),
+        }
+    }
+
+    /// Lays the broker out in `dir` (its configuration and data) to listen on
+    /// 127.0.0.1:`port`; `http_port` is a second port for the brokers that
+    /// answer health checks on one (NATS).
+    pub fn layout(self, port: u16, http_port: u16, dir: &Path) -> anyhow::Result<BrokerNode> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let dir = std::path::absolute(dir)?;
+        let d = |rel: &str| dir.join(rel).to_string_lossy().into_owned();
+        let node = Node { name: "broker".into(), role: Role::Broker };
+        let mut env = Vec::new();
+        let args: Vec<String> = match self {
+            Broker::RabbitMq => {
+                anyhow::ensure!(port <= 45535, "RabbitMQ's distribution port is its port + 20000: {port} is too high");
+                write(
+                    &dir.join("rabbitmq.conf"),
+                    &format!("listeners.tcp.1 = 127.0.0.1:{port}\nloopback_users = none\n"),
+                )?;
+                write(&dir.join("enabled_plugins"), "[].\n")?;
+                write(&dir.join("rabbitmq-env.conf"), "")?;
+                std::fs::create_dir_all(dir.join("home"))?;
+                for (k, v) in [
+                    ("HOME", d("home")),
+                    ("RABBITMQ_NODENAME", format!("haunt-{port}@localhost")),
+                    ("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1".into()),
+                    ("RABBITMQ_NODE_PORT", port.to_string()),
+                    ("RABBITMQ_DIST_PORT", (u32::from(port) + 20000).to_string()),
+                    ("RABBITMQ_MNESIA_BASE", d("mnesia")),
+                    ("RABBITMQ_LOG_BASE", d("log")),
+                    ("RABBITMQ_CONFIG_FILE", d("rabbitmq.conf")),
+                    ("RABBITMQ_ENABLED_PLUGINS_FILE", d("enabled_plugins")),
+                    ("RABBITMQ_CONF_ENV_FILE", d("rabbitmq-env.conf")),
+                    ("RABBITMQ_PID_FILE", d("pid")),
+                    ("ERL_EPMD_ADDRESS", "127.0.0.1".into()),
+                    // A port mapper of its own, in the node's process group,
+                    // instead of the shared daemon Erlang would leave behind.
+                    ("ERL_EPMD_PORT", http_port.to_string()),
+                    ("RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS", "-kernel inet_dist_use_interface {127,0,0,1}".into()),
+                ] {
+                    env.push((k.to_owned(), v));
+                }
+                let launch = format!(
+                    "epmd -port {http_port} -address 127.0.0.1 & \
+                     for _ in $(seq 100); do epmd -port {http_port} -names >/dev/null 2>&1 && break; sleep 0.1; done; \
+                     exec {}",
+                    self.program()?.display()
+                );
+                vec!["-c".into(), launch]
+            }
+            Broker::Redis => {
+                let args = ["--port", &port.to_string(), "--bind", "127.0.0.1", "--dir", &d(""), "--appendonly", "yes"];
+                let more = ["--appendfsync", "always", "--save", "", "--daemonize", "no"];
+                args.iter().chain(&more).map(|s| s.to_string()).collect()
+            }
+            Broker::Nats => {
+                let (p, m) = (port.to_string(), http_port.to_string());
+                ["-a", "127.0.0.1", "-p", &p, "-m", &m, "-js", "-sd", &d("js"), "-n", "haunt-nats"]
+                    .map(String::from)
+                    .to_vec()
+            }
+            Broker::Mosquitto => {
+                // Saved after every change: mosquitto keeps its store in memory
+                // and writes it only on autosave or shutdown.
+                let conf = format!(
+                    "listener {port} 127.0.0.1\nallow_anonymous true\nuser root\npersistence true\n\
+                     persistence_location {}/\nautosave_interval 1\nautosave_on_changes true\nmax_queued_messages 0\n",
+                    dir.display()
+                );
+                write(&dir.join("mosquitto.conf"), &conf)?;
+                vec!["-c".into(), d("mosquitto.conf")]
+            }
+            Broker::Moto => vec!["-H".into(), "127.0.0.1".into(), "-p".into(), port.to_string()],
+            Broker::Tansu => {
+                let listener = format!("tcp://127.0.0.1:{port}");
+                let args = ["broker", "--listener-url", &listener, "--advertised-listener-url", &listener];
+                // Relative to its working directory, the data directory.
+                args.iter().chain(&["--storage-engine", "sqlite://tansu.db"]).map(|s| s.to_string()).collect()
+            }
+        };
+        let ready = match self {
+            Broker::RabbitMq => Ready::Greeting { port, send: b"AMQP\x00\x00\x09\x01", expect: &[1, 0, 0] },
+            Broker::Redis => Ready::Greeting { port, send: b"PING\r\n", expect: b"+PONG" },
+            Broker::Nats => Ready::Http(format!("http://127.0.0.1:{http_port}/healthz?js-enabled-only=true")),
+            // CONNECT (MQTT 3.1.1, clean session, keep-alive 60 s, empty client id), then CONNACK accepted.
+            Broker::Mosquitto => Ready::Greeting {
+                port,
+                send: b"\x10\x0c\x00\x04MQTT\x04\x02\x00\x3c\x00\x00",
+                expect: b"\x20\x02\x00\x00",
+            },
+            Broker::Moto => Ready::Http(format!("http://127.0.0.1:{port}/moto-api/")),
+            Broker::Tansu => Ready::Tcp(port),
+        };
+        let program = if self == Broker::RabbitMq { PathBuf::from("/bin/sh") } else { self.program()? };
+        let spec = NodeSpec { node, args, program: Some(program), env, cwd: Some(dir.clone()) };
+        Ok(BrokerNode { broker: self, spec, ready, addr: ([127, 0, 0, 1], port).into() })
+    }
+}
+
+/// A free loopback port for a broker, and a second one: below 45536, since
+/// RabbitMQ's distribution port is its port + 20000 (so that one must be free too).
+pub fn free_ports() -> anyhow::Result<(u16, u16)> {
+    let mut rng = haunt_store::Rng::from_entropy();
+    let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+    for _ in 0..200 {
+        let port = 20000 + (rng.next_u64() % 25000) as u16;
+        if free(port) && free(port + 1) && free(port + 20000) {
+            return Ok((port, port + 1));
+        }
+    }
+    anyhow::bail!("no free pair of loopback ports between 20000 and 45000")
+}
+
+fn write(path: &Path, text: &str) -> anyhow::Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// A broker laid out for the local backend.
+#[derive(Debug, Clone)]
+pub struct BrokerNode {
+    pub broker: Broker,
+    pub spec: NodeSpec,
+    pub ready: Ready,
+    /// Where clients reach it.
+    pub addr: SocketAddr,
+}
+
+/// How to tell that a broker answers.
+#[derive(Debug, Clone)]
+pub enum Ready {
+    /// A TCP connection is accepted.
+    Tcp(u16),
+    /// An HTTP GET answers 2xx.
+    Http(String),
+    /// The protocol's first bytes, and the start of the answer.
+    Greeting { port: u16, send: &'static [u8], expect: &'static [u8] },
+}
+
+impl Ready {
+    /// One attempt, given at most `timeout`: `Err` says what answered instead.
+    pub async fn check(&self, timeout: Duration) -> Result<(), String> {
+        match self {
+            Ready::Http(url) => {
+                let http = reqwest::Client::builder().timeout(timeout).build().map_err(|e| e.to_string())?;
+                match http.get(url).send().await {
+                    Ok(r) if r.status().is_success() => Ok(()),
+                    Ok(r) => Err(format!("{url} answered {}", r.status())),
+                    Err(e) => Err(format!("{url}: {e}")),
+                }
+            }
+            Ready::Tcp(port) => {
+                let addr: SocketAddr = ([127, 0, 0, 1], *port).into();
+                match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(e)) => Err(format!("{addr}: {e}")),
+                    Err(_) => Err(format!("{addr}: no answer within {timeout:?}")),
+                }
+            }
+            Ready::Greeting { port, send, expect } => {
+                let (port, send, expect) = (*port, *send, *expect);
+                tokio::task::spawn_blocking(move || greet(port, send, expect, timeout))
+                    .await
+                    .map_err(|e| e.to_string())?
+            }
+        }
+    }
+
+    /// Polls [`check`](Ready::check) until it passes, `alive` turns false, or `limit`.
+    pub async fn wait(&self, limit: Duration, alive: impl Fn() -> bool) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let last = match self.check(Duration::from_secs(1)).await {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            };
+            if !alive() {
+                return Err(format!("the broker exited ({last})"));
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("no answer within {limit:?} ({last})"));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Sends the greeting and compares the first bytes of the answer.
+fn greet(port: u16, send: &[u8], expect: &[u8], timeout: Duration) -> Result<(), String> {
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let mut stream = TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("{addr}: {e}"))?;
+    stream.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    stream.write_all(send).map_err(|e| format!("{addr}: {e}"))?;
+    let mut answer = vec![0; expect.len()];
+    stream.read_exact(&mut answer).map_err(|e| format!("{addr}: no greeting back: {e}"))?;
+    if answer == expect { Ok(()) } else { Err(format!("{addr} answered {answer:02x?}, not {expect:02x?}")) }
+}

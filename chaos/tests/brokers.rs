@@ -1,0 +1,91 @@
+//! Each broker server runs as a local node: it answers its own protocol on
+//! loopback, stops answering while paused, and answers again after a resume
+//! and after a kill and restart (`broker-restart`).
+//!
+//! These need the servers `scripts/brokers` installs (`scripts/test` runs it).
+//! Without one, its test fails with directions, unless `HAUNT_SKIP_BROKERS=1`
+//! (or, for tansu, `HAUNT_SKIP_KAFKA=1`) says to skip it, and then each skip
+//! is printed.
+
+use std::time::Duration;
+
+use haunt_chaos::brokers::{Broker, Ready, free_ports};
+use haunt_chaos::local::LocalBackend;
+use haunt_chaos::roles::Backend;
+
+async fn lifecycle(broker: Broker) {
+    for opt_out in ["HAUNT_SKIP_BROKERS"].into_iter().chain((broker == Broker::Tansu).then_some("HAUNT_SKIP_KAFKA")) {
+        if std::env::var(opt_out).as_deref() == Ok("1") {
+            eprintln!("SKIPPED: the {} server ({opt_out}=1)", broker.name());
+            return;
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (port, http_port) = free_ports().unwrap();
+    let laid = broker.layout(port, http_port, &dir.path().join("data")).unwrap_or_else(|e| panic!("{e:#}"));
+    let node = laid.spec.node.clone();
+    let backend = LocalBackend::new(
+        laid.spec.program.clone().unwrap(),
+        dir.path().to_owned(),
+        Vec::new(),
+        vec![laid.spec.clone()],
+    );
+    let log = || std::fs::read_to_string(backend.log_path(&node)).unwrap_or_default();
+    let ready = |why: &'static str| {
+        let (backend, node, ready) = (&backend, &node, &laid.ready);
+        async move {
+            if let Err(e) = ready.wait(broker.start_limit(), || backend.is_running(node)).await {
+                panic!("{} {why}: {e}\n{}", broker.name(), log());
+            }
+        }
+    };
+    backend.start(&node).await.unwrap();
+    ready("answers after its start").await;
+
+    // A paused server accepts connections in the kernel, so only a protocol
+    // answer tells; a plain TCP check cannot see the pause.
+    if !matches!(laid.ready, Ready::Tcp(_)) {
+        backend.pause(&node).await.unwrap();
+        let paused = laid.ready.check(Duration::from_millis(800)).await;
+        backend.resume(&node).await.unwrap();
+        assert!(paused.is_err(), "{} answered while paused", broker.name());
+        ready("answers after a resume").await;
+    }
+
+    backend.kill(&node).await.unwrap();
+    assert!(!backend.is_running(&node));
+    assert!(laid.ready.check(Duration::from_millis(500)).await.is_err(), "{} answers after a kill", broker.name());
+    backend.start(&node).await.unwrap();
+    ready("answers after a kill and restart").await;
+    backend.stop(&node).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rabbitmq() {
+    lifecycle(Broker::RabbitMq).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redis() {
+    lifecycle(Broker::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nats() {
+    lifecycle(Broker::Nats).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mosquitto() {
+    lifecycle(Broker::Mosquitto).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn moto() {
+    lifecycle(Broker::Moto).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tansu() {
+    lifecycle(Broker::Tansu).await;
+}
