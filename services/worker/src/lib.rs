@@ -200,7 +200,8 @@ impl Worker {
     }
 
     /// Applies deliveries of one lease in one transaction, then acks those that
-    /// were applied or duplicates in one statement. On a failed transaction it
+    /// were applied or duplicates in one statement (with
+    /// [`AckMode::InApplyTxn`] the apply's transaction deleted them already). On a failed transaction it
     /// records the failure on each delivery's span and returns the error;
     /// nothing was written and nothing is acked.
     async fn apply_and_ack(&self, ready: &[(&Leased, OrderEvent)], rng: &mut Rng) -> Result<(), StoreError> {
