@@ -68,6 +68,12 @@ pub struct WorkerArgs {
     /// Lease loops running side by side.
     #[arg(long, default_value_t = 2)]
     pub concurrency: usize,
+    /// Delete each applied batch's messages in the apply's own transaction
+    /// instead of acking them after its commit: no ack can be lost, so the
+    /// ack-loss fault has nothing to drop. Off by default: the separate ack is
+    /// a broker's, and its loss is what the inbox is there to absorb.
+    #[arg(long)]
+    pub ack_in_txn: bool,
     /// Serve /metrics, /healthz (and /admin/faults with HAUNT_ADMIN_TOKEN) here.
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
@@ -162,6 +168,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
             delivery_attempts_max: args.delivery_attempts_max.max(1),
             poll_interval: Duration::from_millis(args.poll_interval_ms),
             concurrency: args.concurrency.max(1),
+            ack: if args.ack_in_txn { haunt_store::AckMode::InApplyTxn } else { haunt_store::AckMode::Separate },
             bug: args.service.bug,
             ..haunt_worker::WorkerConfig::default()
         },

@@ -19,7 +19,10 @@
 //! - the per-message design of the tutorial: lease one, apply it, ack it, three
 //!   transactions per event (haunt's store with batches of one);
 //! - haunt's workers draining the same pre-enqueued events, in this process
-//!   (no tracing subscriber: their spans cost nothing here);
+//!   (no tracing subscriber: their spans cost nothing here), with the ack
+//!   after the apply's commit (the default, against the three-commit limit)
+//!   and in the apply's transaction (`--ack-in-txn`, against the two-commit
+//!   limit);
 //! - a `haunt worker` process draining alone: its rate, peak memory and CPU
 //!   time, and the CPU time of its server backends (`--worker-rust-log` sets
 //!   its logging, so that the cost of spans and logs shows;
@@ -37,7 +40,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use haunt_store::{Baseline, LeaseClock, Store, StoreOptions};
+use haunt_store::{AckMode, Baseline, LeaseClock, Store, StoreOptions};
 use serde_json::json;
 
 use crate::worker_process::{WorkerCommand, cpu_seconds, worker_process};
@@ -105,7 +108,7 @@ async fn per_message_drain(store: Store) -> anyhow::Result<()> {
     }
 }
 
-async fn haunt_drain(db: &str, workers: usize, batch_size: u32, n: usize) -> anyhow::Result<f64> {
+async fn haunt_drain(db: &str, workers: usize, (batch_size, ack): (u32, AckMode), n: usize) -> anyhow::Result<f64> {
     let mut running = Vec::new();
     let started = Instant::now();
     for w in 0..workers {
@@ -113,6 +116,7 @@ async fn haunt_drain(db: &str, workers: usize, batch_size: u32, n: usize) -> any
         let config = haunt_worker::WorkerConfig {
             worker_id: format!("bench-{w}"),
             batch_size_max: batch_size,
+            ack,
             poll_interval: Duration::from_millis(5),
             ..haunt_worker::WorkerConfig::default()
         };
@@ -386,7 +390,7 @@ pub async fn pipeline(options: PipelineOptions, mut progress: impl FnMut(&str)) 
     progress(&format!("per-message (3 txn/event)                   {per_message:>10.0} events/s"));
 
     let haunt = drain_phase(&baseline, size, "haunt workers", || {
-        haunt_drain(&options.db, options.workers, options.batch_size, n)
+        haunt_drain(&options.db, options.workers, (options.batch_size, AckMode::Separate), n)
     })
     .await?;
     progress(&format!(
@@ -396,6 +400,15 @@ pub async fn pipeline(options: PipelineOptions, mut progress: impl FnMut(&str)) 
         options.workers,
         haunt / limit_3,
         haunt / limit_2
+    ));
+
+    let haunt_ack_in_txn = drain_phase(&baseline, size, "haunt workers, ack in the apply's transaction", || {
+        haunt_drain(&options.db, options.workers, (options.batch_size, AckMode::InApplyTxn), n)
+    })
+    .await?;
+    progress(&format!(
+        "haunt workers, ack in the apply's txn        {haunt_ack_in_txn:>10.0} events/s: {:.2} of the 2-commit limit",
+        haunt_ack_in_txn / limit_2
     ));
 
     // A worker process of its own, at the batch size measured above: memory,
@@ -438,7 +451,10 @@ pub async fn pipeline(options: PipelineOptions, mut progress: impl FnMut(&str)) 
     let mut sweep = Vec::new();
     for &batch in &options.sweep_batch_sizes {
         for &workers in &options.sweep_workers {
-            let rate = drain_phase(&baseline, size, "sweep", || haunt_drain(&options.db, workers, batch, n)).await?;
+            let rate = drain_phase(&baseline, size, "sweep", || {
+                haunt_drain(&options.db, workers, (batch, AckMode::Separate), n)
+            })
+            .await?;
             progress(&format!("sweep: batch {batch:>4}, {workers} workers  {rate:>10.0} events/s"));
             sweep.push(json!({"batch_size": batch, "workers": workers, "events_per_s": rate}));
         }
@@ -458,6 +474,7 @@ pub async fn pipeline(options: PipelineOptions, mut progress: impl FnMut(&str)) 
             "client_sql_locked_one_txn": client_sql_locked,
             "per_message": per_message,
             "haunt_workers": haunt,
+            "haunt_workers_ack_in_txn": haunt_ack_in_txn,
             "worker_process": process.events_per_s,
         }),
     );
@@ -471,6 +488,7 @@ pub async fn pipeline(options: PipelineOptions, mut progress: impl FnMut(&str)) 
             "haunt_vs_server_side_3_commits": haunt / limit_3,
             "haunt_vs_server_side_2_commits": haunt / limit_2,
             "haunt_vs_server_side_3_commits_async_lease_ack": limit_async.map(|r| haunt / r),
+            "haunt_ack_in_txn_vs_server_side_2_commits": haunt_ack_in_txn / limit_2,
             "worker_process_vs_server_side_3_commits": process.events_per_s / limit_3,
             "haunt_vs_client_sql_baseline": client_sql.map(|r| haunt / r),
             "haunt_vs_client_sql_baseline_same_batch": client_sql_same_batch.map(|r| haunt / r),

@@ -94,6 +94,20 @@ pub enum Applied {
     LeaseLost,
 }
 
+/// Where a batch's ack commits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AckMode {
+    /// In a statement of its own after the apply's commit, as a broker's ack
+    /// is: the default, because an ack lost between the two is the fault the
+    /// inbox exists to absorb and haunt exists to show.
+    #[default]
+    Separate,
+    /// In the apply's transaction: the held messages are deleted with the
+    /// effect, so no ack can be lost. Only for a queue that lives in the
+    /// effect's database, as this one does.
+    InApplyTxn,
+}
+
 /// What `fail` did with a delivery whose processing failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failed {

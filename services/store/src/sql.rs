@@ -21,7 +21,7 @@ pub struct Dialect {
 }
 
 macro_rules! dialect {
-    ($now:literal, $skip_locked:literal, $reconcile_lock:literal) => {
+    ($now:literal, ($batch_open:literal, $batch_close:literal), $skip_locked:literal, $reconcile_lock:literal) => {
         Dialect {
             now: concat!("SELECT ", $now),
             clock: $now,
@@ -31,9 +31,9 @@ macro_rules! dialect {
                 "UPDATE queue_messages SET delivery_count = delivery_count + 1, lease_token = $3, ",
                 "lease_until_ms = COALESCE($2, ", $now, ") + $4, ",
                 "visible_at_ms = COALESCE($2, ", $now, ") + $4 ",
-                "WHERE message_id IN (SELECT message_id FROM queue_messages ",
+                "WHERE message_id ", $batch_open, "SELECT message_id FROM queue_messages ",
                 "WHERE visible_at_ms <= COALESCE($2, ", $now, ") ",
-                "ORDER BY visible_at_ms LIMIT $1", $skip_locked, ") ",
+                "ORDER BY visible_at_ms LIMIT $1", $skip_locked, $batch_close, " ",
                 "RETURNING message_id, event_id, payload, headers, delivery_count, lease_until_ms, enqueued_at_ms"
             ),
             place_order: concat!(
@@ -70,8 +70,13 @@ macro_rules! dialect {
     };
 }
 
+/// PostgreSQL finds the leased batch by primary key: `= ANY(ARRAY(…))` is an
+/// index lookup of the ids the subquery picked, where `IN (SELECT …)` plans a
+/// hash semi-join over a scan of the whole queue (17,500 rows read to lease
+/// 500 of 20,000, a cost that grows with the backlog; see docs/performance.md).
 pub const POSTGRES: Dialect = dialect!(
     "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
+    ("= ANY(ARRAY(", "))"),
     " FOR UPDATE SKIP LOCKED",
     "LOCK TABLE inventory_projection IN EXCLUSIVE MODE"
 );
@@ -86,6 +91,61 @@ pub const PLACE_ORDER_AND_ENQUEUE_POSTGRES: &str = "WITH o AS (\
      ON CONFLICT (order_id) DO NOTHING RETURNING event_id, created_at_ms) \
      INSERT INTO queue_messages (message_id, event_id, payload, headers, enqueued_at_ms, visible_at_ms) \
      SELECT $6, event_id, $7, $8, created_at_ms, created_at_ms FROM o";
+
+/// PostgreSQL only: a whole batch applied by one statement, atomic on its own
+/// (it commits by itself), so the apply is one round trip instead of six
+/// (`BEGIN`, fence, inbox, projection, ledger, `COMMIT`). The batch comes as
+/// arrays, one per column, in batch order: $2 message ids, $3 event ids, $4
+/// delivery counts, $5 order ids, $6 items, $7 quantities; $1 is the lease
+/// token, $8 the worker, $9 whether the held messages are deleted too (the
+/// ack in the effect's transaction).
+///
+/// The steps are the stepwise path's, in its order: the fence locks the rows
+/// the token still holds (by primary key); the held deliveries' events go
+/// into the inbox once each, in event order (two batches that share events
+/// wait on each other's keys in one order), with the highest delivery count
+/// of the batch and its other copies counted as duplicates; events the inbox
+/// already held count their copies on their row; each item's projection gets
+/// the sum of its new events, in item order; each new event gets one ledger
+/// row, for its first copy in batch order.
+///
+/// It returns the held messages (`h`), the new events with their processing
+/// time (`f`) and the events already in the inbox whose copies it counted
+/// (`d`). An event another transaction committed after this statement's
+/// snapshot was taken is neither new nor counted: the caller counts its
+/// copies in a statement of its own (a snapshot cannot see that row, though
+/// the insert's conflict does).
+pub const APPLY_BATCH_POSTGRES: &str = "WITH b AS (\
+     SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::bigint[]) \
+     WITH ORDINALITY AS u(message_id, event_id, attempt, order_id, item_id, qty, ord)), \
+     held AS (SELECT message_id FROM queue_messages WHERE message_id = ANY($2) AND lease_token = $1 FOR UPDATE), \
+     hb AS (SELECT b.* FROM b JOIN held USING (message_id)), \
+     ev AS (SELECT DISTINCT ON (event_id) hb.*, COUNT(*) OVER w AS copies, MAX(attempt) OVER w AS attempt_max \
+     FROM hb WINDOW w AS (PARTITION BY event_id) ORDER BY event_id, ord), \
+     fresh AS (INSERT INTO inbox_processed (event_id, deliveries, duplicates, processed_at_ms) \
+     SELECT event_id, attempt_max, copies - 1, CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) \
+     FROM ev ORDER BY event_id ON CONFLICT (event_id) DO NOTHING RETURNING event_id, processed_at_ms), \
+     counted AS (UPDATE inbox_processed i SET duplicates = i.duplicates + ev.copies, \
+     deliveries = GREATEST(i.deliveries, ev.attempt_max) FROM ev \
+     WHERE i.event_id = ANY($3) AND i.event_id = ev.event_id \
+     AND NOT EXISTS (SELECT 1 FROM fresh f WHERE f.event_id = ev.event_id) RETURNING i.event_id), \
+     firsts AS (SELECT ev.* FROM ev JOIN fresh f ON f.event_id = ev.event_id), \
+     projection AS (INSERT INTO inventory_projection (item_id, reserved_qty) \
+     SELECT item_id, SUM(qty) FROM firsts GROUP BY item_id ORDER BY item_id \
+     ON CONFLICT (item_id) DO UPDATE SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty), \
+     ledger AS (INSERT INTO projection_ledger \
+     (event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms) \
+     SELECT event_id, order_id, item_id, qty, attempt, $8, CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) \
+     FROM firsts ORDER BY ord), \
+     acked AS (DELETE FROM queue_messages WHERE $9 AND message_id = ANY($2) AND lease_token = $1) \
+     SELECT 'h', message_id, CAST(NULL AS BIGINT) FROM held \
+     UNION ALL SELECT 'f', event_id, processed_at_ms FROM fresh \
+     UNION ALL SELECT 'd', event_id, NULL FROM counted";
+
+/// PostgreSQL only: the ack of a batch, its ids as one array ($2), fenced by
+/// the lease token ($1; NULL: any holder, under `no-lease-token`).
+pub const ACK_BATCH_POSTGRES: &str =
+    "DELETE FROM queue_messages WHERE ($1::text IS NULL OR lease_token = $1) AND message_id = ANY($2)";
 
 /// PostgreSQL only: moves dead letters back to the queue in one statement, so
 /// that exactly the rows deleted are the rows inserted. Two statements (copy,
@@ -115,6 +175,7 @@ pub const REDRIVE_ONE_POSTGRES: &str = redrive_postgres!("WHERE message_id = $1 
 /// invalidated by a concurrent writer.
 pub const SQLITE: Dialect = dialect!(
     "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+    ("IN (", ")"),
     "",
     "UPDATE inventory_projection SET reserved_qty = reserved_qty WHERE 1 = 0"
 );

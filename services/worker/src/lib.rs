@@ -23,7 +23,7 @@ mod run;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use haunt_store::{Applied, Backoff, Bug, Failed, LeaseClock, Leased, OrderEvent, Rng, Store, StoreError};
+use haunt_store::{AckMode, Applied, Backoff, Bug, Failed, LeaseClock, Leased, OrderEvent, Rng, Store, StoreError};
 use haunt_telemetry::metrics::{OutcomeLabels, TraceExemplar, WorkerMetrics};
 use haunt_telemetry::tracing_context;
 use tokio::sync::watch;
@@ -47,6 +47,10 @@ pub struct WorkerConfig {
     /// Lease loops running side by side.
     pub concurrency: usize,
     pub backoff: Backoff,
+    /// Where the ack commits: after the apply (the default, broker-like) or
+    /// in its transaction (`--ack-in-txn`), where the `ack-loss` fault has no
+    /// ack to drop.
+    pub ack: AckMode,
     pub bug: Option<Bug>,
 }
 
@@ -66,6 +70,7 @@ impl Default for WorkerConfig {
             poll_interval: Duration::from_millis(50),
             concurrency: 2,
             backoff: Backoff::default(),
+            ack: AckMode::Separate,
             bug: None,
         }
     }
@@ -195,7 +200,8 @@ impl Worker {
     }
 
     /// Applies deliveries of one lease in one transaction, then acks those that
-    /// were applied or duplicates in one statement. On a failed transaction it
+    /// were applied or duplicates in one statement (with
+    /// [`AckMode::InApplyTxn`] the apply's transaction deleted them already). On a failed transaction it
     /// records the failure on each delivery's span and returns the error;
     /// nothing was written and nothing is acked.
     async fn apply_and_ack(&self, ready: &[(&Leased, OrderEvent)], rng: &mut Rng) -> Result<(), StoreError> {
@@ -211,7 +217,7 @@ impl Worker {
             let acks = self.acks_kept(ready.iter().map(|(l, _)| *l), &spans, rng);
             self.ack_all(&acks, token).await;
         }
-        let outcomes = match self.store.apply_batch(ready, &self.config.worker_id).await {
+        let outcomes = match self.store.apply_batch_with(ready, &self.config.worker_id, self.config.ack).await {
             Ok(outcomes) => outcomes,
             Err(e) => {
                 for span in &spans {
@@ -243,7 +249,7 @@ impl Worker {
             }
             exemplars.push(exemplar);
         }
-        if !auto_ack {
+        if !auto_ack && self.config.ack == AckMode::Separate {
             let (leased, spans): (Vec<&Leased>, Vec<&tracing::Span>) = settled.into_iter().unzip();
             let acks = self.acks_kept(leased.into_iter(), spans, rng);
             self.ack_all(&acks, token).await;

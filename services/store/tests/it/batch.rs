@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use haunt_store::{Applied, LeaseClock, Leased, OrderEvent};
+use haunt_store::{AckMode, Applied, LeaseClock, Leased, OrderEvent};
 use haunt_testkit::databases;
 
 use crate::{count_kind, final_lines, open, order};
@@ -200,5 +200,42 @@ async fn the_final_state_counts_each_events_deliveries_and_the_duplicates_absorb
         assert_eq!(of("o2"), (Some(2), Some(1)), "{}", db.kind);
         // o3 was leased once just now (lease_all) and never applied.
         assert_eq!(of("o3"), (Some(1), Some(0)), "{}: queued, nothing absorbed", db.kind);
+    }
+}
+
+/// With the ack in the apply's transaction the held messages go with the
+/// effect, duplicates included; a batch whose lease was taken over deletes
+/// nothing.
+#[tokio::test]
+async fn a_batch_acked_in_its_apply_transaction_leaves_nothing_to_ack_and_a_zombie_deletes_nothing() {
+    for db in databases().await {
+        let store = open(&db).await;
+        store.place_order(&order("o1", "apple", 3)).await.unwrap();
+        store.place_order(&order("o2", "pear", 5)).await.unwrap();
+        let zombie = store.lease(100, Duration::from_millis(1), LeaseClock::Database).await.unwrap();
+        let e2 = zombie.iter().find(|l| l.event().unwrap().order_id == "o2").unwrap().event_id.clone();
+        copy_message(&db.url, &e2).await;
+        let current = lease_all(&store, 3).await;
+
+        let outcomes = store.apply_batch_with(&events(&zombie), "zombie", AckMode::InApplyTxn).await.unwrap();
+        assert_eq!(outcomes, vec![Applied::LeaseLost, Applied::LeaseLost], "{}", db.kind);
+        assert_eq!(count_kind(&final_lines(&store).await, "pending"), 3, "{}: a zombie deletes nothing", db.kind);
+
+        let outcomes = store.apply_batch_with(&events(&current), "w1", AckMode::InApplyTxn).await.unwrap();
+        assert_eq!(outcomes.iter().filter(|o| matches!(o, Applied::Applied { .. })).count(), 2, "{}", db.kind);
+        assert_eq!(outcomes.iter().filter(|o| **o == Applied::Duplicate).count(), 1, "{}: {outcomes:?}", db.kind);
+        let lines = final_lines(&store).await;
+        assert_eq!(count_kind(&lines, "pending"), 0, "{}: acked with the effect, copy included", db.kind);
+        assert_eq!(count_kind(&lines, "applied"), 2, "{}", db.kind);
+        let ids: Vec<&str> = current.iter().map(|l| l.message_id.as_str()).collect();
+        assert_eq!(store.ack_batch(&ids, &current[0].lease_token).await.unwrap(), 0, "{}: nothing left", db.kind);
+        let o2 = lines.iter().find_map(|l| match l {
+            haunt_format::FinalLine::Order(o) if o.order_id == "o2" => Some((o.deliveries, o.duplicates_absorbed)),
+            _ => None,
+        });
+        // Two messages of one event, each delivered twice (the zombie's lease
+        // and the current one): the inbox saw delivery 2 and absorbed the copy.
+        assert_eq!(o2, Some((Some(2), Some(1))), "{}", db.kind);
+        assert_eq!(store.projection().await.unwrap(), vec![("apple".into(), 3), ("pear".into(), 5)], "{}", db.kind);
     }
 }
