@@ -190,11 +190,13 @@ impl Store {
                     // hash joins). The hot path's statements look rows up by
                     // key only through `= ANY(array)` index conditions, never
                     // by a join, so nothing here needs a nested loop.
-                    .connect_lazy_with(
-                        PgConnectOptions::from_str(&url)
+                    .connect_lazy_with({
+                        let options = PgConnectOptions::from_str(&url)
                             .map_err(StoreError::Connect)?
-                            .options([("enable_nestloop", "off")]),
-                    ),
+                            .options([("enable_nestloop", "off")]);
+                        // BUG MODE async-commit reaches these sessions too (see above).
+                        if async_commit { options.options([("synchronous_commit", "off")]) } else { options }
+                    }),
             ),
             Backend::Sqlite => None,
         };
