@@ -91,6 +91,12 @@ pub struct RunArgs {
     /// the whole run (a lossy broker), on top of the ack-loss fault's windows.
     #[arg(long, default_value_t = 0.0, value_name = "RATE")]
     pub ack_fail_rate: f64,
+    /// The workers delete each batch's messages in the apply's own
+    /// transaction (`haunt worker --ack-in-txn`), so no ack can be lost and
+    /// `ack-loss` has nothing to drop. Off by default: a broker's separate ack,
+    /// and its loss, is what haunt exists to show.
+    #[arg(long)]
+    pub ack_in_txn: bool,
     /// Narrow the faults that can hit any of these targets to them, e.g.
     /// `client<->api` (delay and partition then spare the database links);
     /// other faults keep their own targets. Comma-separated.
@@ -156,6 +162,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         quiesce_timeout: Duration::from_secs(args.quiesce_timeout_s),
         delivery_attempts_max: args.delivery_attempts_max,
         ack_fail_rate: args.ack_fail_rate,
+        ack_in_txn: args.ack_in_txn,
         fault_targets: args.fault_targets,
         faults_at_once: args.faults_at_once,
         fit_check: !args.skip_fit_check,

@@ -73,6 +73,9 @@ pub struct RunOptions {
     pub delivery_attempts_max: u32,
     /// Acks the workers drop all run long (0: none but the ack-loss fault's).
     pub ack_fail_rate: f64,
+    /// The workers delete a batch's messages in its apply transaction
+    /// (`haunt worker --ack-in-txn`): no ack to lose.
+    pub ack_in_txn: bool,
     /// Faults that can hit any of these targets hit only these (empty: all).
     pub fault_targets: Vec<String>,
     /// Fault schedules running side by side (kinds dealt among them).
@@ -143,6 +146,7 @@ impl Default for RunOptions {
             quiesce_timeout: Duration::from_secs(60),
             delivery_attempts_max: 10,
             ack_fail_rate: 0.0,
+            ack_in_txn: false,
             fault_targets: Vec::new(),
             faults_at_once: 1,
             fit_check: true,

@@ -266,6 +266,9 @@ fn worker_args(options: &RunOptions, db: &str, node: &Node, metrics: &str) -> Ve
         "--metrics-listen".into(),
         metrics.to_owned(),
     ];
+    if options.ack_in_txn {
+        args.push("--ack-in-txn".into());
+    }
     if options.ack_fail_rate > 0.0 {
         args.extend(["--ack-fail-rate".into(), options.ack_fail_rate.to_string()]);
     }

@@ -119,6 +119,24 @@ fn bug_no_inbox_under_ack_loss_is_caught_as_double_applied() {
     assert!(stdout.starts_with("false "), "--quiet prints the verdict and the run: {stdout}");
 }
 
+#[test]
+fn with_the_ack_in_the_apply_transaction_lost_acks_cannot_double_apply_even_without_an_inbox() {
+    // The run above, with --ack-in-txn: the messages go with the effect, so
+    // the ack-loss fault has no ack to drop and nothing is redelivered.
+    let tmp = tempfile::tempdir().unwrap();
+    let args = ["--time-limit-s", "8", "--nemesis", "ack-loss", "--nemesis-interval-s", "1"];
+    // A lease long enough that no batch outlives it: lost acks are the only
+    // way to a redelivery here.
+    let more = ["--visibility-timeout-ms", "5000", "--bug", "no-inbox", "--ack-in-txn", "--seed", "3", "--quiet"];
+    let out = haunt_run(tmp.path(), &[&args[..], &more[..]].concat()).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let results = read_json(&latest(tmp.path()).join("results.json"));
+    assert_eq!(results["valid"], true, "{results}");
+    let fired = results["faults"].as_array().unwrap().iter().filter(|w| w["fault"] == "ack-loss").count();
+    assert!(fired > 0, "the ack-loss fault was on: {results}");
+    assert!(results["counts"]["applied_events"].as_u64().unwrap() > 100, "{results}");
+}
+
 /// A PostgreSQL server of this test's own (the run kills it), stopped and
 /// removed on drop.
 pub struct PrivatePostgres {
