@@ -71,8 +71,20 @@ fn the_pipeline_bench_measures_the_server_side_limits_and_baselines_on_postgres(
     ] {
         assert!(rate.as_f64().is_some_and(|r| r > 0.0), "{report:#}");
     }
-    // As many consumers as haunt's lease loops (two per worker).
+    // As many consumers as haunt's lease loops (two per worker) for the
+    // asynchronous variant; the two limits are the best of several counts.
     assert_eq!(report["server_side_consumers"], report["lease_loops"], "{report:#}");
+    for (commits, key) in [("3 commits", "server_side_limit_3_commits"), ("2 commits", "server_side_limit_2_commits")] {
+        let by = report["server_side_limit_by_consumers"][commits].as_object().expect("figures by consumer count");
+        let counts: Vec<&str> = by.keys().map(String::as_str).collect();
+        for count in ["2", "4", "8"] {
+            assert!(counts.contains(&count), "{commits} at {count} consumers: {report:#}");
+        }
+        let best = by.values().filter_map(|v| v.as_f64()).fold(0.0, f64::max);
+        assert_eq!(report["events_per_s"][key].as_f64(), Some(best), "the limit is the best count's: {report:#}");
+        let at = report["server_side_consumers_best"][commits].as_u64().unwrap().to_string();
+        assert_eq!(by[&at].as_f64(), Some(best), "{report:#}");
+    }
     assert!(report["worker_peak_rss_mib"].as_f64().is_some_and(|m| m > 1.0), "{report:#}");
 }
 
