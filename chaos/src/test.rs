@@ -33,6 +33,7 @@ use crate::options::RunOptions;
 use crate::run::{Roles, execute};
 use crate::rundir::{create_run_dir, now_ms};
 use crate::system::System;
+use crate::system_file::spec::SystemSpec;
 
 /// Which system a test drives.
 enum Target {
@@ -197,25 +198,14 @@ impl ChaosTest {
         let outcome = match target {
             Target::Pipeline => crate::run::run(options.clone(), abort).await?,
             Target::File(path) => {
+                let spec = crate::system_file::spec::load(&path)?;
                 options.system = Some(path);
-                if !faults_given {
-                    options.faults = options.default_faults();
-                }
-                crate::run::run(options.clone(), abort).await?
+                run_spec(&mut options, spec, faults_given, &abort).await?
             }
             Target::Text(text) => {
                 let mut spec = crate::system_file::spec::parse(Path::new("(system given in code)"), &text)?;
                 spec.system_dir = std::env::current_dir()?;
-                // Adopted containers are a Docker run, named so.
-                if spec.nodes.iter().any(|n| n.container.is_some()) {
-                    options.backend = crate::options::BackendKind::Docker;
-                }
-                if !faults_given {
-                    options.faults = crate::system_file::faults_allowed(&spec);
-                }
-                options.validate()?;
-                options.check_system(&spec)?;
-                crate::run::run_spec(&options, spec, &abort).await?
+                run_spec(&mut options, spec, faults_given, &abort).await?
             }
             Target::Given(name, system) => {
                 options.validate()?;
@@ -228,6 +218,25 @@ impl ChaosTest {
         let results = outcome.results.ok_or_else(|| anyhow::anyhow!("the run was aborted"))?;
         Ok(Outcome { results, run_dir: outcome.run_dir, seed: options.seed })
     }
+}
+
+/// A system file's run, from the file or from text: every fault it allows
+/// unless the test named some; adopted containers make it a Docker run.
+async fn run_spec(
+    options: &mut RunOptions,
+    spec: SystemSpec,
+    faults_given: bool,
+    abort: &Arc<AtomicBool>,
+) -> anyhow::Result<crate::run::RunOutcome> {
+    if spec.nodes.iter().any(|n| n.container.is_some()) {
+        options.backend = crate::options::BackendKind::Docker;
+    }
+    if !faults_given {
+        options.faults = crate::system_file::faults_allowed(&spec);
+    }
+    options.validate()?;
+    options.check_system(&spec)?;
+    crate::run::run_spec(options, spec, abort).await
 }
 
 /// A finished test: its results and where its run directory is.
