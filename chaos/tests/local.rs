@@ -49,7 +49,9 @@ async fn kill_pause_and_resume_reach_what_a_node_started() {
     let backend = LocalBackend::new(PathBuf::from("/bin/sh"), dir.path().to_owned(), Vec::new(), vec![spec]);
     backend.start(&node).await.unwrap();
     let sleep = grandchild(&pidfile);
-    assert_eq!(state(sleep), Some('S'));
+    // `$!` is known once the shell has forked, maybe before the child has
+    // exec'd `sleep` and blocked in it: it may still be running (`R`).
+    wait_for(sleep, "asleep", |s| s == Some('S'));
 
     backend.pause(&node).await.unwrap();
     wait_for(sleep, "stopped", |s| s == Some('T'));
