@@ -56,13 +56,18 @@ macro_rules! dialect {
                 "FROM queue_messages WHERE message_id = $1 AND ($2 IS NULL OR lease_token = $2) ",
                 "AND NOT EXISTS (SELECT 1 FROM inbox_processed i WHERE i.event_id = queue_messages.event_id)"
             ),
+            // One `now` for every row and column, and the three states split
+            // one condition: PostgreSQL's clock moves within a statement, and
+            // a lease that expired between two readings of it once counted
+            // as neither visible nor leased, so a queue holding a message
+            // looked drained.
             queue_stats: concat!(
                 "SELECT ",
-                "CAST(COALESCE(SUM(CASE WHEN visible_at_ms <= ", $now, " THEN 1 ELSE 0 END), 0) AS BIGINT), ",
-                "CAST(COALESCE(SUM(CASE WHEN lease_token IS NOT NULL AND lease_until_ms > ", $now, " THEN 1 ELSE 0 END), 0) AS BIGINT), ",
-                "CAST(COALESCE(SUM(CASE WHEN lease_token IS NULL AND visible_at_ms > ", $now, " THEN 1 ELSE 0 END), 0) AS BIGINT), ",
-                "CAST(COALESCE(", $now, " - MIN(enqueued_at_ms), 0) AS BIGINT) ",
-                "FROM queue_messages"
+                "CAST(COALESCE(SUM(CASE WHEN visible_at_ms <= t.now THEN 1 ELSE 0 END), 0) AS BIGINT), ",
+                "CAST(COALESCE(SUM(CASE WHEN visible_at_ms > t.now AND lease_token IS NOT NULL THEN 1 ELSE 0 END), 0) AS BIGINT), ",
+                "CAST(COALESCE(SUM(CASE WHEN visible_at_ms > t.now AND lease_token IS NULL THEN 1 ELSE 0 END), 0) AS BIGINT), ",
+                "CAST(COALESCE(MAX(t.now) - MIN(enqueued_at_ms), 0) AS BIGINT) ",
+                "FROM queue_messages CROSS JOIN (SELECT ", $now, " AS now) t"
             ),
             dead_letter_count: "SELECT CAST(COUNT(*) AS BIGINT) FROM dead_letters",
             reconcile_lock: $reconcile_lock,
