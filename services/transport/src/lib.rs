@@ -1,0 +1,397 @@
+//! The seam between the reference pipeline and a message broker.
+//!
+//! With a broker transport the database queue becomes an outbox: the API
+//! writes the order and its message in one transaction, as it always did; a
+//! relay leases outbox rows, [`Publisher::publish`]es them, waits for the
+//! broker's confirmation and only then deletes them. Workers take messages
+//! from the broker through a [`Consumer`], apply them through the inbox in
+//! the effect's transaction, then [`Consumer::ack`] them with the broker's
+//! own ack. Each hop is at-least-once; the inbox makes the copies harmless.
+//!
+//! # Layout
+//!
+//! - [`TransportSpec`]: a transport and its mode as spelled on the command
+//!   line (`rabbitmq:manual-ack`, `redis-streams`, …), and the delivery
+//!   guarantee the broker claims for it.
+//! - [`Envelope`]: the message as it travels, one JSON body on every broker
+//!   (MQTT 3.1.1 has no headers, so nothing rides outside the body).
+//! - [`Publisher`], [`Consumer`]: the two ends, as trait objects; [`connect`]
+//!   opens them for a spec and a broker URL.
+//! - [`Depth`]: what the broker still holds, listed by message where it can
+//!   list them, counted where it can only count.
+//! - One module per broker, each behind a cargo feature of its name.
+
+#[cfg(feature = "redis")]
+mod redis;
+
+use std::fmt;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+
+/// What a transport's mode promises about each message, as the broker's
+/// documentation states it (what `haunt guarantees` measures against).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Guarantee {
+    /// A message can be lost (auto-ack, fire-and-forget, QoS 0), never
+    /// delivered twice by the broker.
+    AtMostOnce,
+    /// Redelivered until acked: never lost once confirmed, possibly twice.
+    AtLeastOnce,
+    /// The broker deduplicates or commits atomically within its own bounds
+    /// (a FIFO queue's deduplication window, MQTT QoS 2, Kafka transactions).
+    ExactlyOnce,
+}
+
+impl Guarantee {
+    pub fn name(self) -> &'static str {
+        match self {
+            Guarantee::AtMostOnce => "at-most-once",
+            Guarantee::AtLeastOnce => "at-least-once",
+            Guarantee::ExactlyOnce => "exactly-once",
+        }
+    }
+}
+
+/// A broker, or the database queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// The database table the reference pipeline leases from: no broker.
+    Db,
+    RedisStreams,
+    RedisPubSub,
+}
+
+/// Every transport with its modes; the first mode of each is the one a bare
+/// name takes (its at-least-once mode where it has one).
+const TRANSPORTS: &[(&str, Kind, &[(&str, Guarantee)])] = &[
+    ("db", Kind::Db, &[("lease", Guarantee::AtLeastOnce)]),
+    ("redis-streams", Kind::RedisStreams, &[("consumer-group", Guarantee::AtLeastOnce)]),
+    ("redis-pubsub", Kind::RedisPubSub, &[("fire-and-forget", Guarantee::AtMostOnce)]),
+];
+
+/// A transport and its mode, parsed from `NAME[:MODE]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TransportSpec {
+    pub kind: Kind,
+    mode: &'static str,
+    guarantee: Guarantee,
+    /// Whether the mode was spelled out: `Display` writes it back as given.
+    explicit: bool,
+}
+
+impl Default for TransportSpec {
+    fn default() -> Self {
+        "db".parse().expect("db is a transport")
+    }
+}
+
+impl TransportSpec {
+    /// Every transport and mode this build knows, spelled as on the command
+    /// line (`--transport` in the help text, `haunt guarantees`' rows).
+    pub fn all() -> Vec<TransportSpec> {
+        TRANSPORTS
+            .iter()
+            .flat_map(|(_, kind, modes)| {
+                modes.iter().map(|(mode, guarantee)| TransportSpec {
+                    kind: *kind,
+                    mode,
+                    guarantee: *guarantee,
+                    explicit: modes.len() > 1,
+                })
+            })
+            .collect()
+    }
+
+    pub fn name(&self) -> &'static str {
+        TRANSPORTS.iter().find(|(_, k, _)| *k == self.kind).map(|(n, _, _)| *n).expect("every kind is in the table")
+    }
+
+    pub fn mode(&self) -> &'static str {
+        self.mode
+    }
+
+    /// What the broker promises in this mode.
+    pub fn claim(&self) -> Guarantee {
+        self.guarantee
+    }
+
+    /// Whether a broker (and a relay in front of it) is in the pipeline.
+    pub fn is_broker(&self) -> bool {
+        self.kind != Kind::Db
+    }
+
+    /// The broker's server this transport needs, named as `haunt_chaos::brokers`
+    /// names it: both Redis transports run on one `redis-server`.
+    pub fn server(&self) -> Option<&'static str> {
+        match self.kind {
+            Kind::Db => None,
+            Kind::RedisStreams | Kind::RedisPubSub => Some("redis"),
+        }
+    }
+}
+
+impl fmt::Display for TransportSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.explicit { write!(f, "{}:{}", self.name(), self.mode) } else { f.write_str(self.name()) }
+    }
+}
+
+/// Why `--transport` was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error("unknown transport {0:?}; known: {known}", known = known_names())]
+    Transport(String),
+    #[error("transport {transport} has no mode {mode:?}; its modes: {modes}")]
+    Mode { transport: String, mode: String, modes: String },
+}
+
+fn known_names() -> String {
+    TRANSPORTS.iter().map(|(n, _, _)| *n).collect::<Vec<_>>().join(", ")
+}
+
+impl std::str::FromStr for TransportSpec {
+    type Err = SpecError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (name, mode) = match s.split_once(':') {
+            Some((name, mode)) => (name, Some(mode)),
+            None => (s, None),
+        };
+        let (_, kind, modes) =
+            TRANSPORTS.iter().find(|(n, _, _)| *n == name).ok_or_else(|| SpecError::Transport(name.to_owned()))?;
+        let (mode, guarantee) = match mode {
+            None => modes[0],
+            Some(m) => *modes.iter().find(|(n, _)| *n == m).ok_or_else(|| SpecError::Mode {
+                transport: name.to_owned(),
+                mode: m.to_owned(),
+                modes: modes.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", "),
+            })?,
+        };
+        Ok(TransportSpec { kind: *kind, mode, guarantee, explicit: modes.len() > 1 })
+    }
+}
+
+/// A message as it travels through a broker: the outbox row, whole.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Envelope {
+    pub message_id: String,
+    pub event_id: String,
+    /// The event, as JSON text.
+    pub payload: String,
+    /// The message's headers (correlation id, traceparent), as JSON text.
+    pub headers: String,
+    /// When the API committed the order and its outbox row.
+    pub enqueued_at_ms: i64,
+}
+
+impl Envelope {
+    pub fn to_body(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("an envelope serializes")
+    }
+
+    pub fn from_body(body: &[u8]) -> Result<Envelope, TransportError> {
+        serde_json::from_slice(body).map_err(|e| TransportError::Body(e.to_string()))
+    }
+}
+
+/// What a consumer received: the message, how many times the broker says it
+/// has delivered it (1 when the broker does not count), and what acks it.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub envelope: Envelope,
+    pub delivery_count: i64,
+    pub receipt: Receipt,
+}
+
+/// What acks one delivery, in its broker's terms (a delivery tag, a stream
+/// entry id, a receipt handle…). Only the consumer that received it reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Receipt(pub(crate) String);
+
+/// A message the broker still holds at the end of a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    pub message_id: String,
+    pub event_id: String,
+    pub delivery_count: i64,
+}
+
+/// What the broker still holds, ready or delivered and not acked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Depth {
+    /// Every message, by id: the final state's `pending` lines.
+    Listed(Vec<Held>),
+    /// Only a count: a run that did not drain is `unknown`, never a false
+    /// `lost-effect` for messages that may be in here.
+    Counted(u64),
+}
+
+impl Depth {
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Depth::Listed(held) => held.is_empty(),
+            Depth::Counted(n) => *n == 0,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// The broker could not be reached, or the connection broke.
+    #[error("{broker}: {why}")]
+    Broker { broker: &'static str, why: String },
+    /// A publish the broker did not confirm: it may or may not hold it.
+    #[error("{broker} did not confirm the publish: {why}")]
+    Unconfirmed { broker: &'static str, why: String },
+    /// A body that is not an envelope: not ours, or corrupt.
+    #[error("unreadable message body: {0}")]
+    Body(String),
+    /// The transport's feature is not compiled into this build.
+    #[error("transport {0} is not in this build (its cargo feature is off)")]
+    NotBuilt(String),
+    /// The database queue is not a broker: it has no publisher or consumer.
+    #[error("the database queue has no broker client")]
+    NoBroker,
+}
+
+/// How the ends of a transport behave, beyond the spec.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Names this consumer to the broker (a stream's consumer, a client id).
+    pub client_id: String,
+    /// How long a delivered, unacked message stays with its consumer before
+    /// the broker gives it to another: a stream's claim idle time, an ack
+    /// wait, a visibility timeout. Brokers that only redeliver when the
+    /// connection closes (RabbitMQ) ignore it.
+    pub visibility_timeout: Duration,
+    /// Whether the publisher waits for the broker's confirmation of each
+    /// batch. Off only in the `no-publisher-confirms` bug mode.
+    pub confirms: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { client_id: "haunt".into(), visibility_timeout: Duration::from_secs(5), confirms: true }
+    }
+}
+
+/// The relay's end: puts outbox rows on the broker.
+pub trait Publisher: Send + fmt::Debug {
+    /// Publishes the batch, in order. `Ok` means the broker confirmed every
+    /// message (with confirms on); on an error some of them may be held
+    /// anyway, and the relay publishes them all again.
+    fn publish<'a>(&'a mut self, batch: &'a [Envelope]) -> BoxFuture<'a, Result<(), TransportError>>;
+}
+
+/// A worker's end: takes messages with the broker's ack semantics.
+pub trait Consumer: Send + fmt::Debug {
+    /// Up to `max` deliveries, waiting up to `wait` for the first. Malformed
+    /// bodies are acked and dropped with a warning (they are not haunt's).
+    fn receive(&mut self, max: usize, wait: Duration) -> BoxFuture<'_, Result<Vec<Delivery>, TransportError>>;
+
+    /// Acks deliveries of this consumer. An ack the broker never gets means
+    /// a redelivery later, which the inbox absorbs.
+    fn ack<'a>(&'a mut self, receipts: &'a [Receipt]) -> BoxFuture<'a, Result<(), TransportError>>;
+
+    /// Whether [`Consumer::receive`] already settled what it returned (an
+    /// auto-ack consumer, a fire-and-forget subscription): then a crash
+    /// before the apply loses those messages, and acking is a no-op.
+    fn acks_on_receipt(&self) -> bool {
+        false
+    }
+}
+
+/// The broker's side of a run: its topology declared, what it holds.
+pub trait Inspector: Send + Sync + fmt::Debug {
+    /// Declares the queue, stream or topic and its consumer group, durable
+    /// unless the mode says otherwise; idempotent, so every end calls it.
+    fn declare(&self) -> BoxFuture<'_, Result<(), TransportError>>;
+
+    /// What the broker still holds.
+    fn depth(&self) -> BoxFuture<'_, Result<Depth, TransportError>>;
+}
+
+/// Connects a publisher for `spec` to the broker at `url`.
+pub async fn publisher(
+    spec: TransportSpec,
+    url: &str,
+    options: &Options,
+) -> Result<Box<dyn Publisher>, TransportError> {
+    match spec.kind {
+        Kind::Db => Err(TransportError::NoBroker),
+        #[cfg(feature = "redis")]
+        Kind::RedisStreams | Kind::RedisPubSub => redis::publisher(spec, url, options).await,
+        #[allow(unreachable_patterns)]
+        _ => {
+            let _ = (url, options);
+            Err(TransportError::NotBuilt(spec.to_string()))
+        }
+    }
+}
+
+/// Connects a consumer for `spec` to the broker at `url`.
+pub async fn consumer(spec: TransportSpec, url: &str, options: &Options) -> Result<Box<dyn Consumer>, TransportError> {
+    match spec.kind {
+        Kind::Db => Err(TransportError::NoBroker),
+        #[cfg(feature = "redis")]
+        Kind::RedisStreams | Kind::RedisPubSub => redis::consumer(spec, url, options).await,
+        #[allow(unreachable_patterns)]
+        _ => {
+            let _ = (url, options);
+            Err(TransportError::NotBuilt(spec.to_string()))
+        }
+    }
+}
+
+/// An inspector for `spec` on the broker at `url`.
+pub async fn inspector(spec: TransportSpec, url: &str) -> Result<Box<dyn Inspector>, TransportError> {
+    match spec.kind {
+        Kind::Db => Err(TransportError::NoBroker),
+        #[cfg(feature = "redis")]
+        Kind::RedisStreams | Kind::RedisPubSub => redis::inspector(spec, url).await,
+        #[allow(unreachable_patterns)]
+        _ => {
+            let _ = url;
+            Err(TransportError::NotBuilt(spec.to_string()))
+        }
+    }
+}
+
+/// The name queues, streams and topics take on every broker.
+pub const DESTINATION: &str = "haunt.orders";
+
+/// The URL a client of `spec` uses for a broker listening on `addr` (a
+/// loopback port, or a fault proxy in front of one).
+pub fn local_url(spec: TransportSpec, addr: std::net::SocketAddr) -> String {
+    match spec.kind {
+        Kind::Db => String::new(),
+        Kind::RedisStreams | Kind::RedisPubSub => format!("redis://{addr}/"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_and_print_back_as_spelled() {
+        for spec in TransportSpec::all() {
+            let spelled = spec.to_string();
+            assert_eq!(spelled.parse::<TransportSpec>().unwrap(), spec, "{spelled}");
+        }
+        let bare: TransportSpec = "redis-streams".parse().unwrap();
+        assert_eq!((bare.kind, bare.claim()), (Kind::RedisStreams, Guarantee::AtLeastOnce));
+        assert_eq!(TransportSpec::default().kind, Kind::Db);
+    }
+
+    #[test]
+    fn unknown_names_and_modes_are_refused_naming_what_exists() {
+        let e = "rabbit".parse::<TransportSpec>().unwrap_err();
+        assert!(e.to_string().contains("redis-streams"), "{e}");
+        let e = "redis-pubsub:durable".parse::<TransportSpec>().unwrap_err();
+        assert!(e.to_string().contains("fire-and-forget"), "{e}");
+    }
+}
