@@ -64,9 +64,12 @@ pub enum Kind {
     RedisPubSub,
 }
 
+/// A transport's modes, each with what it claims.
+type Modes = &'static [(&'static str, Guarantee)];
+
 /// Every transport with its modes; the first mode of each is the one a bare
 /// name takes (its at-least-once mode where it has one).
-const TRANSPORTS: &[(&str, Kind, &[(&str, Guarantee)])] = &[
+const TRANSPORTS: &[(&str, Kind, Modes)] = &[
     ("db", Kind::Db, &[("lease", Guarantee::AtLeastOnce)]),
     ("redis-streams", Kind::RedisStreams, &[("consumer-group", Guarantee::AtLeastOnce)]),
     ("redis-pubsub", Kind::RedisPubSub, &[("fire-and-forget", Guarantee::AtMostOnce)]),
