@@ -27,6 +27,9 @@ enum Command {
     Api(services::ApiArgs),
     /// Run a worker: lease messages, apply them once through the inbox, ack.
     Worker(services::WorkerArgs),
+    /// Publish the outbox to a broker: lease outbox rows, publish them, wait
+    /// for the broker's confirmation, then delete them (with --transport).
+    Relay(services::RelayArgs),
     /// Rebuild the projection from the orders; print the drift per item.
     Reconcile(services::ReconcileArgs),
     /// Move dead letters back to the queue.
@@ -109,6 +112,7 @@ pub fn main() -> i32 {
         },
         Command::Api(args) => run_async(services::api(args)),
         Command::Worker(args) => run_async(services::worker(args)),
+        Command::Relay(args) => run_async(services::relay(args)),
         Command::Reconcile(args) => run_async(services::reconcile(args)),
         Command::Redrive(args) => run_async(services::redrive(args)),
         Command::Matrix(args) => run_async_code("haunt matrix", crate::matrix_cmd::matrix(args)),

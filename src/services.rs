@@ -1,4 +1,4 @@
-//! `haunt api`, `haunt worker`, `haunt reconcile`, `haunt redrive`: argument
+//! `haunt api`, `haunt worker`, `haunt relay`, `haunt reconcile`, `haunt redrive`: argument
 //! structs and the few lines that start each service.
 
 use std::net::SocketAddr;
@@ -28,7 +28,8 @@ pub struct ServiceArgs {
     /// Reintroduce a known mistake (see docs/bug-modes.md): no-inbox,
     /// inbox-outside-txn, ack-before-process, non-atomic-enqueue,
     /// read-modify-write-projection, worker-clock-lease, no-lease-token,
-    /// new-event-id-on-retry, dlq-drop, async-commit.
+    /// new-event-id-on-retry, dlq-drop, async-commit; with a broker
+    /// transport, relay-marks-before-publish and no-publisher-confirms.
     #[arg(long, value_name = "NAME")]
     pub bug: Option<Bug>,
     /// Log format: text or json.
@@ -45,10 +46,42 @@ pub struct ApiArgs {
     pub listen: SocketAddr,
 }
 
+/// Where messages travel between the API and the workers.
+#[derive(Debug, clap::Args)]
+pub struct TransportArgs {
+    /// The transport: db (the database queue, the default), or a broker with
+    /// an optional mode: rabbitmq[:manual-ack|auto-ack], redis-streams,
+    /// redis-pubsub, nats[:jetstream|core], mqtt[:qos0|qos1|qos2],
+    /// sqs[:standard|fifo]. A broker name alone takes its at-least-once mode.
+    /// With a broker the database queue is the outbox that `haunt relay`
+    /// publishes from.
+    #[arg(long, value_name = "NAME[:MODE]", default_value = "db")]
+    pub transport: haunt_transport::TransportSpec,
+    /// The broker's URL (amqp://…, redis://…, nats://…, mqtt://…, http://…
+    /// for SQS); required with a broker transport.
+    #[arg(long, env = "HAUNT_BROKER")]
+    pub broker: Option<String>,
+}
+
+impl TransportArgs {
+    /// The broker's URL, when the transport has one; an error names the
+    /// missing or needless flag.
+    fn broker(&self) -> anyhow::Result<Option<String>> {
+        match (self.transport.is_broker(), &self.broker) {
+            (true, Some(url)) => Ok(Some(url.clone())),
+            (true, None) => anyhow::bail!("--transport {} needs --broker URL", self.transport),
+            (false, Some(_)) => anyhow::bail!("--broker is for a broker transport; --transport is db"),
+            (false, None) => Ok(None),
+        }
+    }
+}
+
 #[derive(Debug, clap::Args)]
 pub struct WorkerArgs {
     #[command(flatten)]
     pub service: ServiceArgs,
+    #[command(flatten)]
+    pub transport: TransportArgs,
     /// Names this worker in the ledger, logs and metrics (default: worker-PID).
     #[arg(long)]
     pub worker_id: Option<String>,
@@ -86,6 +119,27 @@ pub struct WorkerArgs {
     /// Fault: milliseconds added to this worker's clock.
     #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
     pub clock_offset_ms: i64,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RelayArgs {
+    #[command(flatten)]
+    pub service: ServiceArgs,
+    #[command(flatten)]
+    pub transport: TransportArgs,
+    /// Names this relay in logs and to the broker (default: relay-PID).
+    #[arg(long)]
+    pub relay_id: Option<String>,
+    /// How long a lease hides outbox rows from another relay; rows published
+    /// and not deleted within it are published again.
+    #[arg(long, default_value_t = 5_000)]
+    pub visibility_timeout_ms: u64,
+    /// Outbox rows published at once.
+    #[arg(long, default_value_t = 500)]
+    pub batch_size_max: u32,
+    /// Serve /metrics and /healthz here.
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -160,6 +214,12 @@ pub async fn api(args: ApiArgs) -> anyhow::Result<()> {
 pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     let telemetry = logging::init("haunt-worker", args.service.log_format)?;
     let worker_id = args.worker_id.unwrap_or_else(|| format!("worker-{}", std::process::id()));
+    let broker = args.transport.broker()?;
+    anyhow::ensure!(
+        !(broker.is_some() && args.ack_in_txn),
+        "--ack-in-txn deletes from the database queue; with --transport {} the ack is the broker's",
+        args.transport.transport
+    );
     let config = haunt_worker::RunConfig {
         worker: haunt_worker::WorkerConfig {
             worker_id: worker_id.clone(),
@@ -170,6 +230,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
             concurrency: args.concurrency.max(1),
             ack: if args.ack_in_txn { haunt_store::AckMode::InApplyTxn } else { haunt_store::AckMode::Separate },
             bug: args.service.bug,
+            broker: broker.map(|url| haunt_worker::BrokerSource { spec: args.transport.transport, url }),
             ..haunt_worker::WorkerConfig::default()
         },
         faults: haunt_worker::faults::FaultSettings {
@@ -187,11 +248,37 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?),
         None => None,
     };
-    tracing::info!(%worker_id, db = %args.service.db.db, bug = ?args.service.bug, "worker ready");
+    tracing::info!(%worker_id, db = %args.service.db.db, transport = %args.transport.transport, bug = ?args.service.bug,
+        "worker ready");
     let ran = haunt_worker::run(listener, store.clone(), config, shutdown_signal()).await;
     store.close().await;
     telemetry.shutdown().await;
     Ok(ran?)
+}
+
+pub async fn relay(args: RelayArgs) -> anyhow::Result<()> {
+    let telemetry = logging::init("haunt-relay", args.service.log_format)?;
+    let Some(url) = args.transport.broker()? else {
+        anyhow::bail!("haunt relay publishes to a broker: give --transport NAME and --broker URL");
+    };
+    let relay_id = args.relay_id.unwrap_or_else(|| format!("relay-{}", std::process::id()));
+    let config = haunt_relay::RelayConfig {
+        relay_id: relay_id.clone(),
+        batch_size_max: args.batch_size_max.max(1),
+        visibility_timeout: Duration::from_millis(args.visibility_timeout_ms.max(1)),
+        bug: args.service.bug,
+        ..haunt_relay::RelayConfig::new(args.transport.transport, url)
+    };
+    let store = connect(&args.service.db, args.service.bug).await?;
+    let listener = match args.metrics_listen {
+        Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?),
+        None => None,
+    };
+    tracing::info!(%relay_id, db = %args.service.db.db, transport = %args.transport.transport, "relay ready");
+    let ran = haunt_relay::run(listener, store.clone(), config, shutdown_signal()).await;
+    store.close().await;
+    telemetry.shutdown().await;
+    ran.context("serving the relay's metrics")
 }
 
 pub async fn reconcile(args: ReconcileArgs) -> anyhow::Result<()> {

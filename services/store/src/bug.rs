@@ -28,9 +28,17 @@ pub enum Bug {
     /// Every session commits with `synchronous_commit = off` (PostgreSQL): an
     /// acknowledged order is lost in a database crash.
     AsyncCommit,
+    /// With a broker: the relay deletes outbox rows before it publishes them,
+    /// so a relay that dies in between loses them.
+    RelayMarksBeforePublish,
+    /// With a broker: the relay publishes without waiting for the broker's
+    /// confirmation, so what a broker restart drops is gone.
+    NoPublisherConfirms,
 }
 
 impl Bug {
+    /// The bug modes of the pipeline whatever its transport (the database
+    /// queue's bug matrix runs these).
     pub const ALL: [Bug; 10] = [
         Bug::NoInbox,
         Bug::InboxOutsideTxn,
@@ -44,6 +52,14 @@ impl Bug {
         Bug::AsyncCommit,
     ];
 
+    /// The bug modes of the relay, which only a broker transport has.
+    pub const RELAY: [Bug; 2] = [Bug::RelayMarksBeforePublish, Bug::NoPublisherConfirms];
+
+    /// Whether this bug mode needs a broker transport (it is in the relay).
+    pub fn needs_broker(self) -> bool {
+        Bug::RELAY.contains(&self)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Bug::NoInbox => "no-inbox",
@@ -56,6 +72,8 @@ impl Bug {
             Bug::NewEventIdOnRetry => "new-event-id-on-retry",
             Bug::DlqDrop => "dlq-drop",
             Bug::AsyncCommit => "async-commit",
+            Bug::RelayMarksBeforePublish => "relay-marks-before-publish",
+            Bug::NoPublisherConfirms => "no-publisher-confirms",
         }
     }
 }
@@ -70,8 +88,9 @@ impl FromStr for Bug {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Bug::ALL.into_iter().find(|b| b.name() == s).ok_or_else(|| {
-            let names: Vec<&str> = Bug::ALL.iter().map(|b| b.name()).collect();
+        let every = || Bug::ALL.into_iter().chain(Bug::RELAY);
+        every().find(|b| b.name() == s).ok_or_else(|| {
+            let names: Vec<&str> = every().map(|b| b.name()).collect();
             format!("unknown bug mode {s:?}; known: {}", names.join(", "))
         })
     }
@@ -83,7 +102,7 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for bug in Bug::ALL {
+        for bug in Bug::ALL.into_iter().chain(Bug::RELAY) {
             assert_eq!(bug.name().parse::<Bug>().unwrap(), bug);
         }
         assert!("no-such-bug".parse::<Bug>().unwrap_err().contains("no-inbox"));

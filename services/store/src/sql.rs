@@ -120,11 +120,12 @@ pub const PLACE_ORDER_AND_ENQUEUE_POSTGRES: &str = "WITH o AS (\
 /// snapshot was taken is neither new nor counted: the caller counts its
 /// copies in a statement of its own (a snapshot cannot see that row, though
 /// the insert's conflict does).
-pub const APPLY_BATCH_POSTGRES: &str = "WITH b AS (\
+macro_rules! apply_batch_postgres {
+    ($held:literal) => {
+        concat!(
+            "WITH b AS (\
      SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::bigint[]) \
-     WITH ORDINALITY AS u(message_id, event_id, attempt, order_id, item_id, qty, ord)), \
-     held AS (SELECT message_id FROM queue_messages WHERE message_id = ANY($2) AND lease_token = $1 FOR UPDATE), \
-     hb AS (SELECT b.* FROM b JOIN held USING (message_id)), \
+     WITH ORDINALITY AS u(message_id, event_id, attempt, order_id, item_id, qty, ord)), ", $held, "hb AS (SELECT b.* FROM b JOIN held USING (message_id)), \
      ev AS (SELECT DISTINCT ON (event_id) hb.*, COUNT(*) OVER w AS copies, MAX(attempt) OVER w AS attempt_max \
      FROM hb WINDOW w AS (PARTITION BY event_id) ORDER BY event_id, ord), \
      fresh AS (INSERT INTO inbox_processed (event_id, deliveries, duplicates, processed_at_ms) \
@@ -145,7 +146,19 @@ pub const APPLY_BATCH_POSTGRES: &str = "WITH b AS (\
      acked AS (DELETE FROM queue_messages WHERE $9 AND message_id = ANY($2) AND lease_token = $1) \
      SELECT 'h', message_id, CAST(NULL AS BIGINT) FROM held \
      UNION ALL SELECT 'f', event_id, processed_at_ms FROM fresh \
-     UNION ALL SELECT 'd', event_id, NULL FROM counted";
+     UNION ALL SELECT 'd', event_id, NULL FROM counted"
+        )
+    };
+}
+/// The apply of one lease's batch, fenced by its lease token (`$1`).
+pub const APPLY_BATCH_POSTGRES: &str = apply_batch_postgres!(
+    "held AS (SELECT message_id FROM queue_messages WHERE message_id = ANY($2) AND lease_token = $1 FOR UPDATE), "
+);
+/// [`APPLY_BATCH_POSTGRES`] for deliveries a broker made: no fence, every
+/// delivery is held (`$1` is NULL and `$9` false: there is no lease in the
+/// database and nothing to delete from it).
+pub const APPLY_DELIVERIES_POSTGRES: &str =
+    apply_batch_postgres!("held AS (SELECT DISTINCT message_id FROM b WHERE $1::text IS NULL), ");
 
 /// PostgreSQL only: the ack of a batch, its ids as one array ($2), fenced by
 /// the lease token ($1; NULL: any holder, under `no-lease-token`).

@@ -465,9 +465,39 @@ impl Store {
         };
         let token = first.lease_token.as_str();
         assert!(batch.iter().all(|(l, _)| l.lease_token == token), "a batch is one lease, with one lease token");
+        let fence = self.fences_apply().then_some(token);
+        self.apply_fenced(batch, fence, worker_id, ack).await
+    }
+
+    /// Applies deliveries a broker made: the same transaction as
+    /// [`Store::apply_batch`], without the lease fence and without an ack.
+    /// The broker holds the lease (a delivery tag, a pending entry, a
+    /// visibility timeout), so a zombie's copy reaches the inbox and is
+    /// counted there as a duplicate, not stopped at a fence. Their
+    /// `lease_token` is not read.
+    pub async fn apply_deliveries(
+        &self,
+        batch: &[(&Leased, OrderEvent)],
+        worker_id: &str,
+    ) -> Result<Vec<Applied>, StoreError> {
+        self.apply_fenced(batch, None, worker_id, AckMode::Separate).await
+    }
+
+    /// The apply, fenced by `fence`'s lease token when given.
+    async fn apply_fenced(
+        &self,
+        batch: &[(&Leased, OrderEvent)],
+        fence: Option<&str>,
+        worker_id: &str,
+        ack: AckMode,
+    ) -> Result<Vec<Applied>, StoreError> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let token = fence.unwrap_or_default();
         let deliveries: Vec<(&Leased, &OrderEvent)> = batch.iter().map(|(l, e)| (*l, e)).collect();
         if let Some(pg) = self.pg.as_ref().filter(|_| self.applies_in_one_statement()) {
-            return self.apply_in_one_statement(pg, &deliveries, token, worker_id, ack).await;
+            return self.apply_in_one_statement(pg, &deliveries, fence, worker_id, ack).await;
         }
 
         // BUG MODE inbox-outside-txn: the events are marked processed in a
@@ -481,7 +511,7 @@ impl Store {
         };
 
         let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
-        let held: HashSet<String> = if self.fences_apply() {
+        let held: HashSet<String> = if fence.is_some() {
             self.hold(&mut tx, token, &deliveries).await?
         } else {
             deliveries.iter().map(|(l, _)| l.message_id.clone()).collect()
@@ -598,13 +628,14 @@ impl Store {
         &self,
         pg: &PgPool,
         deliveries: &[(&Leased, &OrderEvent)],
-        token: &str,
+        fence: Option<&str>,
         worker_id: &str,
         ack: AckMode,
     ) -> Result<Vec<Applied>, StoreError> {
         if self.injected.roll() {
             return Err(injected());
         }
+        let statement = if fence.is_some() { sql::APPLY_BATCH_POSTGRES } else { sql::APPLY_DELIVERIES_POSTGRES };
         let n = deliveries.len();
         let (mut ids, mut events, mut attempts) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
         let (mut orders, mut items, mut qtys) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
@@ -616,8 +647,8 @@ impl Store {
             items.push(event.item_id.as_str());
             qtys.push(event.qty);
         }
-        let rows: Vec<(String, String, Option<i64>)> = sqlx::query_as(sql::APPLY_BATCH_POSTGRES)
-            .bind(token)
+        let rows: Vec<(String, String, Option<i64>)> = sqlx::query_as(statement)
+            .bind(fence)
             .bind(&ids)
             .bind(&events)
             .bind(&attempts)
@@ -862,6 +893,46 @@ impl Store {
         tx.commit().await.map_err(CommitUnknown)?;
         // Held but not parked: the inbox had its event.
         Ok(if parked { Failed::DeadLettered } else { Failed::Settled })
+    }
+
+    /// Parks a delivery a broker made (past its delivery limit, or failing
+    /// on its last): a dead-letter row of its own, since the message is in
+    /// the broker, not in `queue_messages`; or, when the inbox already holds
+    /// its event (an ack was lost), nothing, and the caller acks it. A copy
+    /// of a message already parked (the relay published it twice) parks
+    /// nothing more.
+    pub async fn dead_letter_delivery(&self, leased: &Leased, error: &str) -> Result<Failed, StoreError> {
+        if self.bug == Some(Bug::DlqDrop) {
+            // BUG MODE dlq-drop: the insert is skipped; the caller acks the message away.
+            return Ok(Failed::DeadLettered);
+        }
+        let text = format!(
+            "INSERT INTO dead_letters \
+             (message_id, event_id, payload, headers, enqueued_at_ms, delivery_count, last_error, dead_at_ms) \
+             SELECT $1, $2, $3, $4, $5, $6, $7, {} \
+             WHERE NOT EXISTS (SELECT 1 FROM inbox_processed WHERE event_id = $2) \
+             ON CONFLICT (message_id) DO NOTHING",
+            self.dialect.clock
+        );
+        let headers = serde_json::to_string(&leased.headers).expect("headers serialize");
+        sqlx::query(sqlx::AssertSqlSafe(text))
+            .bind(leased.message_id.as_str())
+            .bind(leased.event_id.as_str())
+            .bind(leased.payload.as_str())
+            .bind(headers)
+            .bind(leased.enqueued_at_ms)
+            .bind(leased.delivery_count)
+            .bind(error)
+            .execute(&self.pool)
+            .await
+            .map_err(autocommitted)?;
+        let applied: Option<i64> =
+            sqlx::query_scalar("SELECT CAST(1 AS BIGINT) FROM inbox_processed WHERE event_id = $1")
+                .bind(leased.event_id.as_str())
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(NotCommitted)?;
+        Ok(if applied.is_some() { Failed::Settled } else { Failed::DeadLettered })
     }
 
     /// Moves dead letters back to the queue (all of them, or one), visible

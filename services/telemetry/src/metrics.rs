@@ -216,3 +216,39 @@ impl Default for HarnessMetrics {
         HarnessMetrics { registry, fault_active, client_ops, client_op_duration, check_anomalies, check_valid }
     }
 }
+
+/// The relay's metrics: what it moved from the outbox to the broker.
+#[derive(Debug)]
+pub struct RelayMetrics {
+    pub registry: Registry,
+    /// Messages the broker confirmed (each publication: a message published
+    /// again after a relay crash counts again).
+    pub published: Counter,
+    /// Messages of batches the broker did not confirm: they stay in the
+    /// outbox and are published again.
+    pub publish_failures: Counter,
+    /// Outbox rows the relay leased, published and could not delete: the
+    /// next relay publishes them again.
+    pub outbox_delete_failures: Counter,
+}
+
+impl Default for RelayMetrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("haunt_relay");
+        let published = Counter::default();
+        registry.register("published", "Messages published and confirmed by the broker", published.clone());
+        let publish_failures = Counter::default();
+        registry.register(
+            "publish_failures",
+            "Messages whose publish the broker did not confirm",
+            publish_failures.clone(),
+        );
+        let outbox_delete_failures = Counter::default();
+        registry.register(
+            "outbox_delete_failures",
+            "Published messages whose outbox row could not be deleted",
+            outbox_delete_failures.clone(),
+        );
+        RelayMetrics { registry, published, publish_failures, outbox_delete_failures }
+    }
+}

@@ -299,6 +299,15 @@ pub trait Consumer: Send + fmt::Debug {
     /// a redelivery later, which the inbox absorbs.
     fn ack<'a>(&'a mut self, receipts: &'a [Receipt]) -> BoxFuture<'a, Result<(), TransportError>>;
 
+    /// Hands deliveries whose apply failed back to the broker for another
+    /// delivery. Brokers that redeliver after a visibility timeout need
+    /// nothing (the default); one that only redelivers when the channel
+    /// closes (RabbitMQ) requeues them here.
+    fn release<'a>(&'a mut self, receipts: &'a [Receipt]) -> BoxFuture<'a, Result<(), TransportError>> {
+        let _ = receipts;
+        Box::pin(async { Ok(()) })
+    }
+
     /// Whether [`Consumer::receive`] already settled what it returned (an
     /// auto-ack consumer, a fire-and-forget subscription): then a crash
     /// before the apply loses those messages, and acking is a no-op.

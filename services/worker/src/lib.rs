@@ -12,10 +12,14 @@
 //!   fault switches wired to the store, the loops, the HTTP side, the
 //!   shutdown), for `haunt worker` and for tests on `127.0.0.1:0`.
 //! - [`Worker`] and [`WorkerConfig`]: the lease/apply/ack loop and its bounds.
+//!   With a broker transport ([`WorkerConfig::broker`]) the loops consume from
+//!   the broker instead of leasing from the database queue, and ack with the
+//!   broker's ack; the apply through the inbox is the same transaction.
 //! - [`faults`]: the switches the nemesis flips at run time (ack loss, clock
 //!   offset, database errors, a stall after a lease).
 //! - [`http`]: `/metrics`, `/healthz` and the token-guarded fault endpoint.
 
+mod consume;
 pub mod faults;
 pub mod http;
 mod run;
@@ -26,6 +30,7 @@ use std::time::{Duration, Instant};
 use haunt_store::{AckMode, Applied, Backoff, Bug, Failed, LeaseClock, Leased, OrderEvent, Rng, Store, StoreError};
 use haunt_telemetry::metrics::{OutcomeLabels, TraceExemplar, WorkerMetrics};
 use haunt_telemetry::tracing_context;
+use haunt_transport::TransportSpec;
 use tokio::sync::watch;
 use tracing::Instrument;
 
@@ -52,6 +57,17 @@ pub struct WorkerConfig {
     /// ack to drop.
     pub ack: AckMode,
     pub bug: Option<Bug>,
+    /// Where messages come from: the database queue (`None`, the default) or
+    /// a broker.
+    pub broker: Option<BrokerSource>,
+}
+
+/// A broker the worker consumes from.
+#[derive(Debug, Clone)]
+pub struct BrokerSource {
+    pub spec: TransportSpec,
+    /// The broker's URL as this worker reaches it (through its fault proxy).
+    pub url: String,
 }
 
 impl Default for WorkerConfig {
@@ -72,6 +88,7 @@ impl Default for WorkerConfig {
             backoff: Backoff::default(),
             ack: AckMode::Separate,
             bug: None,
+            broker: None,
         }
     }
 }
@@ -101,7 +118,10 @@ impl Worker {
         for slot in 0..self.config.concurrency.max(1) {
             let worker = self.clone();
             let shutdown = shutdown.clone();
-            loops.spawn(async move { worker.lease_loop(slot, shutdown).await });
+            match worker.config.broker.clone() {
+                Some(broker) => loops.spawn(async move { worker.consume_loop(slot, broker, shutdown).await }),
+                None => loops.spawn(async move { worker.lease_loop(slot, shutdown).await }),
+            };
         }
         while loops.join_next().await.is_some() {}
     }
@@ -214,7 +234,8 @@ impl Worker {
         if auto_ack {
             // BUG MODE ack-before-process: auto-ack on receipt. If this worker dies
             // or fails before the effect commits, the events are gone.
-            let acks = self.acks_kept(ready.iter().map(|(l, _)| *l), &spans, rng);
+            let kept = self.kept(ready.iter().map(|(l, _)| *l).zip(&spans), rng);
+            let acks: Vec<&str> = kept.into_iter().map(|l| l.message_id.as_str()).collect();
             self.ack_all(&acks, token).await;
         }
         let outcomes = match self.store.apply_batch_with(ready, &self.config.worker_id, self.config.ack).await {
@@ -226,10 +247,33 @@ impl Worker {
                 return Err(e);
             }
         };
-        assert_eq!(outcomes.len(), ready.len(), "one outcome per delivery");
-        let mut settled = Vec::with_capacity(ready.len());
-        let mut exemplars = Vec::with_capacity(ready.len());
-        for (((leased, _), outcome), span) in ready.iter().zip(outcomes).zip(&spans) {
+        let (settled, exemplars) = self.record(ready.iter().map(|(l, _)| *l), outcomes, &spans);
+        if !auto_ack && self.config.ack == AckMode::Separate {
+            let kept = self.kept(settled.iter().map(|&i| (ready[i].0, &spans[i])), rng);
+            let acks: Vec<&str> = kept.into_iter().map(|l| l.message_id.as_str()).collect();
+            self.ack_all(&acks, token).await;
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        for exemplar in exemplars {
+            m.processing_duration.observe(elapsed, Some(exemplar), None);
+        }
+        Ok(())
+    }
+
+    /// Counts each delivery's outcome on its span and in the metrics; returns
+    /// the indices of those to ack (all but lost leases) and the exemplars.
+    fn record<'a>(
+        &self,
+        leased: impl Iterator<Item = &'a Leased>,
+        outcomes: Vec<Applied>,
+        spans: &[tracing::Span],
+    ) -> (Vec<usize>, Vec<TraceExemplar>) {
+        let m = &self.metrics;
+        let mut settled = Vec::with_capacity(spans.len());
+        let mut exemplars = Vec::with_capacity(spans.len());
+        let mut n = 0;
+        for (i, ((leased, outcome), span)) in leased.zip(outcomes).zip(spans).enumerate() {
+            n += 1;
             let exemplar = self.observe_delivery(leased, span);
             span.in_scope(|| match outcome {
                 Applied::Applied { applied_at_ms } => {
@@ -245,36 +289,23 @@ impl Worker {
                 Applied::LeaseLost => self.lease_lost(&exemplar),
             });
             if outcome != Applied::LeaseLost {
-                settled.push((*leased, span));
+                settled.push(i);
             }
             exemplars.push(exemplar);
         }
-        if !auto_ack && self.config.ack == AckMode::Separate {
-            let (leased, spans): (Vec<&Leased>, Vec<&tracing::Span>) = settled.into_iter().unzip();
-            let acks = self.acks_kept(leased.into_iter(), spans, rng);
-            self.ack_all(&acks, token).await;
-        }
-        let elapsed = started.elapsed().as_secs_f64();
-        for exemplar in exemplars {
-            m.processing_duration.observe(elapsed, Some(exemplar), None);
-        }
-        Ok(())
+        assert_eq!(n, spans.len(), "one outcome per delivery");
+        (settled, exemplars)
     }
 
-    /// The message ids to ack, less those whose ack the `ack-loss` fault drops.
-    fn acks_kept<'a, S: std::borrow::Borrow<tracing::Span>>(
-        &self,
-        leased: impl Iterator<Item = &'a Leased>,
-        spans: impl IntoIterator<Item = S>,
-        rng: &mut Rng,
-    ) -> Vec<&'a str> {
+    /// The deliveries to ack, less those whose ack the `ack-loss` fault drops.
+    fn kept<'a, T>(&self, deliveries: impl Iterator<Item = (T, &'a tracing::Span)>, rng: &mut Rng) -> Vec<T> {
         let mut acks = Vec::new();
-        for (leased, span) in leased.zip(spans) {
+        for (delivery, span) in deliveries {
             if self.faults.drop_ack(rng) {
                 self.metrics.ack_failures.inc();
-                span.borrow().in_scope(|| tracing::warn!("ack dropped (ack-loss fault): expect a redelivery"));
+                span.in_scope(|| tracing::warn!("ack dropped (ack-loss fault): expect a redelivery"));
             } else {
-                acks.push(leased.message_id.as_str());
+                acks.push(delivery);
             }
         }
         acks
@@ -304,11 +335,12 @@ impl Worker {
     /// enqueued its event.
     fn delivery_span(&self, leased: &Leased) -> tracing::Span {
         let worker_id = self.config.worker_id.as_str();
+        let system = self.config.broker.as_ref().map_or("haunt", |b| b.spec.name());
         let span = tracing::info_span!(
             "order.deliver",
             otel.kind = "consumer",
             otel.name = "orders process",
-            messaging.system = "haunt",
+            messaging.system = system,
             messaging.operation.type = "process",
             messaging.message.id = %leased.message_id,
             messaging.message.conversation_id = %leased.headers.correlation_id,

@@ -1,0 +1,225 @@
+//! The outbox relay: the hop from the database to a broker.
+//!
+//! The API writes each order and its outbox row in one transaction. The
+//! relay leases a batch of outbox rows (the same lease as a worker's on the
+//! database queue), publishes them, waits for the broker's confirmation and
+//! only then deletes them. A relay that dies between the confirmation and
+//! the delete leaves rows whose lease expires: the next relay publishes them
+//! again. That copy is expected; the inbox absorbs it. Deleting first would
+//! lose the batch instead (bug mode `relay-marks-before-publish`), and not
+//! waiting for the confirmation loses what a broker crash drops (bug mode
+//! `no-publisher-confirms`).
+//!
+//! [`run`] is a whole relay process over an open store: the loop, and
+//! `/metrics` and `/healthz` on a listener.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use haunt_store::{Bug, LeaseClock, Leased, Store};
+use haunt_telemetry::metrics::RelayMetrics;
+use haunt_transport::{Envelope, Options, Publisher, TransportSpec};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// Names the relay in logs and to the broker.
+    pub relay_id: String,
+    pub transport: TransportSpec,
+    /// The broker's URL as the relay reaches it (through its fault proxy).
+    pub url: String,
+    /// Outbox rows leased and published at once.
+    pub batch_size_max: u32,
+    /// How long a lease hides outbox rows from another relay: past it, rows
+    /// published and not deleted are published again.
+    pub visibility_timeout: Duration,
+    /// How long an idle relay waits before leasing again.
+    pub poll_interval: Duration,
+    pub bug: Option<Bug>,
+}
+
+impl RelayConfig {
+    pub fn new(transport: TransportSpec, url: String) -> RelayConfig {
+        RelayConfig {
+            relay_id: "relay".into(),
+            transport,
+            url,
+            batch_size_max: 500,
+            visibility_timeout: Duration::from_secs(5),
+            poll_interval: Duration::from_millis(20),
+            bug: None,
+        }
+    }
+}
+
+/// Runs the relay until `shutdown` completes; the batch in hand is finished
+/// first. `/metrics` and `/healthz` are served on `listener` if given.
+pub async fn run(
+    listener: Option<TcpListener>,
+    store: Store,
+    config: RelayConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let metrics = Arc::new(RelayMetrics::default());
+    let (stop, stopped) = watch::channel(false);
+    let serve = async {
+        let Some(listener) = listener else { return Ok(()) };
+        let m = metrics.clone();
+        let app =
+            axum::Router::new().route("/healthz", get(|| async { "ok\n" })).route(
+                "/metrics",
+                get(move || {
+                    let body = haunt_telemetry::metrics::encode(&m.registry);
+                    async move {
+                        ([(header::CONTENT_TYPE, haunt_telemetry::OPENMETRICS_CONTENT_TYPE)], body).into_response()
+                    }
+                }),
+            );
+        let mut until = stopped.clone();
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = until.wait_for(|s| *s).await;
+            })
+            .await
+    };
+    let signal = async move {
+        shutdown.await;
+        tracing::info!("shutting down: no new leases, finishing the batch in hand");
+        let _ = stop.send(true);
+    };
+    let relay = Relay { store, config, metrics: metrics.clone() };
+    let ((), (), served) = tokio::join!(relay.run(stopped.clone()), signal, serve);
+    served
+}
+
+#[derive(Debug)]
+struct Relay {
+    store: Store,
+    config: RelayConfig,
+    metrics: Arc<RelayMetrics>,
+}
+
+fn envelope(leased: &Leased) -> Envelope {
+    Envelope {
+        message_id: leased.message_id.clone(),
+        event_id: leased.event_id.clone(),
+        payload: leased.payload.clone(),
+        headers: serde_json::to_string(&leased.headers).expect("headers serialize"),
+        enqueued_at_ms: leased.enqueued_at_ms,
+    }
+}
+
+impl Relay {
+    async fn run(&self, shutdown: watch::Receiver<bool>) {
+        const ERROR_WAIT_MAX: Duration = Duration::from_secs(5);
+        let c = &self.config;
+        let options = Options {
+            client_id: c.relay_id.clone(),
+            visibility_timeout: c.visibility_timeout,
+            // BUG MODE no-publisher-confirms: publish and move on.
+            confirms: c.bug != Some(Bug::NoPublisherConfirms),
+        };
+        let mut publisher: Option<Box<dyn Publisher>> = None;
+        let mut error_wait = c.poll_interval;
+        while !*shutdown.borrow() {
+            let p = match &mut publisher {
+                Some(p) => p,
+                None => match self.connect(&options).await {
+                    Ok(p) => {
+                        error_wait = c.poll_interval;
+                        tracing::info!(relay_id = %c.relay_id, transport = %c.transport, "publishing");
+                        publisher.insert(p)
+                    }
+                    Err(e) => {
+                        tracing::warn!(relay_id = %c.relay_id, error = %e, "connecting to the broker failed");
+                        error_wait = (error_wait * 2).min(ERROR_WAIT_MAX);
+                        wait(error_wait, &shutdown).await;
+                        continue;
+                    }
+                },
+            };
+            let batch = match self.store.lease(c.batch_size_max, c.visibility_timeout, LeaseClock::Database).await {
+                Ok(batch) => batch,
+                Err(e) => {
+                    tracing::warn!(relay_id = %c.relay_id, error = ?e, "leasing outbox rows failed");
+                    error_wait = (error_wait * 2).min(ERROR_WAIT_MAX);
+                    wait(error_wait, &shutdown).await;
+                    continue;
+                }
+            };
+            if batch.is_empty() {
+                wait(c.poll_interval, &shutdown).await;
+                continue;
+            }
+            if let Err(e) = self.relay(p.as_mut(), &batch).await {
+                tracing::warn!(relay_id = %c.relay_id, messages = batch.len(), error = %e,
+                    "publish not confirmed; the rows stay in the outbox and are published again");
+                self.metrics.publish_failures.inc_by(batch.len() as u64);
+                publisher = None;
+                error_wait = (error_wait * 2).min(ERROR_WAIT_MAX);
+                wait(error_wait, &shutdown).await;
+            }
+        }
+    }
+
+    async fn connect(&self, options: &Options) -> Result<Box<dyn Publisher>, haunt_transport::TransportError> {
+        let c = &self.config;
+        // The queue or stream must exist before the first publish: a broker
+        // routes a message to nowhere otherwise.
+        haunt_transport::inspector(c.transport, &c.url).await?.declare().await?;
+        haunt_transport::publisher(c.transport, &c.url, options).await
+    }
+
+    /// One leased batch: published, confirmed, then deleted from the outbox.
+    async fn relay(
+        &self,
+        publisher: &mut dyn Publisher,
+        batch: &[Leased],
+    ) -> Result<(), haunt_transport::TransportError> {
+        let token = batch[0].lease_token.as_str();
+        let ids: Vec<&str> = batch.iter().map(|l| l.message_id.as_str()).collect();
+        let envelopes: Vec<Envelope> = batch.iter().map(envelope).collect();
+        if self.config.bug == Some(Bug::RelayMarksBeforePublish) {
+            // BUG MODE relay-marks-before-publish: the rows are gone before the
+            // broker has the messages; a relay that dies here loses them.
+            self.delete(&ids, token).await;
+            publisher.publish(&envelopes).await?;
+        } else {
+            publisher.publish(&envelopes).await?;
+            self.delete(&ids, token).await;
+        }
+        self.metrics.published.inc_by(batch.len() as u64);
+        tracing::debug!(relay_id = %self.config.relay_id, messages = batch.len(), "published");
+        Ok(())
+    }
+
+    /// Deletes relayed rows; a row that could not be deleted is published
+    /// again once its lease expires.
+    async fn delete(&self, ids: &[&str], token: &str) {
+        match self.store.ack_batch(ids, token).await {
+            Ok(deleted) if deleted < ids.len() as u64 => {
+                let left = ids.len() as u64 - deleted;
+                self.metrics.outbox_delete_failures.inc_by(left);
+                tracing::warn!(left, "outbox rows' lease expired before the delete: they are published again");
+            }
+            Ok(_) => {}
+            Err(e) => {
+                self.metrics.outbox_delete_failures.inc_by(ids.len() as u64);
+                tracing::warn!(error = ?e, "deleting published outbox rows failed: they are published again");
+            }
+        }
+    }
+}
+
+async fn wait(how_long: Duration, shutdown: &watch::Receiver<bool>) {
+    let mut shutdown = shutdown.clone();
+    tokio::select! {
+        _ = tokio::time::sleep(how_long) => {}
+        _ = shutdown.changed() => {}
+    }
+}
