@@ -54,7 +54,8 @@ pub struct RunArgs {
     /// Faults, comma-separated: kill, pause, partition, delay, ack-loss,
     /// clock-skew, db-error, stall (a worker stalls past its lease right after
     /// leasing), db-restart (needs --pg-data or --backend docker), loss
-    /// (--backend docker); or all, or none. Default: the first seven; with
+    /// (--backend docker), broker-restart (needs --transport); or all, or
+    /// none. Default: the first seven, and broker-restart with a broker; with
     /// --system, all that the file allows.
     #[arg(long)]
     pub nemesis: Option<String>,
@@ -108,6 +109,14 @@ pub struct RunArgs {
     /// Run the services with a known mistake switched on (see `haunt api --help`).
     #[arg(long, value_name = "NAME")]
     pub bug: Option<Bug>,
+    /// Where messages travel: db (the database queue, the default), or a
+    /// broker the run starts as a local process, with a relay publishing the
+    /// outbox to it: rabbitmq[:manual-ack|auto-ack], redis-streams,
+    /// redis-pubsub, nats[:jetstream|core], mqtt[:qos0|qos1|qos2],
+    /// sqs[:standard|fifo]. A name alone takes its at-least-once mode. The
+    /// broker, its links and the relay take faults too (see --nemesis).
+    #[arg(long, value_name = "NAME[:MODE]", default_value = "db")]
+    pub transport: haunt_transport::TransportSpec,
     /// Client request timeout; a request without an answer by then is indeterminate.
     #[arg(long, default_value_t = 2_000)]
     pub request_timeout_ms: u64,
@@ -170,6 +179,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         metrics_linger: Duration::from_secs(args.metrics_linger_s),
         prometheus_sd: args.prometheus_sd,
         bug: args.bug,
+        transport: args.transport,
         quiet: args.quiet,
         request_timeout: Duration::from_millis(args.request_timeout_ms),
         items: args.items,

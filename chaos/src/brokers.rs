@@ -34,6 +34,11 @@ impl Broker {
     pub const ALL: [Broker; 6] =
         [Broker::RabbitMq, Broker::Redis, Broker::Nats, Broker::Mosquitto, Broker::Moto, Broker::Tansu];
 
+    /// The broker named `name` (as [`Broker::name`] spells it).
+    pub fn from_name(name: &str) -> Option<Broker> {
+        Broker::ALL.into_iter().find(|b| b.name() == name)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Broker::RabbitMq => "rabbitmq",

@@ -35,11 +35,14 @@ pub enum Fault {
     DbRestart,
     /// Links lose one packet in four (iptables in containers).
     Loss,
+    /// Crash the broker (SIGKILL), later start it again: what it confirmed
+    /// must survive.
+    BrokerRestart,
 }
 
 impl Fault {
     /// Every kind, in the order `--help` and `all` list them.
-    pub const ALL: [Fault; 10] = [
+    pub const ALL: [Fault; 11] = [
         Fault::Kill,
         Fault::Pause,
         Fault::Partition,
@@ -50,6 +53,7 @@ impl Fault {
         Fault::Stall,
         Fault::DbRestart,
         Fault::Loss,
+        Fault::BrokerRestart,
     ];
 
     /// Its name in `--nemesis`, in the history's fault windows and in `run.json`.
@@ -65,6 +69,7 @@ impl Fault {
             Fault::Stall => "stall",
             Fault::DbRestart => "db-restart",
             Fault::Loss => "loss",
+            Fault::BrokerRestart => "broker-restart",
         }
     }
 
@@ -156,6 +161,11 @@ impl Fault {
                 );
                 Box::new(KillNemesis::named("db-restart", on.backend.clone(), db))
             }
+            Fault::BrokerRestart => {
+                let broker = on.nodes_for(Fault::BrokerRestart);
+                anyhow::ensure!(!broker.is_empty(), "--nemesis broker-restart needs a broker: --transport NAME");
+                Box::new(KillNemesis::named("broker-restart", on.backend.clone(), broker))
+            }
         };
         assert_eq!(nemesis.name(), self.name(), "a fault builds its own nemesis");
         assert_eq!(
@@ -197,13 +207,15 @@ pub fn build_all(faults: &[Fault], on: &Surfaces, settings: &FaultSettings) -> a
     faults.iter().map(|f| f.build(on, settings)).collect()
 }
 
-/// The kinds `all` means where the database is a node ([`Fault::DbRestart`])
-/// and links can lose packets ([`Fault::Loss`]) or not.
-pub fn all_possible(db_node: bool, lossy_links: bool) -> Vec<Fault> {
+/// The kinds `all` means where the database is a node ([`Fault::DbRestart`]),
+/// links can lose packets ([`Fault::Loss`]) and a broker runs
+/// ([`Fault::BrokerRestart`]), or not.
+pub fn all_possible(db_node: bool, lossy_links: bool, broker: bool) -> Vec<Fault> {
     Fault::ALL
         .into_iter()
         .filter(|f| *f != Fault::DbRestart || db_node)
         .filter(|f| *f != Fault::Loss || lossy_links)
+        .filter(|f| *f != Fault::BrokerRestart || broker)
         .collect()
 }
 
@@ -221,14 +233,17 @@ mod tests {
 
     #[test]
     fn lists() {
-        let all = all_possible(false, false);
+        let all = all_possible(false, false, false);
         assert_eq!(Fault::parse_list("none", &all).unwrap(), vec![]);
         assert_eq!(Fault::parse_list("kill, pause", &all).unwrap(), vec![Fault::Kill, Fault::Pause]);
         assert!(!Fault::parse_list("all", &all).unwrap().contains(&Fault::DbRestart));
-        assert!(Fault::parse_list("all", &all_possible(true, false)).unwrap().contains(&Fault::DbRestart));
+        assert!(Fault::parse_list("all", &all_possible(true, false, false)).unwrap().contains(&Fault::DbRestart));
+        assert!(
+            !all.contains(&Fault::BrokerRestart) && all_possible(false, false, true).contains(&Fault::BrokerRestart)
+        );
         assert!(Fault::parse_list("kil", &all).unwrap_err().to_string().contains("kill"));
         // all: the seven defaults and stall (db-restart and loss need more).
         assert_eq!(Fault::parse_list("kill,pause,kill,all", &all).unwrap().len(), 8, "each kind once");
-        assert_eq!(all_possible(true, true).len(), Fault::ALL.len());
+        assert_eq!(all_possible(true, true, true).len(), Fault::ALL.len());
     }
 }

@@ -236,3 +236,8 @@ pub fn worker_node(i: usize) -> Node {
 pub fn api_node() -> Node {
     Node { name: "api".into(), role: Role::Api }
 }
+
+/// The outbox relay of a broker transport.
+pub fn relay_node() -> Node {
+    Node { name: "relay".into(), role: Role::Relay }
+}

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use haunt_store::Bug;
+use haunt_transport::TransportSpec;
 use serde::Serialize;
 
 use crate::fault::{Fault, FaultSettings};
@@ -91,6 +92,10 @@ pub struct RunOptions {
     pub prometheus_sd: Option<PathBuf>,
     #[serde(serialize_with = "bug_name")]
     pub bug: Option<Bug>,
+    /// Where messages travel from the API to the workers: the database queue,
+    /// or a broker that the run starts, with a relay in front of it.
+    #[serde(serialize_with = "spelled")]
+    pub transport: TransportSpec,
     pub quiet: bool,
     pub request_timeout: Duration,
     pub items: usize,
@@ -100,6 +105,10 @@ pub struct RunOptions {
     /// The executable that runs the services (the current `haunt`).
     pub exe: PathBuf,
     pub git_revision: String,
+}
+
+fn spelled<S: serde::Serializer>(transport: &TransportSpec, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(transport)
 }
 
 fn bug_name<S: serde::Serializer>(bug: &Option<Bug>, s: S) -> Result<S::Ok, S::Error> {
@@ -154,6 +163,7 @@ impl Default for RunOptions {
             metrics_linger: Duration::ZERO,
             prometheus_sd: None,
             bug: None,
+            transport: TransportSpec::default(),
             quiet: false,
             request_timeout: Duration::from_secs(2),
             items: 5,
@@ -194,7 +204,11 @@ impl RunOptions {
             Some(path) => crate::system_file::spec::load(path)
                 .map(|spec| crate::system_file::faults_allowed(&spec))
                 .unwrap_or_default(),
-            None => crate::fault::all_possible(self.db_is_node(), self.backend == BackendKind::Docker),
+            None => crate::fault::all_possible(
+                self.db_is_node(),
+                self.backend == BackendKind::Docker,
+                self.transport.is_broker(),
+            ),
         }
     }
 
@@ -233,9 +247,13 @@ impl RunOptions {
         Ok(())
     }
 
+    /// With a broker transport the broker takes faults too: its restart,
+    /// and its links (relay<->broker, worker-N<->broker) join the links a
+    /// partition picks from.
     pub fn default_faults(&self) -> Vec<Fault> {
         match &self.system {
             Some(_) => self.all_faults(),
+            None if self.transport.is_broker() => [&DEFAULT_FAULTS[..], &[Fault::BrokerRestart]].concat(),
             None => DEFAULT_FAULTS.to_vec(),
         }
     }
@@ -276,6 +294,24 @@ impl RunOptions {
             self.check_system(&crate::system_file::spec::load(path)?)?;
         }
         let docker = self.backend == BackendKind::Docker;
+        let broker = self.transport.is_broker();
+        anyhow::ensure!(
+            !broker || (self.system.is_none() && !docker),
+            "--transport {} runs the broker as a local process: leave out --system and --backend docker",
+            self.transport
+        );
+        anyhow::ensure!(
+            !broker || !self.ack_in_txn,
+            "--ack-in-txn deletes from the database queue; with --transport {} the ack is the broker's",
+            self.transport
+        );
+        if let Some(bug) = self.bug.filter(|b| b.needs_broker() && !broker) {
+            anyhow::bail!("--bug {bug} is a bug of the relay, which only a broker transport has: add --transport NAME");
+        }
+        anyhow::ensure!(
+            broker || !self.faults.contains(&Fault::BrokerRestart),
+            "--nemesis broker-restart needs a broker: --transport NAME"
+        );
         anyhow::ensure!(
             !docker || (self.db.is_none() && self.pg_data.is_none()),
             "--backend docker runs its own PostgreSQL container; leave out --db and --pg-data"

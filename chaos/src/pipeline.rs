@@ -1,9 +1,11 @@
 //! The reference pipeline as a [`System`]: the API and the workers over
 //! SQLite or PostgreSQL, as child processes (the local backend) or as
 //! containers on a private network with a PostgreSQL container of their own
-//! (the Docker backend). Everything about how it is laid out lives here: the
-//! ports, the fault proxies in front of the API and the database, the
-//! services' arguments, the admin token of their fault switches.
+//! (the Docker backend). With a broker transport (local only), the broker
+//! runs as a node of its own and a relay publishes the outbox to it.
+//! Everything about how it is laid out lives here: the ports, the fault
+//! proxies in front of the API, the database and the broker, the services'
+//! arguments, the admin token of their fault switches.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -13,8 +15,12 @@ use std::time::Duration;
 use anyhow::Context;
 use haunt_store::{Rng, Store, StoreOptions};
 
+use haunt_format::{FinalLine, Pending};
+use haunt_transport::{Depth, TransportSpec};
+
+use crate::brokers::{Broker, BrokerNode};
 use crate::docker::{ContainerSpec, DockerBackend, IptablesLink, Peer, postgres_node};
-use crate::local::{LocalBackend, NodeSpec, api_node, worker_node};
+use crate::local::{LocalBackend, NodeSpec, api_node, relay_node, worker_node};
 use crate::nemesis::{Admin, SharedLink};
 use crate::options::{BackendKind, RunOptions};
 use crate::postgres::PgServer;
@@ -36,6 +42,24 @@ pub struct Pipeline {
     client: Arc<HttpClient>,
     /// Each service and the base URL of its metrics (the API's is its own).
     endpoints: Vec<(Node, String)>,
+    /// The broker of a broker transport, as the harness reaches it.
+    broker: Option<BrokerSide>,
+}
+
+/// The broker of a run, seen from the harness (directly, not through the
+/// fault proxies its clients go through).
+#[derive(Debug)]
+struct BrokerSide {
+    transport: TransportSpec,
+    laid: BrokerNode,
+    url: String,
+}
+
+impl BrokerSide {
+    async fn depth(&self) -> anyhow::Result<Depth> {
+        let inspector = haunt_transport::inspector(self.transport, &self.url).await?;
+        Ok(inspector.depth().await?)
+    }
 }
 
 /// What is checked before the run directory exists, so that a refused run
@@ -93,6 +117,19 @@ impl System for Pipeline {
 
     fn ready(&self) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(async move {
+            if let Some(broker) = &self.broker {
+                let laid = &broker.laid;
+                let backend = &self.surfaces.backend;
+                laid.ready.wait(laid.broker.start_limit(), || backend.is_running(&laid.spec.node)).await.map_err(
+                    |last| {
+                        anyhow::anyhow!(
+                            "the {} broker did not answer within {:?} (last: {last}; its log is logs/broker.log)",
+                            laid.broker.name(),
+                            laid.broker.start_limit()
+                        )
+                    },
+                )?;
+            }
             // A cold start compiles nothing but opens the database and
             // migrates; 30 s covers a slow disk.
             for (node, url) in &self.endpoints {
@@ -109,15 +146,49 @@ impl System for Pipeline {
         })
     }
 
+    /// Quiet: the queue (with a broker, the outbox) is empty, and so is
+    /// the broker: nothing ready, nothing delivered and not acked.
     fn is_quiet(&self) -> BoxFuture<'_, anyhow::Result<bool>> {
         Box::pin(async move {
             let s = self.store.queue_stats().await?;
-            Ok(s.visible + s.leased + s.delayed == 0)
+            if s.visible + s.leased + s.delayed > 0 {
+                return Ok(false);
+            }
+            match &self.broker {
+                Some(broker) => Ok(broker.depth().await?.is_empty()),
+                None => Ok(true),
+            }
         })
     }
 
+    /// The database's final state, and what the broker still holds as
+    /// `pending` lines. A broker that can only count what it holds makes
+    /// that count an error here when it is not zero: the run is then
+    /// `unknown` rather than judged on a final state missing messages.
     fn read_final_state<'a>(&'a self, sink: &'a mut FinalSink<'_>) -> BoxFuture<'a, anyhow::Result<()>> {
-        Box::pin(async move { self.store.final_state(sink).await.context("reading the final state") })
+        Box::pin(async move {
+            self.store.final_state(&mut *sink).await.context("reading the final state")?;
+            let Some(broker) = &self.broker else { return Ok(()) };
+            match broker.depth().await.context("reading what the broker still holds")? {
+                Depth::Listed(held) => {
+                    for h in held {
+                        let delivery_count = u32::try_from(h.delivery_count).unwrap_or(0);
+                        sink(FinalLine::Pending(Pending {
+                            message_id: h.message_id,
+                            event_id: h.event_id,
+                            delivery_count,
+                        }))?;
+                    }
+                    Ok(())
+                }
+                Depth::Counted(0) => Ok(()),
+                Depth::Counted(n) => anyhow::bail!(
+                    "the {} broker still holds {n} messages and cannot list them by id: the final state would miss \
+                     them, so the run cannot be judged (give it a longer --quiesce-timeout-s)",
+                    broker.laid.broker.name()
+                ),
+            }
+        })
     }
 
     fn metrics(&self) -> Vec<(Node, String)> {
@@ -135,11 +206,14 @@ impl System for Pipeline {
 
 /// The fault switches of the API and the workers, behind `token`.
 fn switches(token: &str, endpoints: &[(Node, String)]) -> anyhow::Result<Switches> {
+    use crate::roles::Role;
     let named = |e: &[(Node, String)]| e.iter().map(|(n, url)| (n.name.clone(), url.clone())).collect();
-    let workers: Vec<_> = endpoints.iter().filter(|(n, _)| n.role == crate::roles::Role::Worker).cloned().collect();
+    let workers: Vec<_> = endpoints.iter().filter(|(n, _)| n.role == Role::Worker).cloned().collect();
+    // The relay has no fault switches of its own.
+    let services: Vec<_> = endpoints.iter().filter(|(n, _)| n.role != Role::Relay).cloned().collect();
     Ok(Switches {
         workers: Admin::new(token.to_owned(), named(&workers))?,
-        services: Admin::new(token.to_owned(), named(endpoints))?,
+        services: Admin::new(token.to_owned(), named(&services))?,
     })
 }
 
@@ -206,7 +280,11 @@ async fn local_pipeline(
     token: &str,
 ) -> anyhow::Result<Pipeline> {
     let db = db.as_str();
+    let transport = options.transport;
     let mut names = vec![api_node().name];
+    if transport.is_broker() {
+        names.push(relay_node().name);
+    }
     names.extend((1..=options.workers).map(|i| worker_node(i).name));
     let proxies = db_proxies(db, &names).await?;
     let db_for = |name: &str| -> String {
@@ -220,12 +298,49 @@ async fn local_pipeline(
     let api_args = vec!["api".into(), "--db".into(), db_for("api"), "--listen".into(), api_addr.to_string()];
     let mut specs = vec![NodeSpec::args(api_node(), [api_args, bug.clone()].concat())];
     let mut endpoints = vec![(api_node(), format!("http://{api_addr}"))];
+    // The broker first, so that it is up by the time its clients connect;
+    // each client reaches it through a fault proxy of its own.
+    let mut broker = None;
+    let mut broker_proxies: Vec<(String, Arc<FaultProxy>)> = Vec::new();
+    if let Some(server) = transport.server() {
+        let server = Broker::from_name(server).with_context(|| format!("no broker server for {transport}"))?;
+        let (port, http_port) = crate::brokers::free_ports()?;
+        let laid = server.layout(port, http_port, &run_dir.join("broker"))?;
+        specs.insert(0, laid.spec.clone());
+        for name in names.iter().filter(|n| **n != api_node().name) {
+            broker_proxies.push((format!("{name}<->broker"), Arc::new(FaultProxy::start(laid.addr).await?)));
+        }
+        broker = Some(BrokerSide { transport, url: haunt_transport::local_url(transport, laid.addr), laid });
+    }
+    let broker_for = |name: &str| -> Vec<String> {
+        let link = format!("{name}<->broker");
+        match broker_proxies.iter().find(|(l, _)| *l == link) {
+            Some((_, proxy)) => vec![
+                "--transport".into(),
+                transport.to_string(),
+                "--broker".into(),
+                haunt_transport::local_url(transport, proxy.addr()),
+            ],
+            None => Vec::new(),
+        }
+    };
+    if transport.is_broker() {
+        let node = relay_node();
+        let (metrics, held) = reserve_port()?;
+        reserved.push(held);
+        endpoints.push((node.clone(), format!("http://{metrics}")));
+        let mut args = vec!["relay".into(), "--db".into(), db_for(&node.name), "--relay-id".into(), node.name.clone()];
+        args.extend(["--metrics-listen".into(), metrics.to_string()]);
+        args.extend(broker_for(&node.name));
+        specs.push(NodeSpec::args(node, [args, bug.clone()].concat()));
+    }
     for i in 1..=options.workers {
         let node = worker_node(i);
         let (metrics, held) = reserve_port()?;
         reserved.push(held);
         endpoints.push((node.clone(), format!("http://{metrics}")));
-        let args = worker_args(options, &db_for(&node.name), &node, &metrics.to_string());
+        let mut args = worker_args(options, &db_for(&node.name), &node, &metrics.to_string());
+        args.extend(broker_for(&node.name));
         specs.push(NodeSpec::args(node, args));
     }
     let env = vec![("HAUNT_ADMIN_TOKEN".to_owned(), token.to_owned()), ("NO_COLOR".to_owned(), "1".to_owned())];
@@ -239,6 +354,7 @@ async fn local_pipeline(
     drop(reserved);
     let mut all: Vec<(String, Arc<FaultProxy>)> = vec![("client<->api".into(), client_proxy.clone())];
     all.extend(proxies.into_iter().map(|(link, proxy, _)| (link, proxy)));
+    all.extend(broker_proxies);
     let surfaces = Surfaces {
         node_faults: crate::system::by_role(&backend.nodes()),
         backend,
@@ -248,7 +364,7 @@ async fn local_pipeline(
         switches: Some(switches(token, &endpoints)?),
     };
     let client = Arc::new(HttpClient::new(&format!("http://{}", client_proxy.addr()), options.request_timeout)?);
-    Ok(Pipeline { surfaces, store, db: db.to_owned(), client, endpoints })
+    Ok(Pipeline { surfaces, store, db: db.to_owned(), client, endpoints, broker })
 }
 
 /// The arguments every worker gets, wherever it runs.
@@ -362,7 +478,7 @@ async fn docker_pipeline(options: &RunOptions, run_id: &str, token: &str) -> any
         switches: Some(switches(token, &endpoints)?),
     };
     let client = Arc::new(HttpClient::new(&format!("http://{}", client_proxy.addr()), options.request_timeout)?);
-    Ok(Pipeline { surfaces, store, db, client, endpoints })
+    Ok(Pipeline { surfaces, store, db, client, endpoints, broker: None })
 }
 
 /// Opens (and migrates) the run's database, which must be empty: the checker

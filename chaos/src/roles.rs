@@ -57,6 +57,8 @@ pub enum Role {
     Service,
     /// A message broker (`brokers.rs`), which `broker-restart` kills.
     Broker,
+    /// The outbox relay in front of a broker.
+    Relay,
 }
 
 /// The nodes of a cluster, and what can be done to them. Object-safe: a run

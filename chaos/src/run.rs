@@ -80,6 +80,10 @@ pub async fn run(options: RunOptions, abort: Arc<AtomicBool>) -> anyhow::Result<
     let started_at_ms = now_ms();
     let prepared = Pipeline::prepare(&options).await?;
     let mut name = format!("{}-{}", options.backend.name(), options.db_kind().name());
+    if options.transport.is_broker() {
+        // `rabbitmq:auto-ack` as `rabbitmq-auto-ack`: a path without a colon.
+        name = format!("{name}-{}", options.transport.to_string().replace(':', "-"));
+    }
     if let Some(bug) = options.bug {
         name = format!("{name}-{}", bug.name());
     }
@@ -116,6 +120,7 @@ pub async fn execute(
         seed: options.seed,
         backend: options.backend.name(),
         db: system.database(),
+        transport: options.transport.to_string(),
         options: options.clone(),
         started_at_ms,
         ended_at_ms: None,
@@ -138,10 +143,10 @@ pub async fn execute(
 
     let driven = drive(options, system.as_ref(), client, &nemeses, &run_dir, abort, &metrics).await;
     // Whatever happened above, every fault is healed and no service is left
-    // running; the database stays up for the final state.
+    // running; the database and the broker stay up for the final state.
     drop(nemeses);
     let backend = system.surfaces().backend.clone();
-    for node in backend.nodes().into_iter().filter(|n| n.role != Role::Database) {
+    for node in backend.nodes().into_iter().filter(|n| !matches!(n.role, Role::Database | Role::Broker)) {
         if let Err(e) = backend.stop(&node).await {
             tracing::warn!(node = %node.name, error = ?e, "stopping");
         }

@@ -16,6 +16,9 @@ pub struct RunFile {
     pub seed: u64,
     pub backend: &'static str,
     pub db: String,
+    /// Where messages travelled: `db` (the database queue) or a broker
+    /// transport as `--transport` spells it.
+    pub transport: String,
     pub options: RunOptions,
     pub started_at_ms: i64,
     pub ended_at_ms: Option<i64>,

@@ -13,4 +13,5 @@ mod source;
 mod store_boundary;
 mod system;
 mod traces;
+mod transport;
 mod tutorial;

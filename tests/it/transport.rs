@@ -1,0 +1,132 @@
+//! `haunt run --transport`: the pipeline over a real broker the run starts,
+//! with the relay between the outbox and the broker, under faults that reach
+//! the broker too.
+//!
+//! For each transport's at-least-once mode: a short run under a consumer
+//! kill, a broker restart, a consumer<->broker partition and ack loss is
+//! valid, every one of those faults fired, and redeliveries were recorded;
+//! without the inbox, lost acks are caught as `double-applied`. An
+//! at-most-once mode loses effects when its only consumer dies, and the
+//! checker says `lost-effect`.
+//!
+//! They need the broker servers `scripts/brokers` installs; without one the
+//! run fails naming it, unless `HAUNT_SKIP_BROKERS=1` says to skip these,
+//! and then each skip is printed.
+
+use std::path::Path;
+use std::process::Output;
+
+use serde_json::Value;
+
+use crate::run::{haunt_run, latest, read_json};
+
+fn skipped(transport: &str) -> bool {
+    if std::env::var("HAUNT_SKIP_BROKERS").as_deref() == Ok("1") {
+        eprintln!("SKIPPED: haunt run --transport {transport} (HAUNT_SKIP_BROKERS=1)");
+        return true;
+    }
+    false
+}
+
+fn run(store: &Path, transport: &str, args: &[&str]) -> (Output, Value, Value) {
+    let out =
+        haunt_run(store, &[&["--transport", transport, "--quiet", "--seed", "7"], args].concat()).output().unwrap();
+    let dir = latest(store);
+    let results = if dir.join("results.json").exists() { read_json(&dir.join("results.json")) } else { Value::Null };
+    (out, results, read_json(&dir.join("run.json")))
+}
+
+fn why(out: &Output, results: &Value) -> String {
+    format!("{}\n{}\n{results}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// A consumer kill, a broker restart, a consumer<->broker partition and ack
+/// loss: valid, each fault fired, redeliveries recorded and absorbed.
+fn at_least_once_is_valid_under_broker_faults(transport: &str) {
+    if skipped(transport) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, results, run) = run(
+        tmp.path(),
+        transport,
+        &[
+            "--time-limit-s",
+            "16",
+            "--nemesis",
+            "kill,broker-restart,partition,ack-loss",
+            "--nemesis-interval-s",
+            "1.5",
+            "--visibility-timeout-ms",
+            "1000",
+            // The kill takes a worker, the partition its link to the broker.
+            "--fault-targets",
+            "worker-1,worker-1<->broker",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", why(&out, &results));
+    assert_eq!(run["transport"], transport, "run.json names the transport");
+    let fired = &run["faults_fired"];
+    for fault in ["kill", "broker-restart", "partition", "ack-loss"] {
+        assert!(fired[fault].as_u64().unwrap_or(0) >= 1, "{fault} never fired: {run}");
+    }
+    let delivery = &results["delivery"];
+    assert!(delivery["redeliveries"].as_u64().unwrap() > 0, "no redelivery recorded: {delivery}");
+    assert!(delivery["duplicates_absorbed"].as_u64().unwrap() > 0, "no duplicate absorbed: {delivery}");
+    assert!(results["counts"]["acknowledged"].as_u64().unwrap() > 100, "{results}");
+}
+
+/// Without the inbox, an ack the ack-loss fault drops is a second application.
+fn no_inbox_is_caught_as_double_applied(transport: &str) {
+    if skipped(transport) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let args = ["--time-limit-s", "8", "--nemesis", "ack-loss", "--nemesis-interval-s", "1"];
+    let (out, results, _) =
+        run(tmp.path(), transport, &[&args[..], &["--visibility-timeout-ms", "800", "--bug", "no-inbox"]].concat());
+    assert_eq!(out.status.code(), Some(1), "{}", why(&out, &results));
+    assert!(results["anomalies"]["double-applied"]["count"].as_u64().unwrap() > 0, "{results}");
+}
+
+/// The only consumer killed: what was settled on receipt, or published while
+/// nobody listened, is gone.
+fn at_most_once_loses_under_a_consumer_kill(transport: &str) {
+    if skipped(transport) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let args = ["--time-limit-s", "10", "--nemesis", "kill", "--nemesis-interval-s", "1", "--workers", "1"];
+    let (out, results, _) = run(tmp.path(), transport, &[&args[..], &["--fault-targets", "worker-1"]].concat());
+    assert_eq!(out.status.code(), Some(1), "{}", why(&out, &results));
+    assert!(results["anomalies"]["lost-effect"]["count"].as_u64().unwrap() > 0, "{results}");
+}
+
+#[test]
+fn redis_streams_is_valid_under_broker_faults() {
+    at_least_once_is_valid_under_broker_faults("redis-streams");
+}
+
+#[test]
+fn redis_streams_without_an_inbox_double_applies() {
+    no_inbox_is_caught_as_double_applied("redis-streams");
+}
+
+#[test]
+fn redis_pubsub_loses_under_a_consumer_kill() {
+    at_most_once_loses_under_a_consumer_kill("redis-pubsub");
+}
+
+#[test]
+fn a_transport_that_does_not_exist_or_a_relay_bug_without_a_broker_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = haunt_run(tmp.path(), &["--transport", "kafkaesque"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("unknown transport") && stderr.contains("redis-streams"), "{stderr}");
+    let out = haunt_run(tmp.path(), &["--bug", "relay-marks-before-publish", "--time-limit-s", "5"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("--transport"), "{stderr}");
+    assert!(std::fs::read_dir(tmp.path()).unwrap().next().is_none(), "a refused run creates nothing");
+}
