@@ -281,11 +281,13 @@ async fn read_final_state(system: &dyn System, run_dir: &Path, quiet: bool, reco
     let file = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
     let mut writer = JsonlWriter::new(std::io::BufWriter::new(file));
     system.read_final_state(&mut |line| writer.write(&line)).await?;
+    let unlisted = system.unlisted().await?;
     let meta = Meta {
         quiesced: quiet,
         read_at_ns: recorder.elapsed_ns(),
         run_started_at_ms: recorder.started_at_ms(),
         ledger: (!system.has_ledger()).then_some(false),
+        unlisted: (unlisted > 0).then_some(unlisted),
     };
     writer.write(&FinalLine::Meta(meta))?;
     writer.flush()?;

@@ -120,7 +120,13 @@ pub fn write_run(dir: &Path, ops: u64, clients: u64, seed: u64) -> std::io::Resu
     for (item_id, reserved_qty) in projection {
         fin.write(&FinalLine::Projection(ProjectionRow { item_id, reserved_qty }))?;
     }
-    fin.write(&FinalLine::Meta(Meta { quiesced: true, read_at_ns: u64::MAX / 2, run_started_at_ms: 0, ledger: None }))?;
+    fin.write(&FinalLine::Meta(Meta {
+        quiesced: true,
+        read_at_ns: u64::MAX / 2,
+        run_started_at_ms: 0,
+        ledger: None,
+        unlisted: None,
+    }))?;
     history.flush()?;
     fin.flush()?;
     Ok(out)

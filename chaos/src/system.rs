@@ -93,6 +93,12 @@ pub trait System: Send + Sync + std::fmt::Debug {
     /// Reads the final state, every line into `sink`, the `meta` line excepted
     /// (the run writes that).
     fn read_final_state<'a>(&'a self, sink: &'a mut FinalSink<'_>) -> BoxFuture<'a, anyhow::Result<()>>;
+    /// How many messages the system still holds that its final state could
+    /// not name (a broker that only counts): the meta line's `unlisted`.
+    /// Read after [`System::read_final_state`].
+    fn unlisted(&self) -> BoxFuture<'_, anyhow::Result<u64>> {
+        Box::pin(async { Ok(0) })
+    }
     /// Whether the final state holds a ledger of applications (`applied`
     /// lines); without one the checker judges from the projection alone.
     fn has_ledger(&self) -> bool {

@@ -699,6 +699,7 @@ impl Fold {
                     read_at_ns: l.read_at_ns.unwrap_or_default(),
                     run_started_at_ms: l.run_started_at_ms.unwrap_or_default(),
                     ledger: l.ledger,
+                    unlisted: l.unlisted,
                 })
             }
             _ => unreachable!("FinalRef::check accepts only the known kinds"),

@@ -81,6 +81,13 @@ pub struct Meta {
     /// projection alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ledger: Option<bool>,
+    /// Messages the system still held at the read but could not name (a
+    /// broker that only counts what it holds). Absent means none. While it
+    /// is above 0, the rules that need every held message named
+    /// (`lost-effect`, `projection-mismatch`) are not evaluated and the
+    /// verdict is at best unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unlisted: Option<u64>,
 }
 
 #[cfg(test)]
@@ -139,6 +146,9 @@ pub struct FinalRef<'a> {
     /// On the `meta` line, optional: `false` when the system keeps no ledger.
     #[serde(default)]
     pub ledger: Option<bool>,
+    /// On the `meta` line, optional: messages held but not named.
+    #[serde(default)]
+    pub unlisted: Option<u64>,
     /// On `order` lines, optional: how many times the queue handed the order's
     /// event to a worker (0 if never).
     #[serde(default)]

@@ -220,6 +220,7 @@ fn build(mut plans: Vec<Plan>, clients: usize, schedule: Vec<usize>) -> Run {
         read_at_ns: time_ns + 1,
         run_started_at_ms: 0,
         ledger: None,
+        unlisted: None,
     }));
     Run { history, final_state, acknowledged, failed, applied }
 }
