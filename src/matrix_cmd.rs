@@ -39,6 +39,13 @@ pub struct MatrixArgs {
     /// seed after seed; every run must be valid. `--only` then names faults.
     #[arg(long, value_name = "FILE")]
     pub system: Option<PathBuf>,
+    /// A broker transport (as `haunt run --transport` spells it): instead of
+    /// the database queue's rows, the pipeline over that broker, the bug
+    /// modes of a consumer and a relay each under the fault that exposes it,
+    /// and the correct build under the broker's faults; for an at-most-once
+    /// mode, its claim: with its only consumer killed, it loses.
+    #[arg(long, value_name = "NAME[:MODE]")]
+    pub transport: Option<haunt_transport::TransportSpec>,
 }
 
 impl MatrixArgs {
@@ -53,6 +60,7 @@ impl MatrixArgs {
             only: self.only,
             backends: self.backends,
             system: self.system,
+            transport: self.transport,
         }
     }
 }

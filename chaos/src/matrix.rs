@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use haunt_checker::{Results, Verdict};
 use haunt_store::Bug;
+use haunt_transport::{Guarantee, TransportSpec};
 use serde::Serialize;
 
 /// What a bug mode needs from the database.
@@ -45,6 +46,16 @@ pub struct Case {
     /// A row of `haunt matrix --system FILE`: the system's name (it runs the
     /// file's system, under the row's fault, and must stay valid).
     pub system: Option<String>,
+    /// A row of `haunt matrix --transport NAME`: the pipeline over that broker.
+    #[serde(serialize_with = "transport_name", skip_serializing_if = "Option::is_none")]
+    pub transport: Option<TransportSpec>,
+}
+
+fn transport_name<S: serde::Serializer>(t: &Option<TransportSpec>, s: S) -> Result<S::Ok, S::Error> {
+    match t {
+        Some(t) => s.collect_str(t),
+        None => s.serialize_none(),
+    }
 }
 
 /// What a run of a case must show to count as caught (or, for the correct
@@ -86,12 +97,25 @@ impl Case {
         if let Some(system) = &self.system {
             return format!("{system} under {}", self.nemesis);
         }
-        let what = self.bug.map_or("correct", |b| b.name());
+        let what = self.row_name();
+        if let Some(t) = self.transport {
+            return format!("{what} ({t})");
+        }
         match (self.needs, self.postgres) {
             // Only PostgreSQL shows it: the name says enough.
             (Needs::Postgres | Needs::PostgresCrash, _) => what.to_owned(),
             (Needs::Any, false) => format!("{what} (sqlite)"),
             (Needs::Any, true) => format!("{what} (postgres)"),
+        }
+    }
+
+    /// What `--only` calls the row: its bug mode, `correct`, or, for a
+    /// transport that claims at-most-once, `at-most-once`.
+    pub fn row_name(&self) -> &'static str {
+        match (self.bug, self.transport) {
+            (Some(b), _) => b.name(),
+            (None, Some(t)) if t.claim() == Guarantee::AtMostOnce => "at-most-once",
+            (None, _) => "correct",
         }
     }
 
@@ -127,6 +151,7 @@ pub fn cases() -> Vec<Case> {
             postgres: false,
             expected: Expect::Anomaly("double-applied"),
             system: None,
+            transport: None,
         },
         Case {
             bug: Some(Bug::InboxOutsideTxn),
@@ -136,6 +161,7 @@ pub fn cases() -> Vec<Case> {
             postgres: false,
             expected: Expect::Anomaly("lost-effect"),
             system: None,
+            transport: None,
         },
         Case {
             bug: Some(Bug::AckBeforeProcess),
@@ -145,6 +171,7 @@ pub fn cases() -> Vec<Case> {
             postgres: false,
             expected: Expect::Anomaly("lost-effect"),
             system: None,
+            transport: None,
         },
         Case {
             bug: Some(Bug::NonAtomicEnqueue),
@@ -154,6 +181,7 @@ pub fn cases() -> Vec<Case> {
             postgres: false,
             expected: Expect::Anomaly("failed-but-present"),
             system: None,
+            transport: None,
         },
         Case {
             bug: Some(Bug::ReadModifyWriteProjection),
@@ -164,6 +192,7 @@ pub fn cases() -> Vec<Case> {
             postgres: true,
             expected: Expect::Anomaly("projection-mismatch"),
             system: None,
+            transport: None,
         },
         Case {
             bug: Some(Bug::WorkerClockLease),
@@ -189,6 +218,7 @@ pub fn cases() -> Vec<Case> {
             postgres: false,
             expected: Expect::NotDrained,
             system: None,
+            transport: None,
         },
         Case {
             bug: Some(Bug::NoLeaseToken),
@@ -202,6 +232,7 @@ pub fn cases() -> Vec<Case> {
             postgres: false,
             expected: Expect::Anomaly("projection-mismatch"),
             system: None,
+            transport: None,
         },
         Case {
             bug: Some(Bug::NewEventIdOnRetry),
@@ -214,6 +245,7 @@ pub fn cases() -> Vec<Case> {
             postgres: false,
             expected: Expect::Anomaly("unexpected-effect"),
             system: None,
+            transport: None,
         },
         Case {
             bug: Some(Bug::DlqDrop),
@@ -226,6 +258,7 @@ pub fn cases() -> Vec<Case> {
             postgres: false,
             expected: Expect::Anomaly("lost-effect"),
             system: None,
+            transport: None,
         },
         Case {
             bug: Some(Bug::AsyncCommit),
@@ -246,6 +279,7 @@ pub fn cases() -> Vec<Case> {
             postgres: true,
             expected: Expect::Anomaly("lost-order"),
             system: None,
+            transport: None,
         },
         Case {
             bug: None,
@@ -255,6 +289,7 @@ pub fn cases() -> Vec<Case> {
             postgres: false,
             expected: Expect::Valid,
             system: None,
+            transport: None,
         },
     ];
     // What needs nothing of the database runs on PostgreSQL too, right after.
@@ -341,9 +376,9 @@ impl Row {
         if self.skipped.is_some() || n == 0 {
             return false;
         }
-        match self.case.bug {
-            None => self.passed_count() == n,
-            Some(_) => self.passed_count() * 10 >= n * 9,
+        match self.case.expected {
+            Expect::Valid => self.passed_count() == n,
+            _ => self.passed_count() * 10 >= n * 9,
         }
     }
 
@@ -431,10 +466,10 @@ pub fn markdown(rows: &[Row], command: &str) -> String {
             Expect::Anomaly(a) => format!("`{a}`"),
             Expect::NotDrained => "not drained (verdict unknown, orders pending)".to_owned(),
         };
-        let caught = match (&row.skipped, row.case.bug) {
+        let caught = match (&row.skipped, row.case.expected == Expect::Valid) {
             (Some(why), _) => format!("skipped: {why}"),
-            (None, None) => format!("{}/{} valid", row.passed_count(), row.runs.len()),
-            (None, Some(_)) => {
+            (None, true) => format!("{}/{} valid", row.passed_count(), row.runs.len()),
+            (None, false) => {
                 format!("{}/{}{}", row.passed_count(), row.runs.len(), if row.ok() { "" } else { " **(below 90 %)**" })
             }
         };
@@ -477,6 +512,50 @@ pub struct MatrixOptions {
     /// A system file: the rows are its system under each fault it allows,
     /// alone and all together, instead of haunt's bug modes.
     pub system: Option<PathBuf>,
+    /// A broker transport: the rows are [`transport_cases`].
+    pub transport: Option<TransportSpec>,
+}
+
+/// The rows of `haunt matrix --transport NAME`: the pipeline over that broker
+/// (on SQLite). An at-least-once mode: the correct build under the broker's
+/// faults and the workers', and the bug modes that concern a consumer and a
+/// relay, each under the fault that exposes it. An at-most-once mode: its
+/// claim, measured: with one consumer, killed, it loses.
+pub fn transport_cases(transport: TransportSpec) -> Vec<Case> {
+    let case = |bug, nemesis, args: &'static [&'static str], expected| Case {
+        bug,
+        nemesis,
+        args,
+        needs: Needs::Any,
+        postgres: false,
+        expected,
+        system: None,
+        transport: Some(transport),
+    };
+    if transport.claim() == Guarantee::AtMostOnce {
+        let args = &["--workers", "1", "--fault-targets", "worker-1"];
+        return vec![case(None, "kill", args, Expect::Anomaly("lost-effect"))];
+    }
+    const LEASE: &[&str] = &["--visibility-timeout-ms", "1000"];
+    vec![
+        case(Some(Bug::NoInbox), "ack-loss", LEASE, Expect::Anomaly("double-applied")),
+        // Acked on receipt: what then fails to apply is gone.
+        case(Some(Bug::AckBeforeProcess), "db-error", LEASE, Expect::Anomaly("lost-effect")),
+        // Deleted from the outbox, then refused by a broker the relay cannot
+        // reach: every batch of the partition is lost.
+        case(
+            Some(Bug::RelayMarksBeforePublish),
+            "partition",
+            &["--visibility-timeout-ms", "1000", "--fault-targets", "relay<->broker"],
+            Expect::Anomaly("lost-effect"),
+        ),
+        case(
+            None,
+            "kill,pause,partition,ack-loss,broker-restart",
+            &["--visibility-timeout-ms", "1000", "--faults-at-once", "2"],
+            Expect::Valid,
+        ),
+    ]
 }
 
 /// The rows of `haunt matrix --system FILE`: each fault the file allows, then
@@ -505,6 +584,7 @@ pub fn system_cases(path: &Path) -> anyhow::Result<Vec<Case>> {
             postgres: false,
             expected: Expect::Valid,
             system: Some(spec.name.clone()),
+            transport: None,
         })
         .collect())
 }
@@ -522,10 +602,9 @@ pub struct MatrixOutcome {
 
 fn selected(case: &Case, options: &MatrixOptions) -> bool {
     let named = options.only.is_empty()
-        || options.only.iter().any(|o| match (&case.system, case.bug) {
-            (Some(_), _) => o == case.nemesis,
-            (None, Some(b)) => o == b.name(),
-            (None, None) => o == "correct",
+        || options.only.iter().any(|o| match &case.system {
+            Some(_) => o == case.nemesis,
+            None => o == case.row_name(),
         });
     named && options.backends.iter().any(|b| b == case.backend())
 }
@@ -573,6 +652,9 @@ async fn one_run(case: &Case, seed: u64, options: &MatrixOptions, runs_dir: &Pat
     if let Some(bug) = case.bug {
         command.args(["--bug", bug.name()]);
     }
+    if let Some(transport) = case.transport {
+        command.args(["--transport", &transport.to_string()]);
+    }
     if let Some(db) = &scratch {
         command.args(["--db", &db.url]);
         if let Some(data) = &options.pg_data {
@@ -613,15 +695,18 @@ async fn one_run(case: &Case, seed: u64, options: &MatrixOptions, runs_dir: &Pat
 pub async fn run(options: &MatrixOptions, mut progress: impl FnMut(&str)) -> anyhow::Result<MatrixOutcome> {
     use anyhow::Context;
     anyhow::ensure!(options.seeds > 0, "--seeds must be positive");
-    let all_cases = match &options.system {
-        Some(path) => system_cases(path)?,
-        None => cases(),
+    anyhow::ensure!(
+        options.system.is_none() || options.transport.is_none(),
+        "--system and --transport: a system file brings its own transport"
+    );
+    let all_cases = match (&options.system, options.transport) {
+        (Some(path), _) => system_cases(path)?,
+        (None, Some(t)) if t.is_broker() => transport_cases(t),
+        (None, _) => cases(),
     };
     let known: Vec<String> = match &options.system {
         Some(_) => all_cases.iter().map(|c| c.nemesis.to_owned()).collect(),
-        None => {
-            all_cases.iter().filter_map(|c| c.bug.map(|b| b.name().to_owned())).chain(["correct".to_owned()]).collect()
-        }
+        None => all_cases.iter().map(|c| c.row_name().to_owned()).collect(),
     };
     if let Some(bad) = options.only.iter().find(|o| !known.contains(o)) {
         anyhow::bail!("--only {bad:?}: not a row; known: {}", known.join(", "));
@@ -650,15 +735,15 @@ pub async fn run(options: &MatrixOptions, mut progress: impl FnMut(&str)) -> any
             n += 1;
             let started = Instant::now();
             let record = one_run(&case, seed, options, &runs_dir, n).await;
-            let what = match (&record.error, record.passed, case.bug) {
+            let what = match (&record.error, record.passed, case.expected) {
                 (Some(e), _, _) => format!("ERROR {e}"),
-                (None, true, None) => "valid".to_owned(),
-                (None, false, None) => format!("NOT VALID ({})", record.verdict),
-                (None, true, Some(_)) if case.expected == Expect::NotDrained => {
+                (None, true, Expect::Valid) => "valid".to_owned(),
+                (None, false, Expect::Valid) => format!("NOT VALID ({})", record.verdict),
+                (None, true, Expect::NotDrained) => {
                     format!("caught: not drained, {} orders pending", record.pending)
                 }
-                (None, true, Some(_)) => format!("caught {:?}", record.anomalies),
-                (None, false, Some(_)) => format!("MISSED (verdict {}, {:?})", record.verdict, record.anomalies),
+                (None, true, _) => format!("caught {:?}", record.anomalies),
+                (None, false, _) => format!("MISSED (verdict {}, {:?})", record.verdict, record.anomalies),
             };
             progress(&format!("{:<30} seed {seed:<3} {what}  [{:.0} s]", case.name(), started.elapsed().as_secs_f64()));
             runs.push(record);
@@ -667,8 +752,9 @@ pub async fn run(options: &MatrixOptions, mut progress: impl FnMut(&str)) -> any
     }
 
     let command = format!(
-        "haunt matrix{} --seeds {} --time-limit-s {}{}{}{}",
+        "haunt matrix{}{} --seeds {} --time-limit-s {}{}{}{}",
         options.system.as_ref().map(|p| format!(" --system {}", p.display())).unwrap_or_default(),
+        options.transport.filter(|t| t.is_broker()).map(|t| format!(" --transport {t}")).unwrap_or_default(),
         options.seeds,
         options.time_limit_s,
         if options.backends.len() == 2 { String::new() } else { format!(" --backends {}", options.backends.join(",")) },
@@ -686,6 +772,22 @@ pub async fn run(options: &MatrixOptions, mut progress: impl FnMut(&str)) -> any
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_transport_has_rows_and_an_at_most_once_mode_is_measured_against_its_claim() {
+        for transport in TransportSpec::all().into_iter().filter(|t| t.is_broker()) {
+            let cases = transport_cases(transport);
+            let names: Vec<&str> = cases.iter().map(|c| c.row_name()).collect();
+            if transport.claim() == Guarantee::AtMostOnce {
+                assert_eq!(names, ["at-most-once"], "{transport}");
+                assert_eq!(cases[0].expected, Expect::Anomaly("lost-effect"));
+            } else {
+                assert_eq!(names.last(), Some(&"correct"), "{transport}");
+                assert!(names.contains(&"no-inbox") && names.contains(&"relay-marks-before-publish"), "{transport}");
+            }
+            assert!(cases.iter().all(|c| c.transport == Some(transport) && c.name().contains(&transport.to_string())));
+        }
+    }
 
     #[test]
     fn every_bug_mode_has_a_row_on_each_backend_it_applies_to() {

@@ -80,3 +80,44 @@ fn a_matrix_with_a_row_that_could_not_run_exits_unknown() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("UNKNOWN: these rows did not run: async-commit"), "{stderr}");
 }
+
+#[test]
+fn the_matrix_over_a_broker_catches_the_consumer_and_relay_bugs_and_passes_the_correct_build() {
+    if std::env::var("HAUNT_SKIP_BROKERS").as_deref() == Ok("1") {
+        eprintln!("SKIPPED: haunt matrix --transport redis-streams (HAUNT_SKIP_BROKERS=1)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_haunt"))
+        .arg("matrix")
+        .arg("--store")
+        .arg(tmp.path())
+        .args(["--transport", "redis-streams", "--seeds", "1", "--time-limit-s", "8"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "stdout:\n{stdout}\nstderr:\n{}", String::from_utf8_lossy(&out.stderr));
+    let matrix_dir = std::fs::read_dir(tmp.path().join("matrix")).unwrap().next().unwrap().unwrap().path();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(matrix_dir.join("matrix.json")).unwrap()).unwrap();
+    let rows: Vec<(&str, &str)> = json["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["case"]["bug"].as_str().unwrap(), r["case"]["expected"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("no-inbox", "double-applied"),
+            ("ack-before-process", "lost-effect"),
+            ("relay-marks-before-publish", "lost-effect"),
+            ("correct", "valid")
+        ]
+    );
+    for row in json["rows"].as_array().unwrap() {
+        assert_eq!(row["case"]["transport"], "redis-streams", "{row}");
+        assert_eq!(row["runs"][0]["passed"], true, "{row}");
+    }
+    assert!(stdout.contains("--transport redis-streams"), "the table names how to reproduce it: {stdout}");
+}
