@@ -36,7 +36,7 @@ enum Command {
     Redrive(services::RedriveArgs),
     /// Run a test: start the pipeline, drive orders while faults hit it, heal,
     /// check, report. Exit status as for `haunt check` (130 when interrupted).
-    Run(crate::run_cmd::RunArgs),
+    Run(Box<crate::run_cmd::RunArgs>),
     /// Run every bug mode under the faults that expose it, and the correct build
     /// under all faults; show what the checker caught. Exit 1 if a bug mode is
     /// caught in fewer than 9 runs in 10, or the correct build is ever not valid;
@@ -116,7 +116,7 @@ pub fn main() -> i32 {
         Command::Reconcile(args) => run_async(services::reconcile(args)),
         Command::Redrive(args) => run_async(services::redrive(args)),
         Command::Matrix(args) => run_async_code("haunt matrix", crate::matrix_cmd::matrix(args)),
-        Command::Run(args) => run_async_code("haunt run", crate::run_cmd::run(args)),
+        Command::Run(args) => run_async_code("haunt run", crate::run_cmd::run(*args)),
     }
 }
 

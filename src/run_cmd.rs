@@ -30,6 +30,9 @@ pub struct RunArgs {
     /// --backend docker: the PostgreSQL image.
     #[arg(long, default_value = "haunt-postgres:latest")]
     pub postgres_image: String,
+    /// --backend docker with --transport: the brokers' image (docker/brokers).
+    #[arg(long, default_value = "haunt-brokers:latest")]
+    pub brokers_image: String,
     /// --backend docker: run the image's own `haunt` instead of mounting this
     /// executable into the containers.
     #[arg(long)]
@@ -156,7 +159,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
             BackendArg::Local => BackendKind::Local,
             BackendArg::Docker => BackendKind::Docker,
         },
-        docker: DockerOptions { image: args.image, postgres_image: args.postgres_image, mount_exe: !args.image_binary },
+        docker: DockerOptions {
+            image: args.image,
+            postgres_image: args.postgres_image,
+            brokers_image: args.brokers_image,
+            mount_exe: !args.image_binary,
+        },
         time_limit: Duration::from_secs(args.time_limit_s),
         rate: args.rate,
         concurrency: args.concurrency,

@@ -90,6 +90,55 @@ impl Broker {
     /// 127.0.0.1:`port`; `http_port` is a second port for the brokers that
     /// answer health checks on one (NATS).
     pub fn layout(self, port: u16, http_port: u16, dir: &Path) -> anyhow::Result<BrokerNode> {
+        let program = self.program()?;
+        let (spec, _) = self.lay_out(port, http_port, dir, "127.0.0.1", &program)?;
+        Ok(BrokerNode { broker: self, spec, ready: self.ready(port, http_port), addr: ([127, 0, 0, 1], port).into() })
+    }
+
+    /// [`Broker::layout`] for a container of `haunt-brokers:latest`
+    /// (`docker/brokers`): listening on every interface of the container at
+    /// `port` (and `http_port`), its configuration and data in `dir`, which
+    /// the container mounts at the same path. Returns the spec to run (the
+    /// program first in its arguments) and the working directory.
+    pub fn layout_in_container(self, port: u16, http_port: u16, dir: &Path) -> anyhow::Result<(NodeSpec, PathBuf)> {
+        let program = PathBuf::from(match self {
+            Broker::RabbitMq => "/usr/lib/rabbitmq/bin/rabbitmq-server",
+            Broker::Redis => "/usr/bin/redis-server",
+            Broker::Nats => "/usr/local/bin/nats-server",
+            Broker::Mosquitto => "/usr/sbin/mosquitto",
+            Broker::Moto => "/usr/local/bin/moto_server",
+            Broker::Tansu => anyhow::bail!("tansu has no container image here (it is not in Debian or PyPI)"),
+        });
+        self.lay_out(port, http_port, dir, "0.0.0.0", &program)
+    }
+
+    /// How to tell that the broker answers on `port` (and `http_port`) of 127.0.0.1.
+    pub fn ready(self, port: u16, http_port: u16) -> Ready {
+        match self {
+            Broker::RabbitMq => Ready::Greeting { port, send: b"AMQP\x00\x00\x09\x01", expect: &[1, 0, 0] },
+            Broker::Redis => Ready::Greeting { port, send: b"PING\r\n", expect: b"+PONG" },
+            Broker::Nats => Ready::Http(format!("http://127.0.0.1:{http_port}/healthz?js-enabled-only=true")),
+            // CONNECT (MQTT 3.1.1, clean session, keep-alive 60 s, empty client id), then CONNACK accepted.
+            Broker::Mosquitto => Ready::Greeting {
+                port,
+                send: b"\x10\x0c\x00\x04MQTT\x04\x02\x00\x3c\x00\x00",
+                expect: b"\x20\x02\x00\x00",
+            },
+            Broker::Moto => Ready::Http(format!("http://127.0.0.1:{port}/moto-api/")),
+            Broker::Tansu => Ready::Tcp(port),
+        }
+    }
+
+    /// The broker's command line, listening on `bind`, with `program` as
+    /// its server; the node spec and its working directory.
+    fn lay_out(
+        self,
+        port: u16,
+        http_port: u16,
+        dir: &Path,
+        bind: &str,
+        program: &Path,
+    ) -> anyhow::Result<(NodeSpec, PathBuf)> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let dir = std::path::absolute(dir)?;
         let d = |rel: &str| dir.join(rel).to_string_lossy().into_owned();
@@ -100,7 +149,7 @@ impl Broker {
                 anyhow::ensure!(port <= 45535, "RabbitMQ's distribution port is its port + 20000: {port} is too high");
                 write(
                     &dir.join("rabbitmq.conf"),
-                    &format!("listeners.tcp.1 = 127.0.0.1:{port}\nloopback_users = none\n"),
+                    &format!("listeners.tcp.1 = {bind}:{port}\nloopback_users = none\n"),
                 )?;
                 write(&dir.join("enabled_plugins"), "[].\n")?;
                 write(&dir.join("rabbitmq-env.conf"), "")?;
@@ -108,7 +157,7 @@ impl Broker {
                 for (k, v) in [
                     ("HOME", d("home")),
                     ("RABBITMQ_NODENAME", format!("haunt-{port}@localhost")),
-                    ("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1".into()),
+                    ("RABBITMQ_NODE_IP_ADDRESS", bind.into()),
                     ("RABBITMQ_NODE_PORT", port.to_string()),
                     ("RABBITMQ_DIST_PORT", (u32::from(port) + 20000).to_string()),
                     ("RABBITMQ_MNESIA_BASE", d("mnesia")),
@@ -129,56 +178,44 @@ impl Broker {
                     "epmd -port {http_port} -address 127.0.0.1 & \
                      for _ in $(seq 100); do epmd -port {http_port} -names >/dev/null 2>&1 && break; sleep 0.1; done; \
                      exec {}",
-                    self.program()?.display()
+                    program.display()
                 );
                 vec!["-c".into(), launch]
             }
             Broker::Redis => {
-                let args = ["--port", &port.to_string(), "--bind", "127.0.0.1", "--dir", &d(""), "--appendonly", "yes"];
+                let args = ["--port", &port.to_string(), "--bind", bind, "--dir", &d(""), "--appendonly", "yes"];
                 let more = ["--appendfsync", "always", "--save", "", "--daemonize", "no"];
-                args.iter().chain(&more).map(|s| s.to_string()).collect()
+                // Off the loopback, Redis refuses clients without a password
+                // unless told that the network is private (a container's is).
+                let open = if bind == "127.0.0.1" { &[][..] } else { &["--protected-mode", "no"][..] };
+                args.iter().chain(&more).chain(open).map(|s| s.to_string()).collect()
             }
             Broker::Nats => {
                 let (p, m) = (port.to_string(), http_port.to_string());
-                ["-a", "127.0.0.1", "-p", &p, "-m", &m, "-js", "-sd", &d("js"), "-n", "haunt-nats"]
-                    .map(String::from)
-                    .to_vec()
+                ["-a", bind, "-p", &p, "-m", &m, "-js", "-sd", &d("js"), "-n", "haunt-nats"].map(String::from).to_vec()
             }
             Broker::Mosquitto => {
                 // Saved after every change: mosquitto keeps its store in memory
                 // and writes it only on autosave or shutdown.
                 let conf = format!(
-                    "listener {port} 127.0.0.1\nallow_anonymous true\nuser root\npersistence true\n\
+                    "listener {port} {bind}\nallow_anonymous true\nuser root\npersistence true\n\
                      persistence_location {}/\nautosave_interval 1\nautosave_on_changes true\nmax_queued_messages 0\n",
                     dir.display()
                 );
                 write(&dir.join("mosquitto.conf"), &conf)?;
                 vec!["-c".into(), d("mosquitto.conf")]
             }
-            Broker::Moto => vec!["-H".into(), "127.0.0.1".into(), "-p".into(), port.to_string()],
+            Broker::Moto => vec!["-H".into(), bind.into(), "-p".into(), port.to_string()],
             Broker::Tansu => {
-                let listener = format!("tcp://127.0.0.1:{port}");
+                let listener = format!("tcp://{bind}:{port}");
                 let args = ["broker", "--listener-url", &listener, "--advertised-listener-url", &listener];
                 // Relative to its working directory, the data directory.
                 args.iter().chain(&["--storage-engine", "sqlite://tansu.db"]).map(|s| s.to_string()).collect()
             }
         };
-        let ready = match self {
-            Broker::RabbitMq => Ready::Greeting { port, send: b"AMQP\x00\x00\x09\x01", expect: &[1, 0, 0] },
-            Broker::Redis => Ready::Greeting { port, send: b"PING\r\n", expect: b"+PONG" },
-            Broker::Nats => Ready::Http(format!("http://127.0.0.1:{http_port}/healthz?js-enabled-only=true")),
-            // CONNECT (MQTT 3.1.1, clean session, keep-alive 60 s, empty client id), then CONNACK accepted.
-            Broker::Mosquitto => Ready::Greeting {
-                port,
-                send: b"\x10\x0c\x00\x04MQTT\x04\x02\x00\x3c\x00\x00",
-                expect: b"\x20\x02\x00\x00",
-            },
-            Broker::Moto => Ready::Http(format!("http://127.0.0.1:{port}/moto-api/")),
-            Broker::Tansu => Ready::Tcp(port),
-        };
-        let program = if self == Broker::RabbitMq { PathBuf::from("/bin/sh") } else { self.program()? };
+        let program = if self == Broker::RabbitMq { PathBuf::from("/bin/sh") } else { program.to_owned() };
         let spec = NodeSpec { node, args, program: Some(program), env, cwd: Some(dir.clone()) };
-        Ok(BrokerNode { broker: self, spec, ready, addr: ([127, 0, 0, 1], port).into() })
+        Ok((spec, dir))
     }
 }
 

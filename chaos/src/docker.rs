@@ -152,6 +152,11 @@ pub struct ContainerSpec {
     pub env: Vec<(String, String)>,
     /// `(port on 127.0.0.1, port in the container)`.
     pub ports: Vec<(u16, u16)>,
+    /// Host directories mounted at the same path in the container (a
+    /// broker's configuration and data, in the run directory).
+    pub mounts: Vec<PathBuf>,
+    /// The working directory in the container (default: the image's).
+    pub workdir: Option<PathBuf>,
 }
 
 /// One node and the container that runs it (a name or an id).
@@ -259,19 +264,22 @@ impl DockerBackend {
                 (format!("{inner}/tcp"), Some(vec![binding]))
             })
             .collect();
-        let binds = self.mount_exe.as_ref().map(|exe| vec![format!("{}:/usr/local/bin/haunt:ro", exe.display())]);
+        let mut binds: Vec<String> =
+            self.mount_exe.iter().map(|exe| format!("{}:/usr/local/bin/haunt:ro", exe.display())).collect();
+        binds.extend(spec.mounts.iter().map(|dir| format!("{0}:{0}", dir.display())));
         let endpoint = EndpointSettings { aliases: Some(vec![spec.node.name.clone()]), ..Default::default() };
         let body = ContainerCreateBody {
             image: Some(spec.image.clone()),
             cmd: Some(spec.args.clone()),
             env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
             hostname: Some(spec.node.name.clone()),
+            working_dir: spec.workdir.as_ref().map(|d| d.display().to_string()),
             labels: Some(self.labels(Some(&spec.node))),
             exposed_ports: Some(spec.ports.iter().map(|(_, inner)| format!("{inner}/tcp")).collect()),
             host_config: Some(HostConfig {
                 network_mode: Some(network.to_owned()),
                 port_bindings: Some(port_bindings),
-                binds,
+                binds: Some(binds),
                 ..Default::default()
             }),
             networking_config: Some(NetworkingConfig {

@@ -37,6 +37,8 @@ impl BackendKind {
 pub struct DockerOptions {
     pub image: String,
     pub postgres_image: String,
+    /// The brokers of the broker transports (`docker/brokers`).
+    pub brokers_image: String,
     /// Mount the harness's own executable over the image's, so the services run
     /// exactly the harness's code (as the local backend does).
     pub mount_exe: bool,
@@ -44,7 +46,12 @@ pub struct DockerOptions {
 
 impl Default for DockerOptions {
     fn default() -> Self {
-        DockerOptions { image: "haunt:latest".into(), postgres_image: "haunt-postgres:latest".into(), mount_exe: true }
+        DockerOptions {
+            image: "haunt:latest".into(),
+            postgres_image: "haunt-postgres:latest".into(),
+            brokers_image: "haunt-brokers:latest".into(),
+            mount_exe: true,
+        }
     }
 }
 
@@ -296,8 +303,8 @@ impl RunOptions {
         let docker = self.backend == BackendKind::Docker;
         let broker = self.transport.is_broker();
         anyhow::ensure!(
-            !broker || (self.system.is_none() && !docker),
-            "--transport {} runs the broker as a local process: leave out --system and --backend docker",
+            !broker || self.system.is_none(),
+            "--transport {} is the reference pipeline's: a system file brings its own transport",
             self.transport
         );
         anyhow::ensure!(

@@ -76,6 +76,9 @@ impl Pipeline {
             crate::docker::ensure_engine().await?;
             crate::docker::ensure_image(&options.docker.image).await?;
             crate::docker::ensure_image(&options.docker.postgres_image).await?;
+            if options.transport.is_broker() {
+                crate::docker::ensure_image(&options.docker.brokers_image).await?;
+            }
         }
         let given = match &options.db {
             Some(url) => Some((url.clone(), open_empty(url).await?)),
@@ -92,7 +95,7 @@ impl Pipeline {
         if options.backend == BackendKind::Docker {
             let run_id = format!("{:08x}", rng.next_u64() as u32);
             say(options.quiet, &format!("starting containers haunt-{run_id}-* (PostgreSQL first)"));
-            return docker_pipeline(options, &run_id, &token).await;
+            return docker_pipeline(options, &run_id, &token, run_dir).await;
         }
         let (db, store) = match prepared.given {
             Some(given) => given,
@@ -400,9 +403,14 @@ fn worker_args(options: &RunOptions, db: &str, node: &Node, metrics: &str) -> Ve
 /// The Docker layout: a PostgreSQL container (started and healthy when this
 /// returns, with the run's store open on it), the API and the workers
 /// (created), links cut or made lossy by iptables in the containers.
-async fn docker_pipeline(options: &RunOptions, run_id: &str, token: &str) -> anyhow::Result<Pipeline> {
+async fn docker_pipeline(options: &RunOptions, run_id: &str, token: &str, run_dir: &Path) -> anyhow::Result<Pipeline> {
     const API_PORT: u16 = 8080;
     const METRICS_PORT: u16 = 9090;
+    // The broker's ports in its container (RabbitMQ's distribution port is
+    // the first + 20000, so it must stay below 45536).
+    const BROKER_PORT: u16 = 7000;
+    const BROKER_HTTP_PORT: u16 = 7001;
+    let transport = options.transport;
     let pg = postgres_node();
     let pg_host = format!("haunt-{run_id}-{}", pg.name);
     let db_inside = format!("postgres://postgres@{pg_host}:5432/postgres");
@@ -424,33 +432,83 @@ async fn docker_pipeline(options: &RunOptions, run_id: &str, token: &str) -> any
             args: Vec::new(),
             env: Vec::new(),
             ports: vec![(pg_port, 5432)],
+            mounts: Vec::new(),
+            workdir: None,
         },
         ContainerSpec {
             node: api_node(),
             image: options.docker.image.clone(),
             args: [
                 vec!["api".into(), "--db".into(), db_inside.clone(), "--listen".into(), format!("0.0.0.0:{API_PORT}")],
-                bug,
+                bug.clone(),
             ]
             .concat(),
             env: common_env.clone(),
             ports: vec![(api_port, API_PORT)],
+            mounts: Vec::new(),
+            workdir: None,
         },
     ];
     let mut endpoints = vec![(api_node(), format!("http://127.0.0.1:{api_port}"))];
+    // A service with metrics (the relay, a worker), healthy when they answer.
+    let service = |node: Node, args: Vec<String>, metrics_port: u16| {
+        let mut env = common_env.clone();
+        env.push(("HAUNT_HEALTH_URL".into(), format!("http://127.0.0.1:{METRICS_PORT}/healthz")));
+        ContainerSpec {
+            node,
+            image: options.docker.image.clone(),
+            args,
+            env,
+            ports: vec![(metrics_port, METRICS_PORT)],
+            mounts: Vec::new(),
+            workdir: None,
+        }
+    };
+    // The broker, first, with its configuration and data in the run
+    // directory; the relay and the workers reach it by its node name.
+    let mut broker = None;
+    let mut broker_args = Vec::new();
+    if let Some(server) = transport.server() {
+        let server = Broker::from_name(server).with_context(|| format!("no broker server for {transport}"))?;
+        let (host_port, host_http_port) = (port()?, port()?);
+        let (spec, dir) = server.layout_in_container(BROKER_PORT, BROKER_HTTP_PORT, &run_dir.join("broker"))?;
+        let program = spec.program.clone().expect("a broker names its program");
+        specs.insert(
+            0,
+            ContainerSpec {
+                node: spec.node.clone(),
+                image: options.docker.brokers_image.clone(),
+                args: std::iter::once(program.display().to_string()).chain(spec.args.iter().cloned()).collect(),
+                env: spec.env.clone(),
+                ports: vec![(host_port, BROKER_PORT), (host_http_port, BROKER_HTTP_PORT)],
+                mounts: vec![dir.clone()],
+                workdir: Some(dir),
+            },
+        );
+        let laid = BrokerNode {
+            broker: server,
+            ready: server.ready(host_port, host_http_port),
+            addr: ([127, 0, 0, 1], host_port).into(),
+            spec,
+        };
+        let inside = haunt_transport::url(transport, &format!("{}:{BROKER_PORT}", laid.spec.node.name));
+        broker_args = vec!["--transport".into(), transport.to_string(), "--broker".into(), inside];
+        broker = Some(BrokerSide { transport, url: haunt_transport::local_url(transport, laid.addr), laid });
+    }
+    if transport.is_broker() {
+        let node = relay_node();
+        let metrics_port = port()?;
+        endpoints.push((node.clone(), format!("http://127.0.0.1:{metrics_port}")));
+        let mut args = vec!["relay".into(), "--db".into(), db_inside.clone(), "--relay-id".into(), node.name.clone()];
+        args.extend(["--metrics-listen".into(), format!("0.0.0.0:{METRICS_PORT}")]);
+        specs.push(service(node, [args, broker_args.clone(), bug.clone()].concat(), metrics_port));
+    }
     for i in 1..=options.workers {
         let node = worker_node(i);
         let metrics_port = port()?;
         endpoints.push((node.clone(), format!("http://127.0.0.1:{metrics_port}")));
-        let mut env = common_env.clone();
-        env.push(("HAUNT_HEALTH_URL".into(), format!("http://127.0.0.1:{METRICS_PORT}/healthz")));
-        specs.push(ContainerSpec {
-            args: worker_args(options, &db_inside, &node, &format!("0.0.0.0:{METRICS_PORT}")),
-            node,
-            image: options.docker.image.clone(),
-            env,
-            ports: vec![(metrics_port, METRICS_PORT)],
-        });
+        let args = worker_args(options, &db_inside, &node, &format!("0.0.0.0:{METRICS_PORT}"));
+        specs.push(service(node, [args, broker_args.clone()].concat(), metrics_port));
     }
     // Released for the engine, which binds them when the containers start.
     drop(reserved);
@@ -466,9 +524,18 @@ async fn docker_pipeline(options: &RunOptions, run_id: &str, token: &str) -> any
         "client<->api".to_owned(),
         Arc::new(IptablesLink::new(docker.clone(), api.clone(), Peer::Host { port: API_PORT })),
     )];
-    for node in std::iter::once(api.clone()).chain((1..=options.workers).map(worker_node)) {
+    let relay = transport.is_broker().then(relay_node);
+    let clients: Vec<Node> =
+        std::iter::once(api.clone()).chain(relay.clone()).chain((1..=options.workers).map(worker_node)).collect();
+    for node in &clients {
         let link = IptablesLink::new(docker.clone(), node.clone(), Peer::Node(pg.clone()));
         lossy.push((format!("{}<->db", node.name), Arc::new(link)));
+    }
+    if let Some(broker) = &broker {
+        for node in clients.iter().filter(|n| n.name != api.name) {
+            let link = IptablesLink::new(docker.clone(), node.clone(), Peer::Node(broker.laid.spec.node.clone()));
+            lossy.push((format!("{}<->broker", node.name), Arc::new(link)));
+        }
     }
     let api_addr: SocketAddr = ([127, 0, 0, 1], api_port).into();
     let client_proxy = Arc::new(FaultProxy::start(api_addr).await?);
@@ -481,7 +548,7 @@ async fn docker_pipeline(options: &RunOptions, run_id: &str, token: &str) -> any
         switches: Some(switches(token, &endpoints)?),
     };
     let client = Arc::new(HttpClient::new(&format!("http://{}", client_proxy.addr()), options.request_timeout)?);
-    Ok(Pipeline { surfaces, store, db, client, endpoints, broker: None })
+    Ok(Pipeline { surfaces, store, db, client, endpoints, broker })
 }
 
 /// Opens (and migrates) the run's database, which must be empty: the checker

@@ -193,6 +193,8 @@ async fn partitions_and_packet_loss_really_cut_the_link_and_heal() {
             args: vec![],
             env: vec![],
             ports: vec![],
+            mounts: Vec::new(),
+            workdir: None,
         },
         ContainerSpec {
             node: api.clone(),
@@ -202,6 +204,8 @@ async fn partitions_and_packet_loss_really_cut_the_link_and_heal() {
                 .to_vec(),
             env: vec![],
             ports: vec![(api_port, 8080)],
+            mounts: Vec::new(),
+            workdir: None,
         },
     ];
     let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_haunt"));
@@ -290,4 +294,36 @@ fn a_system_file_of_containers_runs_in_docker_with_its_links_cut_inside_the_netw
     assert!(results["counts"]["applied_events"].as_u64().unwrap() > 200, "{results:#}");
     let run_id = run_id_in(&stderr);
     assert_eq!(containers_of(&run_id), Vec::<String>::new(), "nothing left behind");
+}
+
+#[test]
+fn a_docker_run_over_a_broker_container_is_valid_under_broker_faults() {
+    if !docker_ready("a_docker_run_over_a_broker_container_is_valid_under_broker_faults") {
+        return;
+    }
+    if std::env::var("HAUNT_SKIP_BROKERS").as_deref() == Ok("1") {
+        eprintln!("SKIPPED: a docker run over a broker container (HAUNT_SKIP_BROKERS=1)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = docker_run(
+        tmp.path(),
+        &[&["--transport", "redis-streams", "--seed", "5"], crate::transport::BROKER_FAULTS].concat(),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let run = latest(tmp.path());
+    let results = read_json(&run.join("results.json"));
+    assert_eq!(results["valid"], true);
+    assert!(results["delivery"]["redeliveries"].as_u64().unwrap() > 0, "{results}");
+    let history = std::fs::read_to_string(run.join("history.jsonl")).unwrap();
+    assert!(nemesis_ok(&history, "kill").iter().any(|t| t == "broker"), "the broker's container was killed");
+    assert!(nemesis_ok(&history, "start-partition").iter().any(|t| t == "worker-1<->broker"), "its link was cut");
+    for node in ["broker", "relay", "worker-1"] {
+        let log = std::fs::read_to_string(run.join("logs").join(format!("{node}.log"))).unwrap_or_default();
+        assert!(!log.is_empty(), "{node}'s container log was kept");
+    }
+    let run_id = run_id_in(&stderr);
+    assert_eq!(containers_of(&run_id), Vec::<String>::new(), "every container and the network are removed");
 }

@@ -20,6 +20,21 @@ use serde_json::Value;
 
 use crate::run::{haunt_run, latest, read_json};
 
+/// A consumer kill, a broker restart, a consumer<->broker partition and ack
+/// loss, in 16 s: the kill takes a worker, the partition its link to the broker.
+pub(crate) const BROKER_FAULTS: &[&str] = &[
+    "--time-limit-s",
+    "16",
+    "--nemesis",
+    "kill,broker-restart,partition,ack-loss",
+    "--nemesis-interval-s",
+    "1.5",
+    "--visibility-timeout-ms",
+    "1000",
+    "--fault-targets",
+    "worker-1,worker-1<->broker",
+];
+
 fn skipped(transport: &str) -> bool {
     if std::env::var("HAUNT_SKIP_BROKERS").as_deref() == Ok("1") {
         eprintln!("SKIPPED: haunt run --transport {transport} (HAUNT_SKIP_BROKERS=1)");
@@ -47,23 +62,7 @@ fn at_least_once_is_valid_under_broker_faults(transport: &str) {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let (out, results, run) = run(
-        tmp.path(),
-        transport,
-        &[
-            "--time-limit-s",
-            "16",
-            "--nemesis",
-            "kill,broker-restart,partition,ack-loss",
-            "--nemesis-interval-s",
-            "1.5",
-            "--visibility-timeout-ms",
-            "1000",
-            // The kill takes a worker, the partition its link to the broker.
-            "--fault-targets",
-            "worker-1,worker-1<->broker",
-        ],
-    );
+    let (out, results, run) = run(tmp.path(), transport, BROKER_FAULTS);
     assert_eq!(out.status.code(), Some(0), "{}", why(&out, &results));
     assert_eq!(run["transport"], transport, "run.json names the transport");
     let fired = &run["faults_fired"];

@@ -325,6 +325,8 @@ impl Foreign {
                     args: command,
                     env,
                     ports: host.zip(inner).into_iter().collect(),
+                    mounts: Vec::new(),
+                    workdir: None,
                 });
                 continue;
             }

@@ -378,9 +378,14 @@ pub const DESTINATION: &str = "haunt.orders";
 /// The URL a client of `spec` uses for a broker listening on `addr` (a
 /// loopback port, or a fault proxy in front of one).
 pub fn local_url(spec: TransportSpec, addr: std::net::SocketAddr) -> String {
+    url(spec, &addr.to_string())
+}
+
+/// The URL a client of `spec` uses for a broker at `authority` (`host:port`).
+pub fn url(spec: TransportSpec, authority: &str) -> String {
     match spec.kind {
         Kind::Db => String::new(),
-        Kind::RedisStreams | Kind::RedisPubSub => format!("redis://{addr}/"),
+        Kind::RedisStreams | Kind::RedisPubSub => format!("redis://{authority}/"),
     }
 }
 
