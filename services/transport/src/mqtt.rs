@@ -184,7 +184,13 @@ pub(crate) async fn publisher(
             None => true,
         }
     });
-    Ok(Box::new(MqttPublisher { client, qos: qos(spec), confirms: options.confirms, events: received, _polled: polled }))
+    Ok(Box::new(MqttPublisher {
+        client,
+        qos: qos(spec),
+        confirms: options.confirms,
+        events: received,
+        _polled: polled,
+    }))
 }
 
 #[derive(Debug)]

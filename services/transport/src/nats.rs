@@ -345,7 +345,9 @@ impl Inspector for Stream {
                         event_id: envelope.event_id,
                         delivery_count: i64::from(message.sequence <= delivered_to),
                     }),
-                    Err(e) => tracing::warn!(sequence = message.sequence, error = %e, "a stream message that is not a haunt envelope"),
+                    Err(e) => {
+                        tracing::warn!(sequence = message.sequence, error = %e, "a stream message that is not a haunt envelope")
+                    }
                 }
             }
             Ok(Depth::Listed(held))

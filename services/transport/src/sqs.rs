@@ -42,7 +42,9 @@ use aws_sdk_sqs::types::{
 };
 use futures_util::future::BoxFuture;
 
-use crate::{Consumer, Delivery, Depth, Envelope, Inspector, Options, Publisher, Receipt, TransportError, TransportSpec};
+use crate::{
+    Consumer, Delivery, Depth, Envelope, Inspector, Options, Publisher, Receipt, TransportError, TransportSpec,
+};
 
 /// SQS's limit on the entries of one batch request, and on the messages of
 /// one receive.
@@ -260,7 +262,9 @@ impl Consumer for SqsConsumer {
                 let entries = chunk
                     .iter()
                     .enumerate()
-                    .map(|(i, r)| DeleteMessageBatchRequestEntry::builder().id(i.to_string()).receipt_handle(&r.0).build())
+                    .map(|(i, r)| {
+                        DeleteMessageBatchRequestEntry::builder().id(i.to_string()).receipt_handle(&r.0).build()
+                    })
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(broker)?;
                 let deleted = self
