@@ -240,6 +240,8 @@ async fn at_least_once(broker: Broker, spelled: &str, redelivery: Redelivery, re
     let again = receive_all(b.as_mut(), kept.len(), Duration::from_secs(20)).await;
     assert_eq!(ids(&again), ids_of_refs(&kept), "{spelled}: exactly the unacked messages come back");
     assert!(again.iter().all(|d| d.delivery_count >= 2), "{spelled}: a redelivery counts at least 2: {again:?}");
+    let counts: BTreeSet<i64> = again.iter().map(|d| d.delivery_count).collect();
+    eprintln!("{spelled}: redelivered {} unacked messages, delivery counts {counts:?}", again.len());
     let receipts: Vec<_> = again.iter().map(|d| d.receipt.clone()).collect();
     b.ack(&receipts).await.unwrap();
     // Nothing acked comes back.

@@ -299,7 +299,8 @@ pub struct Options {
     /// How long a delivered, unacked message stays with its consumer before
     /// the broker gives it to another: a stream's claim idle time, an ack
     /// wait, a visibility timeout. Brokers that only redeliver when the
-    /// connection closes (RabbitMQ) ignore it.
+    /// connection closes (RabbitMQ) or the same client reconnects (MQTT)
+    /// ignore it.
     pub visibility_timeout: Duration,
     /// Whether the publisher waits for the broker's confirmation of each
     /// batch. Off only in the `no-publisher-confirms` bug mode.
@@ -418,7 +419,8 @@ pub async fn inspector(spec: TransportSpec, url: &str) -> Result<Box<dyn Inspect
     }
 }
 
-/// The name queues, streams and topics take on every broker.
+/// The name queues, streams and topics take on every broker whose names
+/// allow a dot (NATS streams and SQS queues are named `haunt-orders`).
 pub const DESTINATION: &str = "haunt.orders";
 
 /// The URL a client of `spec` uses for a broker listening on `addr` (a

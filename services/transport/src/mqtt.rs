@@ -50,6 +50,14 @@
 //! it is exact afterwards (measured by the contract test). At QoS 0 nothing
 //! is held: the depth is an empty list.
 //!
+//! Durability (mosquitto 2.0.11, measured): mosquitto keeps its store in
+//! memory and writes it on autosave (after every change, as
+//! `haunt_chaos::brokers` configures it), but it sends the PUBACK or
+//! PUBCOMP before that write. A SIGKILL in between loses a confirmed
+//! message: one of ten, in 2 of about 20 kills right after the last
+//! confirm, under load. Once saved, messages and sessions survive a
+//! SIGKILL.
+//!
 //! QoS 0: a clean session, no acks: what a worker receives is settled, and
 //! a message sent while it is down is never seen by it.
 
