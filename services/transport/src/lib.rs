@@ -19,10 +19,22 @@
 //!   opens them for a spec and a broker URL.
 //! - [`Depth`]: what the broker still holds, listed by message where it can
 //!   list them, counted where it can only count.
-//! - One module per broker, each behind a cargo feature of its name.
+//! - One module per broker, each behind a cargo feature of its name:
+//!   `rabbitmq` (a quorum queue, manual or automatic acks), `redis`
+//!   (Streams and Pub/Sub), `nats` (JetStream and core NATS), `mqtt`
+//!   (persistent sessions at QoS 0, 1, 2) and `sqs` (standard and FIFO
+//!   queues). Each module's doc says what its broker does with a lost ack.
 
+#[cfg(feature = "mqtt")]
+mod mqtt;
+#[cfg(feature = "nats")]
+mod nats;
+#[cfg(feature = "rabbitmq")]
+mod rabbitmq;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "sqs")]
+mod sqs;
 
 use std::fmt;
 use std::time::Duration;
@@ -60,8 +72,12 @@ impl Guarantee {
 pub enum Kind {
     /// The database table the reference pipeline leases from: no broker.
     Db,
+    RabbitMq,
     RedisStreams,
     RedisPubSub,
+    Nats,
+    Mqtt,
+    Sqs,
 }
 
 /// A transport's modes, each with what it claims.
@@ -73,6 +89,16 @@ const TRANSPORTS: &[(&str, Kind, Modes)] = &[
     ("db", Kind::Db, &[("lease", Guarantee::AtLeastOnce)]),
     ("redis-streams", Kind::RedisStreams, &[("consumer-group", Guarantee::AtLeastOnce)]),
     ("redis-pubsub", Kind::RedisPubSub, &[("fire-and-forget", Guarantee::AtMostOnce)]),
+    ("rabbitmq", Kind::RabbitMq, &[("manual-ack", Guarantee::AtLeastOnce), ("auto-ack", Guarantee::AtMostOnce)]),
+    ("nats", Kind::Nats, &[("jetstream", Guarantee::AtLeastOnce), ("core", Guarantee::AtMostOnce)]),
+    (
+        "mqtt",
+        Kind::Mqtt,
+        &[("qos1", Guarantee::AtLeastOnce), ("qos0", Guarantee::AtMostOnce), ("qos2", Guarantee::ExactlyOnce)],
+    ),
+    // FIFO: deduplication by id within five minutes (moto's is narrower:
+    // see the sqs module).
+    ("sqs", Kind::Sqs, &[("standard", Guarantee::AtLeastOnce), ("fifo", Guarantee::ExactlyOnce)]),
 ];
 
 /// A transport and its mode, parsed from `NAME[:MODE]`.
@@ -127,11 +153,16 @@ impl TransportSpec {
     }
 
     /// The broker's server this transport needs, named as `haunt_chaos::brokers`
-    /// names it: both Redis transports run on one `redis-server`.
+    /// names it: both Redis transports run on one `redis-server`; MQTT runs
+    /// on mosquitto and SQS on moto's emulator.
     pub fn server(&self) -> Option<&'static str> {
         match self.kind {
             Kind::Db => None,
+            Kind::RabbitMq => Some("rabbitmq"),
             Kind::RedisStreams | Kind::RedisPubSub => Some("redis"),
+            Kind::Nats => Some("nats"),
+            Kind::Mqtt => Some("mosquitto"),
+            Kind::Sqs => Some("moto"),
         }
     }
 }
@@ -268,7 +299,8 @@ pub struct Options {
     /// How long a delivered, unacked message stays with its consumer before
     /// the broker gives it to another: a stream's claim idle time, an ack
     /// wait, a visibility timeout. Brokers that only redeliver when the
-    /// connection closes (RabbitMQ) ignore it.
+    /// connection closes (RabbitMQ) or the same client reconnects (MQTT)
+    /// ignore it.
     pub visibility_timeout: Duration,
     /// Whether the publisher waits for the broker's confirmation of each
     /// batch. Off only in the `no-publisher-confirms` bug mode.
@@ -334,8 +366,16 @@ pub async fn publisher(
 ) -> Result<Box<dyn Publisher>, TransportError> {
     match spec.kind {
         Kind::Db => Err(TransportError::NoBroker),
+        #[cfg(feature = "rabbitmq")]
+        Kind::RabbitMq => rabbitmq::publisher(spec, url, options).await,
         #[cfg(feature = "redis")]
         Kind::RedisStreams | Kind::RedisPubSub => redis::publisher(spec, url, options).await,
+        #[cfg(feature = "nats")]
+        Kind::Nats => nats::publisher(spec, url, options).await,
+        #[cfg(feature = "mqtt")]
+        Kind::Mqtt => mqtt::publisher(spec, url, options).await,
+        #[cfg(feature = "sqs")]
+        Kind::Sqs => sqs::publisher(spec, url, options).await,
         #[allow(unreachable_patterns)]
         _ => {
             let _ = (url, options);
@@ -348,8 +388,16 @@ pub async fn publisher(
 pub async fn consumer(spec: TransportSpec, url: &str, options: &Options) -> Result<Box<dyn Consumer>, TransportError> {
     match spec.kind {
         Kind::Db => Err(TransportError::NoBroker),
+        #[cfg(feature = "rabbitmq")]
+        Kind::RabbitMq => rabbitmq::consumer(spec, url, options).await,
         #[cfg(feature = "redis")]
         Kind::RedisStreams | Kind::RedisPubSub => redis::consumer(spec, url, options).await,
+        #[cfg(feature = "nats")]
+        Kind::Nats => nats::consumer(spec, url, options).await,
+        #[cfg(feature = "mqtt")]
+        Kind::Mqtt => mqtt::consumer(spec, url, options).await,
+        #[cfg(feature = "sqs")]
+        Kind::Sqs => sqs::consumer(spec, url, options).await,
         #[allow(unreachable_patterns)]
         _ => {
             let _ = (url, options);
@@ -362,8 +410,16 @@ pub async fn consumer(spec: TransportSpec, url: &str, options: &Options) -> Resu
 pub async fn inspector(spec: TransportSpec, url: &str) -> Result<Box<dyn Inspector>, TransportError> {
     match spec.kind {
         Kind::Db => Err(TransportError::NoBroker),
+        #[cfg(feature = "rabbitmq")]
+        Kind::RabbitMq => rabbitmq::inspector(spec, url).await,
         #[cfg(feature = "redis")]
         Kind::RedisStreams | Kind::RedisPubSub => redis::inspector(spec, url).await,
+        #[cfg(feature = "nats")]
+        Kind::Nats => nats::inspector(spec, url).await,
+        #[cfg(feature = "mqtt")]
+        Kind::Mqtt => mqtt::inspector(spec, url).await,
+        #[cfg(feature = "sqs")]
+        Kind::Sqs => sqs::inspector(spec, url).await,
         #[allow(unreachable_patterns)]
         _ => {
             let _ = url;
@@ -372,7 +428,8 @@ pub async fn inspector(spec: TransportSpec, url: &str) -> Result<Box<dyn Inspect
     }
 }
 
-/// The name queues, streams and topics take on every broker.
+/// The name queues, streams and topics take on every broker whose names
+/// allow a dot (NATS streams and SQS queues are named `haunt-orders`).
 pub const DESTINATION: &str = "haunt.orders";
 
 /// The URL a client of `spec` uses for a broker listening on `addr` (a
@@ -385,7 +442,12 @@ pub fn local_url(spec: TransportSpec, addr: std::net::SocketAddr) -> String {
 pub fn url(spec: TransportSpec, authority: &str) -> String {
     match spec.kind {
         Kind::Db => String::new(),
+        // `%2f`: the default virtual host `/`.
+        Kind::RabbitMq => format!("amqp://{authority}/%2f"),
         Kind::RedisStreams | Kind::RedisPubSub => format!("redis://{authority}/"),
+        Kind::Nats => format!("nats://{authority}"),
+        Kind::Mqtt => format!("mqtt://{authority}"),
+        Kind::Sqs => format!("http://{authority}"),
     }
 }
 
@@ -402,6 +464,47 @@ mod tests {
         let bare: TransportSpec = "redis-streams".parse().unwrap();
         assert_eq!((bare.kind, bare.claim()), (Kind::RedisStreams, Guarantee::AtLeastOnce));
         assert_eq!(TransportSpec::default().kind, Kind::Db);
+    }
+
+    #[test]
+    fn a_bare_broker_name_takes_its_at_least_once_mode() {
+        for (bare, mode) in [("rabbitmq", "manual-ack"), ("nats", "jetstream"), ("mqtt", "qos1"), ("sqs", "standard")] {
+            let spec: TransportSpec = bare.parse().unwrap();
+            assert_eq!((spec.mode(), spec.claim()), (mode, Guarantee::AtLeastOnce), "{bare}");
+            // A transport with several modes always prints its mode.
+            assert_eq!(spec.to_string(), format!("{bare}:{mode}"));
+        }
+        let claims: Vec<(String, Guarantee)> = TransportSpec::all()
+            .into_iter()
+            .filter(|s| matches!(s.kind, Kind::RabbitMq | Kind::Nats | Kind::Mqtt | Kind::Sqs))
+            .map(|s| (s.to_string(), s.claim()))
+            .collect();
+        let want = [
+            ("rabbitmq:manual-ack", Guarantee::AtLeastOnce),
+            ("rabbitmq:auto-ack", Guarantee::AtMostOnce),
+            ("nats:jetstream", Guarantee::AtLeastOnce),
+            ("nats:core", Guarantee::AtMostOnce),
+            ("mqtt:qos1", Guarantee::AtLeastOnce),
+            ("mqtt:qos0", Guarantee::AtMostOnce),
+            ("mqtt:qos2", Guarantee::ExactlyOnce),
+            ("sqs:standard", Guarantee::AtLeastOnce),
+            ("sqs:fifo", Guarantee::ExactlyOnce),
+        ];
+        assert_eq!(claims, want.map(|(n, g)| (n.to_owned(), g)));
+    }
+
+    #[test]
+    fn each_broker_names_its_server_and_url() {
+        let addr: std::net::SocketAddr = ([127, 0, 0, 1], 5000).into();
+        for (spelled, server, url) in [
+            ("rabbitmq", "rabbitmq", "amqp://127.0.0.1:5000/%2f"),
+            ("nats:core", "nats", "nats://127.0.0.1:5000"),
+            ("mqtt:qos2", "mosquitto", "mqtt://127.0.0.1:5000"),
+            ("sqs:fifo", "moto", "http://127.0.0.1:5000"),
+        ] {
+            let spec: TransportSpec = spelled.parse().unwrap();
+            assert_eq!((spec.server(), local_url(spec, addr).as_str()), (Some(server), url), "{spelled}");
+        }
     }
 
     #[test]
