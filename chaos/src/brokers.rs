@@ -219,18 +219,32 @@ impl Broker {
     }
 }
 
-/// A free loopback port for a broker, and a second one: below 45536, since
-/// RabbitMQ's distribution port is its port + 20000 (so that one must be free too).
+/// A free loopback port for a broker, and the next one, both below the
+/// kernel's ephemeral range, as is RabbitMQ's distribution port (20000
+/// above the first). Below it because a broker's clients keep connecting while a
+/// `broker-restart` has it down, and a connect to a free port of the
+/// ephemeral range on the loopback can be given that very port as its own
+/// and connect to itself; the broker then cannot listen again (RabbitMQ
+/// failed to restart with `eaddrinuse` exactly so).
 pub fn free_ports() -> anyhow::Result<(u16, u16)> {
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next().and_then(|p| p.parse::<u32>().ok()))
+        .unwrap_or(32768);
+    let (low, high) = (10_000u32, ephemeral_low.saturating_sub(20_001));
+    anyhow::ensure!(
+        high > low,
+        "the ephemeral port range starts at {ephemeral_low}: no room below it for a broker's ports"
+    );
     let mut rng = haunt_store::Rng::from_entropy();
-    let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+    let free = |p: u32| std::net::TcpListener::bind(("127.0.0.1", p as u16)).is_ok();
     for _ in 0..200 {
-        let port = 20000 + (rng.next_u64() % 25000) as u16;
+        let port = low + (rng.next_u64() % u64::from(high - low)) as u32;
         if free(port) && free(port + 1) && free(port + 20000) {
-            return Ok((port, port + 1));
+            return Ok((port as u16, port as u16 + 1));
         }
     }
-    anyhow::bail!("no free pair of loopback ports between 20000 and 45000")
+    anyhow::bail!("no free pair of loopback ports between {low} and {high}")
 }
 
 fn write(path: &Path, text: &str) -> anyhow::Result<()> {

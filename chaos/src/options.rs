@@ -214,7 +214,7 @@ impl RunOptions {
             None => crate::fault::all_possible(
                 self.db_is_node(),
                 self.backend == BackendKind::Docker,
-                self.transport.is_broker(),
+                self.transport.is_broker() && self.transport.server_is_durable(),
             ),
         }
     }
@@ -260,7 +260,9 @@ impl RunOptions {
     pub fn default_faults(&self) -> Vec<Fault> {
         match &self.system {
             Some(_) => self.all_faults(),
-            None if self.transport.is_broker() => [&DEFAULT_FAULTS[..], &[Fault::BrokerRestart]].concat(),
+            None if self.transport.is_broker() && self.transport.server_is_durable() => {
+                [&DEFAULT_FAULTS[..], &[Fault::BrokerRestart]].concat()
+            }
             None => DEFAULT_FAULTS.to_vec(),
         }
     }
@@ -315,9 +317,22 @@ impl RunOptions {
         if let Some(bug) = self.bug.filter(|b| b.needs_broker() && !broker) {
             anyhow::bail!("--bug {bug} is a bug of the relay, which only a broker transport has: add --transport NAME");
         }
+        if self.bug == Some(Bug::NoPublisherConfirms) && broker && !self.transport.has_publisher_confirms() {
+            anyhow::bail!(
+                "--bug no-publisher-confirms with --transport {}: its publish always waits for the server's reply, \
+                 so the bug changes nothing there",
+                self.transport
+            );
+        }
         anyhow::ensure!(
             broker || !self.faults.contains(&Fault::BrokerRestart),
             "--nemesis broker-restart needs a broker: --transport NAME"
+        );
+        anyhow::ensure!(
+            !broker || self.transport.server_is_durable() || !self.faults.contains(&Fault::BrokerRestart),
+            "--nemesis broker-restart with --transport {}: its server (moto, an emulator) keeps its queues in memory, \
+             so a restart loses them whatever SQS would do",
+            self.transport
         );
         anyhow::ensure!(
             !docker || (self.db.is_none() && self.pg_data.is_none()),

@@ -165,6 +165,21 @@ impl TransportSpec {
             Kind::Sqs => Some("moto"),
         }
     }
+
+    /// Whether the broker's server keeps what it confirmed through a crash.
+    /// moto, the SQS emulator, keeps its queues in memory: a restart of it
+    /// loses everything, which says nothing about SQS, so `broker-restart`
+    /// is not offered there.
+    pub fn server_is_durable(&self) -> bool {
+        self.kind != Kind::Sqs
+    }
+
+    /// Whether the relay can publish without waiting for a confirmation
+    /// (`no-publisher-confirms` then changes something): RabbitMQ's
+    /// publisher confirms, JetStream's publish acks, MQTT's PUBACK/PUBCOMP.
+    pub fn has_publisher_confirms(&self) -> bool {
+        matches!(self.kind, Kind::RabbitMq | Kind::Nats | Kind::Mqtt)
+    }
 }
 
 impl fmt::Display for TransportSpec {
