@@ -443,6 +443,42 @@ pub async fn inspector(spec: TransportSpec, url: &str) -> Result<Box<dyn Inspect
     }
 }
 
+/// A fire-and-forget subscription's receive: waits up to `wait` for a first
+/// message, then takes whatever else already arrived, up to `max`. What
+/// arrives is settled on arrival; bodies that are not envelopes are dropped
+/// with a warning. Redis Pub/Sub and core NATS share it.
+#[cfg(any(feature = "redis", feature = "nats"))]
+async fn receive_published<S, M>(
+    messages: &mut S,
+    body: impl Fn(&M) -> &[u8],
+    max: usize,
+    wait: Duration,
+    broker: &'static str,
+) -> Result<Vec<Delivery>, TransportError>
+where
+    S: futures_util::Stream<Item = M> + Unpin,
+{
+    use futures_util::{FutureExt, StreamExt};
+    let mut out = Vec::new();
+    let mut next = match tokio::time::timeout(wait, messages.next()).await {
+        Err(_) => return Ok(out),
+        Ok(None) => return Err(TransportError::Broker { broker, why: "subscription closed".into() }),
+        Ok(Some(message)) => Some(message),
+    };
+    while let Some(message) = next.take() {
+        match Envelope::from_body(body(&message)) {
+            Ok(envelope) => out.push(Delivery { envelope, delivery_count: 1, receipt: Receipt(String::new()) }),
+            Err(e) => tracing::warn!(error = %e, "dropping a published message that is not a haunt envelope"),
+        }
+        if out.len() >= max {
+            break;
+        }
+        // Whatever else already arrived joins the batch.
+        next = messages.next().now_or_never().flatten();
+    }
+    Ok(out)
+}
+
 /// The name queues, streams and topics take on every broker whose names
 /// allow a dot (NATS streams and SQS queues are named `haunt-orders`).
 pub const DESTINATION: &str = "haunt.orders";

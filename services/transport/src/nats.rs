@@ -272,26 +272,13 @@ impl std::fmt::Debug for CoreSubscriber {
 
 impl Consumer for CoreSubscriber {
     fn receive(&mut self, max: usize, wait: Duration) -> BoxFuture<'_, Result<Vec<Delivery>, TransportError>> {
-        Box::pin(async move {
-            let mut out = Vec::new();
-            let mut next = match tokio::time::timeout(wait, self.subscriber.next()).await {
-                Err(_) => return Ok(out),
-                Ok(None) => return Err(broker("subscription closed")),
-                Ok(Some(message)) => Some(message),
-            };
-            while let Some(message) = next.take() {
-                match Envelope::from_body(&message.payload) {
-                    Ok(envelope) => out.push(Delivery { envelope, delivery_count: 1, receipt: Receipt(String::new()) }),
-                    Err(e) => tracing::warn!(error = %e, "dropping a published message that is not a haunt envelope"),
-                }
-                if out.len() >= max {
-                    break;
-                }
-                // Whatever else already arrived joins the batch.
-                next = futures_util::FutureExt::now_or_never(self.subscriber.next()).flatten();
-            }
-            Ok(out)
-        })
+        Box::pin(crate::receive_published(
+            &mut self.subscriber,
+            |m: &async_nats::Message| &m.payload[..],
+            max,
+            wait,
+            "nats",
+        ))
     }
 
     fn ack<'a>(&'a mut self, _receipts: &'a [Receipt]) -> BoxFuture<'a, Result<(), TransportError>> {

@@ -17,7 +17,6 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamAutoClaimReply, StreamId, StreamPendingCountReply, StreamReadReply};
@@ -305,27 +304,13 @@ impl std::fmt::Debug for Subscriber {
 
 impl Consumer for Subscriber {
     fn receive(&mut self, max: usize, wait: Duration) -> BoxFuture<'_, Result<Vec<Delivery>, TransportError>> {
-        Box::pin(async move {
-            let mut out = Vec::new();
-            let first = tokio::time::timeout(wait, self.messages.next()).await;
-            let mut next = match first {
-                Err(_) => return Ok(out),
-                Ok(None) => return Err(TransportError::Broker { broker: "redis", why: "subscription closed".into() }),
-                Ok(Some(msg)) => Some(msg),
-            };
-            while let Some(msg) = next.take() {
-                match Envelope::from_body(msg.get_payload_bytes()) {
-                    Ok(envelope) => out.push(Delivery { envelope, delivery_count: 1, receipt: Receipt(String::new()) }),
-                    Err(e) => tracing::warn!(error = %e, "dropping a published message that is not a haunt envelope"),
-                }
-                if out.len() >= max {
-                    break;
-                }
-                // Whatever else already arrived joins the batch.
-                next = futures_util::FutureExt::now_or_never(self.messages.next()).flatten();
-            }
-            Ok(out)
-        })
+        Box::pin(crate::receive_published(
+            &mut self.messages,
+            |m: &redis::Msg| m.get_payload_bytes(),
+            max,
+            wait,
+            "redis",
+        ))
     }
 
     fn ack<'a>(&'a mut self, _receipts: &'a [Receipt]) -> BoxFuture<'a, Result<(), TransportError>> {
