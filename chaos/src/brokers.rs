@@ -89,9 +89,22 @@ impl Broker {
     /// Lays the broker out in `dir` (its configuration and data) to listen on
     /// 127.0.0.1:`port`; `http_port` is a second port for the brokers that
     /// answer health checks on one (NATS).
-    pub fn layout(self, port: u16, http_port: u16, dir: &Path) -> anyhow::Result<BrokerNode> {
+    ///
+    /// `ack_timeout` is for a broker that has no visibility timeout of its
+    /// own: how long a consumer may hold a delivery unacked before the broker
+    /// takes it back. RabbitMQ's `consumer_timeout` is that (it closes the
+    /// channel, which requeues what it held); `None` keeps its default of 30
+    /// minutes, under which a lost ack on a live channel is never redelivered
+    /// within a run. The other brokers take it from their clients.
+    pub fn layout(
+        self,
+        port: u16,
+        http_port: u16,
+        dir: &Path,
+        ack_timeout: Option<Duration>,
+    ) -> anyhow::Result<BrokerNode> {
         let program = self.program()?;
-        let (spec, _) = self.lay_out(port, http_port, dir, "127.0.0.1", &program)?;
+        let (spec, _) = self.lay_out(port, http_port, dir, "127.0.0.1", &program, ack_timeout)?;
         Ok(BrokerNode { broker: self, spec, ready: self.ready(port, http_port), addr: ([127, 0, 0, 1], port).into() })
     }
 
@@ -100,7 +113,13 @@ impl Broker {
     /// `port` (and `http_port`), its configuration and data in `dir`, which
     /// the container mounts at the same path. Returns the spec to run (the
     /// program first in its arguments) and the working directory.
-    pub fn layout_in_container(self, port: u16, http_port: u16, dir: &Path) -> anyhow::Result<(NodeSpec, PathBuf)> {
+    pub fn layout_in_container(
+        self,
+        port: u16,
+        http_port: u16,
+        dir: &Path,
+        ack_timeout: Option<Duration>,
+    ) -> anyhow::Result<(NodeSpec, PathBuf)> {
         let program = PathBuf::from(match self {
             Broker::RabbitMq => "/usr/lib/rabbitmq/bin/rabbitmq-server",
             Broker::Redis => "/usr/bin/redis-server",
@@ -109,7 +128,7 @@ impl Broker {
             Broker::Moto => "/usr/local/bin/moto_server",
             Broker::Tansu => anyhow::bail!("tansu has no container image here (it is not in Debian or PyPI)"),
         });
-        self.lay_out(port, http_port, dir, "0.0.0.0", &program)
+        self.lay_out(port, http_port, dir, "0.0.0.0", &program, ack_timeout)
     }
 
     /// How to tell that the broker answers on `port` (and `http_port`) of 127.0.0.1.
@@ -138,6 +157,7 @@ impl Broker {
         dir: &Path,
         bind: &str,
         program: &Path,
+        ack_timeout: Option<Duration>,
     ) -> anyhow::Result<(NodeSpec, PathBuf)> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let dir = std::path::absolute(dir)?;
@@ -147,10 +167,16 @@ impl Broker {
         let args: Vec<String> = match self {
             Broker::RabbitMq => {
                 anyhow::ensure!(port <= 45535, "RabbitMQ's distribution port is its port + 20000: {port} is too high");
-                write(
-                    &dir.join("rabbitmq.conf"),
-                    &format!("listeners.tcp.1 = {bind}:{port}\nloopback_users = none\n"),
-                )?;
+                let mut conf = format!("listeners.tcp.1 = {bind}:{port}\nloopback_users = none\n");
+                // The channel checks its deliveries' age once a tick (a
+                // minute by default); a tick of a quarter of the timeout
+                // takes a delivery back within 1.25 times the timeout.
+                let tick = ack_timeout.map_or(60_000, |t| (t.as_millis() / 4).clamp(100, 60_000));
+                if let Some(t) = ack_timeout {
+                    conf.push_str(&format!("consumer_timeout = {}\n", t.as_millis()));
+                }
+                write(&dir.join("rabbitmq.conf"), &conf)?;
+                write(&dir.join("advanced.config"), &format!("[{{rabbit, [{{channel_tick_interval, {tick}}}]}}].\n"))?;
                 write(&dir.join("enabled_plugins"), "[].\n")?;
                 write(&dir.join("rabbitmq-env.conf"), "")?;
                 std::fs::create_dir_all(dir.join("home"))?;
@@ -163,6 +189,7 @@ impl Broker {
                     ("RABBITMQ_MNESIA_BASE", d("mnesia")),
                     ("RABBITMQ_LOG_BASE", d("log")),
                     ("RABBITMQ_CONFIG_FILE", d("rabbitmq.conf")),
+                    ("RABBITMQ_ADVANCED_CONFIG_FILE", d("advanced.config")),
                     ("RABBITMQ_ENABLED_PLUGINS_FILE", d("enabled_plugins")),
                     ("RABBITMQ_CONF_ENV_FILE", d("rabbitmq-env.conf")),
                     ("RABBITMQ_PID_FILE", d("pid")),

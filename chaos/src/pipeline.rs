@@ -53,12 +53,23 @@ struct BrokerSide {
     transport: TransportSpec,
     laid: BrokerNode,
     url: String,
+    /// How long nothing may wait in a broker that cannot count what its
+    /// consumers hold before the run calls it drained: twice the visibility
+    /// timeout, which is also the broker's ack timeout where it has one to
+    /// set (RabbitMQ's `consumer_timeout`).
+    settle: Duration,
 }
 
 impl BrokerSide {
     async fn depth(&self) -> anyhow::Result<Depth> {
         let inspector = haunt_transport::inspector(self.transport, &self.url).await?;
         Ok(inspector.depth().await?)
+    }
+
+    /// Drained while the consumers run (`haunt_transport::Inspector::drained`).
+    async fn drained(&self) -> anyhow::Result<bool> {
+        let inspector = haunt_transport::inspector(self.transport, &self.url).await?;
+        Ok(inspector.drained(self.settle).await?)
     }
 }
 
@@ -169,7 +180,7 @@ impl System for Pipeline {
                 return Ok(false);
             }
             match &self.broker {
-                Some(broker) => Ok(broker.depth().await?.is_empty()),
+                Some(broker) => broker.drained().await,
                 None => Ok(true),
             }
         })
@@ -322,12 +333,17 @@ async fn local_pipeline(
     if let Some(server) = transport.server() {
         let server = Broker::from_name(server).with_context(|| format!("no broker server for {transport}"))?;
         let (port, http_port) = crate::brokers::free_ports()?;
-        let laid = server.layout(port, http_port, &run_dir.join("broker"))?;
+        let laid = server.layout(port, http_port, &run_dir.join("broker"), Some(options.visibility_timeout))?;
         specs.insert(0, laid.spec.clone());
         for name in names.iter().filter(|n| **n != api_node().name) {
             broker_proxies.push((format!("{name}<->broker"), Arc::new(FaultProxy::start(laid.addr).await?)));
         }
-        broker = Some(BrokerSide { transport, url: haunt_transport::local_url(transport, laid.addr), laid });
+        broker = Some(BrokerSide {
+            transport,
+            url: haunt_transport::local_url(transport, laid.addr),
+            laid,
+            settle: options.visibility_timeout * 2,
+        });
     }
     let broker_for = |name: &str| -> Vec<String> {
         let link = format!("{name}<->broker");
@@ -482,7 +498,12 @@ async fn docker_pipeline(options: &RunOptions, run_id: &str, token: &str, run_di
     if let Some(server) = transport.server() {
         let server = Broker::from_name(server).with_context(|| format!("no broker server for {transport}"))?;
         let (host_port, host_http_port) = (port()?, port()?);
-        let (spec, dir) = server.layout_in_container(BROKER_PORT, BROKER_HTTP_PORT, &run_dir.join("broker"))?;
+        let (spec, dir) = server.layout_in_container(
+            BROKER_PORT,
+            BROKER_HTTP_PORT,
+            &run_dir.join("broker"),
+            Some(options.visibility_timeout),
+        )?;
         let program = spec.program.clone().expect("a broker names its program");
         specs.insert(
             0,
@@ -504,7 +525,12 @@ async fn docker_pipeline(options: &RunOptions, run_id: &str, token: &str, run_di
         };
         let inside = haunt_transport::url(transport, &format!("{}:{BROKER_PORT}", laid.spec.node.name));
         broker_args = vec!["--transport".into(), transport.to_string(), "--broker".into(), inside];
-        broker = Some(BrokerSide { transport, url: haunt_transport::local_url(transport, laid.addr), laid });
+        broker = Some(BrokerSide {
+            transport,
+            url: haunt_transport::local_url(transport, laid.addr),
+            laid,
+            settle: options.visibility_timeout * 2,
+        });
     }
     if transport.is_broker() {
         let node = relay_node();

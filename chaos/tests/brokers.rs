@@ -22,7 +22,7 @@ async fn lifecycle(broker: Broker) {
     }
     let dir = tempfile::tempdir().unwrap();
     let (port, http_port) = free_ports().unwrap();
-    let laid = broker.layout(port, http_port, &dir.path().join("data")).unwrap_or_else(|e| panic!("{e:#}"));
+    let laid = broker.layout(port, http_port, &dir.path().join("data"), None).unwrap_or_else(|e| panic!("{e:#}"));
     let node = laid.spec.node.clone();
     let backend = LocalBackend::new(
         laid.spec.program.clone().unwrap(),

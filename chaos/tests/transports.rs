@@ -27,7 +27,7 @@ impl Server {
     async fn start(broker: Broker) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let (port, http_port) = free_ports().unwrap();
-        let laid = broker.layout(port, http_port, &dir.path().join("data")).unwrap_or_else(|e| panic!("{e:#}"));
+        let laid = broker.layout(port, http_port, &dir.path().join("data"), None).unwrap_or_else(|e| panic!("{e:#}"));
         let backend = LocalBackend::new(
             laid.spec.program.clone().unwrap(),
             dir.path().to_owned(),

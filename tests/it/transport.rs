@@ -129,6 +129,14 @@ fn redis_pubsub_loses_under_a_consumer_kill() {
     at_most_once_loses_under_a_consumer_kill("redis-pubsub");
 }
 
+/// RabbitMQ has no visibility timeout: the run sets its `consumer_timeout`
+/// to the visibility timeout, so a delivery whose ack was lost comes back
+/// when the broker closes the channel that held it.
+#[test]
+fn rabbitmq_manual_ack_is_valid_under_broker_faults() {
+    at_least_once_is_valid_under_broker_faults("rabbitmq");
+}
+
 #[test]
 fn rabbitmq_without_an_inbox_double_applies() {
     no_inbox_is_caught_as_double_applied("rabbitmq");
@@ -162,6 +170,24 @@ fn sqs_standard_on_moto_is_valid_under_consumer_faults() {
 #[test]
 fn sqs_standard_without_an_inbox_double_applies() {
     no_inbox_is_caught_as_double_applied("sqs");
+}
+
+/// MQTT resends an unacked message only to a reconnecting session: the
+/// consumer reconnects once a delivery has waited past the visibility
+/// timeout for its ack.
+#[test]
+fn mqtt_qos1_is_valid_under_broker_faults() {
+    at_least_once_is_valid_under_broker_faults("mqtt");
+}
+
+#[test]
+fn mqtt_qos1_without_an_inbox_double_applies() {
+    no_inbox_is_caught_as_double_applied("mqtt");
+}
+
+#[test]
+fn mqtt_qos0_loses_under_a_consumer_kill() {
+    at_most_once_loses_under_a_consumer_kill("mqtt:qos0");
 }
 
 #[test]

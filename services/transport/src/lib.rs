@@ -371,6 +371,20 @@ pub trait Inspector: Send + Sync + fmt::Debug {
 
     /// What the broker still holds.
     fn depth(&self) -> BoxFuture<'_, Result<Depth, TransportError>>;
+
+    /// Whether the broker looks drained while its consumers are still
+    /// attached, the test of a run's quiet phase. Where [`Inspector::depth`]
+    /// sees everything, that is an empty depth. A broker that cannot count
+    /// what live consumers hold unacked (RabbitMQ) answers from what waits
+    /// for a consumer instead, and only once nothing has waited for
+    /// `settle`: longer than the broker lets a consumer hold a delivery, so
+    /// that whatever a lost ack left held has come back and gone again. The
+    /// final state is still read with `depth`, after the consumers stop, so a
+    /// wrong guess here costs a verdict (`unknown`), never a false anomaly.
+    fn drained(&self, settle: Duration) -> BoxFuture<'_, Result<bool, TransportError>> {
+        let _ = settle;
+        Box::pin(async move { Ok(self.depth().await?.is_empty()) })
+    }
 }
 
 /// Connects a publisher for `spec` to the broker at `url`.

@@ -21,9 +21,16 @@
 //! message waits. mosquitto also queues new messages for an offline member
 //! of a shared subscription (it takes its turn in the round robin), so a
 //! dead worker's session gathers messages until that worker returns. In
-//! haunt the redelivery therefore happens when the same worker (same client
-//! id) restarts; the contract test reconnects the same client id instead
-//! of starting a second consumer.
+//! haunt the redelivery therefore happens when the same client id connects
+//! again; the contract test reconnects the same client id instead of
+//! starting a second consumer. A live worker whose ack was lost would hold
+//! that message forever, and with it one of the broker's in-flight slots
+//! for its session (mosquitto's `max_inflight_messages`, 20), so the
+//! consumer keeps its own deadline: once a delivery it handed out has gone
+//! unacked for `Options::visibility_timeout`, `receive` fails, and the
+//! worker drops the connection and connects the session again, which makes
+//! the broker resend. That is the client-side visibility timeout MQTT
+//! leaves to its clients.
 //!
 //! **Declaring**: a message published while no session is subscribed is
 //! dropped by the broker, and the inspector cannot create the workers'
@@ -313,7 +320,14 @@ pub(crate) async fn consumer(
         Ok(Err(_)) => return Err(broker("the connection's event loop stopped")),
         Ok(Ok(answer)) => answer.clone().expect("waited for an answer").map_err(broker)?,
     }
-    Ok(Box::new(MqttConsumer { client, qos, deliveries: received, _polled: polled }))
+    Ok(Box::new(MqttConsumer {
+        client,
+        qos,
+        deliveries: received,
+        _polled: polled,
+        unacked: BTreeMap::new(),
+        ack_deadline: options.visibility_timeout,
+    }))
 }
 
 #[derive(Debug)]
@@ -322,6 +336,11 @@ struct MqttConsumer {
     qos: QoS,
     deliveries: mpsc::Receiver<Publish>,
     _polled: Polled,
+    /// Packet ids handed out and not acked, with when they were received.
+    unacked: BTreeMap<u16, Instant>,
+    /// How long a delivery may stay unacked before the session is
+    /// reconnected for the broker to resend it: the visibility timeout.
+    ack_deadline: Duration,
 }
 
 impl MqttConsumer {
@@ -336,6 +355,17 @@ impl MqttConsumer {
 impl Consumer for MqttConsumer {
     fn receive(&mut self, max: usize, wait: Duration) -> BoxFuture<'_, Result<Vec<Delivery>, TransportError>> {
         Box::pin(async move {
+            // MQTT resends an unacked message only on a reconnect of its
+            // session (see the module doc): one held past the deadline means
+            // this connection is done with.
+            if let Some(held) = self.unacked.values().min().filter(|at| at.elapsed() >= self.ack_deadline) {
+                return Err(broker(format!(
+                    "{} deliveries unacked, the oldest for {:?} (past the visibility timeout): the session must \
+                     reconnect for the broker to resend them",
+                    self.unacked.len(),
+                    held.elapsed()
+                )));
+            }
             let mut raw = Vec::new();
             match tokio::time::timeout(wait, self.deliveries.recv()).await {
                 Err(_) => return Ok(Vec::new()),
@@ -351,11 +381,16 @@ impl Consumer for MqttConsumer {
             let mut out = Vec::with_capacity(raw.len());
             for publish in raw {
                 match Envelope::from_body(&publish.payload) {
-                    Ok(envelope) => out.push(Delivery {
-                        envelope,
-                        delivery_count: if publish.dup { 2 } else { 1 },
-                        receipt: Receipt(publish.pkid.to_string()),
-                    }),
+                    Ok(envelope) => {
+                        if self.qos != QoS::AtMostOnce {
+                            self.unacked.insert(publish.pkid, Instant::now());
+                        }
+                        out.push(Delivery {
+                            envelope,
+                            delivery_count: if publish.dup { 2 } else { 1 },
+                            receipt: Receipt(publish.pkid.to_string()),
+                        })
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "dropping a published message that is not a haunt envelope");
                         if self.qos != QoS::AtMostOnce {
@@ -376,6 +411,7 @@ impl Consumer for MqttConsumer {
             for receipt in receipts {
                 let pkid = receipt.0.parse().map_err(|_| broker(format!("not a packet id: {:?}", receipt.0)))?;
                 self.ack_pkid(pkid).await?;
+                self.unacked.remove(&pkid);
             }
             Ok(())
         })

@@ -14,14 +14,18 @@
 //! `Consumer::ack` is `basic.ack` per delivery tag. **A delivery that is
 //! never acked stays with its channel, not given to any other consumer, for
 //! as long as that channel stays open**: RabbitMQ has no visibility timeout
-//! (`Options::visibility_timeout` is ignored; only its
-//! `consumer_timeout`, 30 minutes by default, closes a channel that holds
-//! a delivery too long). When the channel or its connection closes (the
-//! worker exits, crashes or loses its link), the broker requeues the
-//! delivery and gives it to another consumer with `redelivered` set. So a
-//! lost ack on a live channel delays redelivery until that worker's
-//! channel goes away; the contract test shows a second consumer getting
-//! nothing while the first one's channel is open.
+//! (`Options::visibility_timeout` is ignored by the client). Its bound on
+//! an unacked delivery is the server's `consumer_timeout` (30 minutes by
+//! default): a channel holding a delivery longer is closed by the broker
+//! with PRECONDITION_FAILED. When the channel or its connection closes (the
+//! worker exits, crashes or loses its link, or the timeout fires), the
+//! broker requeues the delivery and gives it to another consumer with
+//! `redelivered` set. The contract test shows a second consumer getting
+//! nothing while the first one's channel is open (the broker there keeps
+//! the default); a run sets `consumer_timeout` to its visibility timeout
+//! and checks the channel's deliveries four times as often
+//! (`channel_tick_interval`, `haunt_chaos::brokers`), so a lost ack comes
+//! back as it would from a broker with a visibility timeout.
 //!
 //! Delivery count: a quorum queue sets `x-delivery-count` on a requeued
 //! message to the number of earlier deliveries, so the count is that plus
@@ -407,6 +411,35 @@ impl Inspector for Queue {
             let channel = conn.create_channel().await.map_err(broker)?;
             declare(&channel).await?;
             conn.close(200, "declared".into()).await.map_err(broker)
+        })
+    }
+
+    /// Ready messages only, consumers or not: nothing ready for `settle`
+    /// (at least [`RECOVERY_WAIT`]) means drained. With `consumer_timeout`
+    /// below `settle` (the harness sets it to the visibility timeout), a
+    /// delivery whose ack was lost is back in the ready count by then.
+    fn drained(&self, settle: Duration) -> BoxFuture<'_, Result<bool, TransportError>> {
+        Box::pin(async move {
+            let conn = connect(&self.url).await?;
+            let since = Instant::now();
+            let passive = QueueDeclareOptions { passive: true, durable: true, ..Default::default() };
+            let drained = loop {
+                let channel = conn.create_channel().await.map_err(broker)?;
+                let queue = channel
+                    .queue_declare(ShortString::from(DESTINATION), passive, FieldTable::default())
+                    .await
+                    .map_err(broker)?;
+                let _ = channel.close(200, "counted".into()).await;
+                if queue.message_count() > 0 {
+                    break false;
+                }
+                if since.elapsed() >= settle.max(RECOVERY_WAIT) {
+                    break true;
+                }
+                tokio::time::sleep(RECOUNT_DELAY).await;
+            };
+            let _ = conn.close(200, "counted".into()).await;
+            Ok(drained)
         })
     }
 
