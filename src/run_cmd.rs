@@ -216,6 +216,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         std::process::exit(130);
     });
     let quiet = options.quiet;
+    let enabled = options.faults.len();
     let outcome = haunt_chaos::run::run(options, abort).await?;
     if outcome.aborted {
         eprintln!("aborted: {}", outcome.run_dir.display());
@@ -228,15 +229,23 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
             outcome.faults_never_fired.join(", ")
         )
     });
+    // Faults fired, and not one delivery came twice: the inbox was never tested.
+    let fired = enabled > outcome.faults_never_fired.len();
+    let no_redelivery = (fired && results.delivery.redeliveries == Some(0)).then(|| {
+        "warning: the faults fired but caused no redelivery, so this run did not test the inbox \
+         (another --seed, a longer --time-limit-s or --nemesis ack-loss will)"
+            .to_owned()
+    });
+    let warnings: Vec<&String> = [&never_fired, &no_redelivery].into_iter().flatten().collect();
     if quiet {
         println!("{} {}", results.valid.as_str(), outcome.run_dir.display());
         // The one line on stdout stays the verdict's.
-        if let Some(warning) = &never_fired {
+        for warning in &warnings {
             eprintln!("{warning}");
         }
     } else {
         print!("{}", haunt_checker::summary::render(&results));
-        if let Some(warning) = &never_fired {
+        for warning in &warnings {
             println!("{warning}");
         }
         println!("\nrun: {}", outcome.run_dir.display());

@@ -74,6 +74,7 @@ fn a_short_run_with_every_local_fault_on_sqlite_is_valid() {
     assert_eq!((run_json["seed"].as_u64(), run_json["aborted"].as_bool()), (Some(7), Some(false)));
     assert_eq!(run_json["faults_never_fired"], serde_json::json!([]), "every fault fired: {run_json}");
     assert!(!stdout.contains("never fired"), "{stdout}");
+    assert!(!stdout.contains("caused no redelivery"), "{stdout}");
     assert!(run_json["git_revision"].as_str().is_some_and(|r| !r.is_empty()));
     for log in ["api", "worker-1", "worker-2", "worker-3"] {
         assert!(run.join("logs").join(format!("{log}.log")).exists(), "logs/{log}.log");
@@ -87,6 +88,23 @@ fn a_short_run_with_every_local_fault_on_sqlite_is_valid() {
     );
     let left = processes_mentioning(&run.to_string_lossy());
     assert!(left.is_empty(), "processes left running: {left:?}");
+}
+
+/// A clock skew well inside a 60 s visibility timeout expires no lease: the
+/// fault fires, nothing is delivered twice, and the run says so.
+#[test]
+fn a_run_whose_faults_caused_no_redelivery_says_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let args = ["--time-limit-s", "6", "--nemesis", "clock-skew", "--visibility-timeout-ms", "60000", "--seed", "1"];
+    let out = haunt_run(tmp.path(), &args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let results = read_json(&latest(tmp.path()).join("results.json"));
+    assert_eq!(results["delivery"]["redeliveries"], 0, "{results}");
+    assert!(
+        stdout.contains("warning: the faults fired but caused no redelivery, so this run did not test the inbox"),
+        "{stdout}"
+    );
 }
 
 #[test]
