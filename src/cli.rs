@@ -43,6 +43,12 @@ enum Command {
     /// exit 2 (unknown) if a row could not run (no --db) and --only did not
     /// leave it out.
     Matrix(crate::matrix_cmd::MatrixArgs),
+    /// Measure each transport's delivery guarantee: the same seeded faults
+    /// (consumer kill, broker restart, partition, ack loss, relay kill) with
+    /// and without the inbox, reconcile afterwards, then a fault-free run for
+    /// speed; the tutorial's table with claim and measurement side by side.
+    /// Exit 1 if a row contradicts its claim, 2 if a row could not be measured.
+    Guarantees(crate::guarantees_cmd::GuaranteesArgs),
     /// Benchmarks, each against a baseline measured in the same run.
     #[command(subcommand)]
     Bench(crate::bench::BenchCommand),
@@ -116,6 +122,7 @@ pub fn main() -> i32 {
         Command::Reconcile(args) => run_async(services::reconcile(args)),
         Command::Redrive(args) => run_async(services::redrive(args)),
         Command::Matrix(args) => run_async_code("haunt matrix", crate::matrix_cmd::matrix(args)),
+        Command::Guarantees(args) => run_async_code("haunt guarantees", crate::guarantees_cmd::guarantees(args)),
         Command::Run(args) => run_async_code("haunt run", crate::run_cmd::run(*args)),
     }
 }

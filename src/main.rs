@@ -3,6 +3,7 @@
 
 mod bench;
 mod cli;
+mod guarantees_cmd;
 mod matrix_cmd;
 mod run_cmd;
 mod services;

@@ -30,6 +30,8 @@
 pub mod brokers;
 pub mod docker;
 pub mod fault;
+pub mod guarantees;
+pub mod guarantees_page;
 pub mod history;
 pub mod local;
 pub mod matrix;

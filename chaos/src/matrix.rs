@@ -668,32 +668,33 @@ async fn one_run(case: &Case, seed: u64, options: &MatrixOptions, runs_dir: &Pat
             command.arg("--pg-data").arg(data);
         }
     }
-    let output = tokio::task::spawn_blocking(move || command.output()).await;
-    let record = match output {
-        Ok(Ok(out)) if matches!(out.status.code(), Some(0..=2)) => {
-            let latest = runs_dir.join("latest");
-            match std::fs::canonicalize(&latest).and_then(|dir| {
-                let text = std::fs::read_to_string(dir.join("results.json"))?;
-                Ok((dir, text))
-            }) {
-                Ok((dir, text)) => match serde_json::from_str(&text) {
-                    Ok(results) => RunRecord::from_results(case, seed, dir.display().to_string(), &results),
-                    Err(e) => RunRecord::failed_to_run(seed, format!("reading results: {e}")),
-                },
-                Err(e) => RunRecord::failed_to_run(seed, format!("finding the run: {e}")),
-            }
-        }
-        Ok(Ok(out)) => RunRecord::failed_to_run(
-            seed,
-            format!("haunt run exited {:?}: {}", out.status.code(), String::from_utf8_lossy(&out.stderr).trim()),
-        ),
-        Ok(Err(e)) => RunRecord::failed_to_run(seed, e.to_string()),
-        Err(e) => RunRecord::failed_to_run(seed, e.to_string()),
+    let record = match child_run(command, runs_dir).await {
+        Ok((dir, results)) => RunRecord::from_results(case, seed, dir.display().to_string(), &results),
+        Err(e) => RunRecord::failed_to_run(seed, e),
     };
     if let Some(db) = scratch {
         db.drop_now().await;
     }
     record
+}
+
+/// Runs `command`, a child `haunt run --store runs_dir …`, to its end, and
+/// reads back its run directory and results; an exit other than a verdict's
+/// (0, 1 or 2), or a run without results, is the error.
+pub(crate) async fn child_run(mut command: Command, runs_dir: &Path) -> Result<(PathBuf, Results), String> {
+    let out = match tokio::task::spawn_blocking(move || command.output()).await {
+        Ok(Ok(out)) => out,
+        Ok(Err(e)) => return Err(e.to_string()),
+        Err(e) => return Err(e.to_string()),
+    };
+    if !matches!(out.status.code(), Some(0..=2)) {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        return Err(format!("haunt run exited {:?}: {}", out.status.code(), stderr.trim()));
+    }
+    let dir = std::fs::canonicalize(runs_dir.join("latest")).map_err(|e| format!("finding the run: {e}"))?;
+    let text = std::fs::read_to_string(dir.join("results.json")).map_err(|e| format!("finding the run: {e}"))?;
+    let results = serde_json::from_str(&text).map_err(|e| format!("reading results: {e}"))?;
+    Ok((dir, results))
 }
 
 /// Runs the matrix: every selected row, seed after seed, one child `haunt run`

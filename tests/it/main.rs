@@ -3,6 +3,7 @@
 mod bench;
 mod check;
 mod docker;
+mod guarantees;
 mod invariants;
 mod library;
 mod matrix;

@@ -1,0 +1,769 @@
+//! `haunt guarantees`: the tutorial's table of delivery guarantees, measured.
+//!
+//! For each transport and mode (the database queue among them), and for each
+//! inbox setting (the correct build, and `--bug no-inbox`):
+//!
+//! 1. seed after seed, one `haunt run` under the same seeded fault schedule:
+//!    a consumer kill, a broker restart (where the broker's server is
+//!    durable), a consumer<->broker partition (consumer<->database for the
+//!    database queue), ack loss, and with a broker a kill of the relay. The
+//!    faults target `worker-1`, its link and the relay, so each seed hits the
+//!    same places on every transport;
+//! 2. after each such run, with the inbox, `haunt reconcile` on its database:
+//!    the lost effects it re-enqueued and the projection rows it corrected; a
+//!    worker then drains what it re-enqueued, and the checker judges the
+//!    repaired state again (`after-reconcile/` in the run directory);
+//! 3. one fault-free run at a rate above what the pipeline absorbs: events/s
+//!    from the first order to the last application, and the p99 effect lag.
+//!
+//! Each row then says whether what was measured matches what the transport
+//! claims ([`Guarantee`]): at-most-once may lose and must not deliver twice;
+//! at-least-once must not lose; exactly-once must neither lose nor apply
+//! twice. Each run is a child `haunt run`, as in `haunt matrix`.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::Context;
+use haunt_checker::Results;
+use haunt_format::FinalLine;
+use haunt_store::{Store, StoreOptions};
+use haunt_transport::{Guarantee, TransportSpec};
+use serde::Serialize;
+
+use crate::matrix::child_run;
+
+/// What `haunt guarantees` runs.
+#[derive(Debug, Clone)]
+pub struct GuaranteesOptions {
+    /// The `haunt` executable each run is a child of.
+    pub haunt: PathBuf,
+    pub store: PathBuf,
+    pub transports: Vec<TransportSpec>,
+    /// Fault runs per row, seeds 1..=N.
+    pub seeds: u64,
+    /// Each fault run's workload, in seconds.
+    pub time_limit_s: u64,
+    /// The fault-free run's workload, in seconds.
+    pub throughput_time_limit_s: u64,
+}
+
+/// The visibility timeout of every run: short, so that a run of a few
+/// seconds sees redeliveries (the same for every transport).
+const VISIBILITY_TIMEOUT_MS: &str = "1000";
+
+/// The fault-free run's offered load: more than any transport here absorbs on
+/// 2 cores, so that events/s is the pipeline's and not the workload's.
+const THROUGHPUT_RATE: &str = "3000";
+const THROUGHPUT_CONCURRENCY: &str = "32";
+
+/// How long a run may take to drain after its workload: a fault-free run at
+/// [`THROUGHPUT_RATE`] leaves a backlog that takes a slow transport a while.
+const QUIESCE_TIMEOUT_S: &str = "300";
+
+/// How long the worker that drains what reconcile re-enqueued may take.
+const REPAIR_DRAIN_MAX: Duration = Duration::from_secs(60);
+
+/// One fault run of a row.
+#[derive(Debug, Clone, Serialize)]
+pub struct FaultRun {
+    pub seed: u64,
+    pub run_dir: Option<String>,
+    /// The checker's verdict: `true`, `false` or `unknown`.
+    pub verdict: Option<String>,
+    pub acknowledged: u64,
+    /// `lost-effect`: acknowledged orders whose event was never applied, after
+    /// the run drained and before any reconciliation.
+    pub lost: u64,
+    /// Events the consumers received more than once; `None` without an inbox,
+    /// which is what records deliveries.
+    pub delivered_more_than_once: Option<u64>,
+    pub redeliveries: Option<u64>,
+    /// Events applied more than once (from the ledger of applications).
+    pub applied_more_than_once: u64,
+    /// Messages the broker still held but could only count.
+    pub unlisted: u64,
+    pub faults_fired: serde_json::Value,
+    pub repair: Option<Repair>,
+    pub error: Option<String>,
+}
+
+/// What `haunt reconcile` did after a run, and the check of what it left.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Repair {
+    /// Orders whose event was nowhere, enqueued again.
+    pub requeued: u64,
+    /// Items whose projection it set back to the sum of their applied orders.
+    pub projection_corrected: u64,
+    /// After a worker drained what it re-enqueued: the checker again.
+    pub lost_after: u64,
+    pub projection_mismatch_after: u64,
+    pub applied_more_than_once_after: u64,
+    pub verdict_after: String,
+}
+
+/// The fault-free run of a row.
+#[derive(Debug, Clone, Serialize)]
+pub struct Throughput {
+    pub run_dir: Option<String>,
+    pub events_per_s: Option<f64>,
+    pub effect_lag_ms_p99: Option<f64>,
+    pub error: Option<String>,
+}
+
+/// One transport, mode and inbox setting.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// As `--transport` spells it.
+    pub transport: String,
+    pub inbox: bool,
+    /// What the transport claims.
+    pub claim: &'static str,
+    /// Sums over the fault runs that finished.
+    pub lost: u64,
+    pub delivered_more_than_once: Option<u64>,
+    pub applied_more_than_once: u64,
+    pub events_per_s: Option<f64>,
+    /// `events_per_s` over the fastest row's.
+    pub speed: Option<f64>,
+    pub effect_lag_ms_p99: Option<f64>,
+    /// Summed over the runs; `None` without an inbox, where reconcile cannot
+    /// tell an applied order from a lost one (it reads the inbox).
+    pub repaired_by_reconcile: Option<Repair>,
+    /// `None` when no fault run finished.
+    pub matches_claim: Option<bool>,
+    /// What the row shows that is worth saying: a contradiction of the claim,
+    /// or an allowance the faults never used.
+    pub finding: Option<String>,
+    pub runs: Vec<FaultRun>,
+    pub throughput: Throughput,
+}
+
+/// The faults of a transport's fault runs, and their targets.
+fn fault_args(spec: TransportSpec) -> Vec<String> {
+    let (mut faults, mut targets) = (vec!["kill", "partition", "ack-loss"], vec!["worker-1"]);
+    if spec.is_broker() {
+        targets.extend(["worker-1<->broker", "relay"]);
+        if spec.server_is_durable() {
+            faults.insert(1, "broker-restart");
+        }
+    } else {
+        targets.push("worker-1<->db");
+    }
+    let fault_list = faults.join(",");
+    let target_list = targets.join(",");
+    [
+        "--nemesis",
+        &fault_list,
+        "--fault-targets",
+        &target_list,
+        "--visibility-timeout-ms",
+        VISIBILITY_TIMEOUT_MS,
+        "--skip-fit-check",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+fn haunt_run(options: &GuaranteesOptions, runs_dir: &Path, spec: TransportSpec, inbox: bool) -> Command {
+    let mut command = Command::new(&options.haunt);
+    command.arg("run").arg("--store").arg(runs_dir).args(["--transport", &spec.to_string(), "--quiet"]);
+    command.args(["--quiesce-timeout-s", QUIESCE_TIMEOUT_S]);
+    if !inbox {
+        command.args(["--bug", "no-inbox"]);
+    }
+    command
+}
+
+async fn fault_run(
+    options: &GuaranteesOptions,
+    runs_dir: &Path,
+    spec: TransportSpec,
+    inbox: bool,
+    seed: u64,
+) -> FaultRun {
+    let mut command = haunt_run(options, runs_dir, spec, inbox);
+    // About six faults a run, as in `haunt matrix`.
+    let interval = (options.time_limit_s as f64 / 6.0).clamp(1.0, 5.0);
+    command
+        .args(["--seed", &seed.to_string(), "--time-limit-s", &options.time_limit_s.to_string()])
+        .args(["--nemesis-interval-s", &interval.to_string()])
+        .args(fault_args(spec));
+    let mut run = FaultRun {
+        seed,
+        run_dir: None,
+        verdict: None,
+        acknowledged: 0,
+        lost: 0,
+        delivered_more_than_once: None,
+        redeliveries: None,
+        applied_more_than_once: 0,
+        unlisted: 0,
+        faults_fired: serde_json::Value::Null,
+        repair: None,
+        error: None,
+    };
+    let (dir, results) = match child_run(command, runs_dir).await {
+        Ok(done) => done,
+        Err(e) => {
+            run.error = Some(e);
+            return run;
+        }
+    };
+    let run_file = read_json(&dir.join("run.json")).unwrap_or_default();
+    run.run_dir = Some(dir.display().to_string());
+    run.verdict = Some(results.valid.as_str().to_owned());
+    run.acknowledged = results.counts.acknowledged;
+    run.lost = anomaly_count(&results, "lost-effect");
+    run.delivered_more_than_once = delivered_more_than_once(&dir);
+    run.redeliveries = results.delivery.redeliveries;
+    run.applied_more_than_once = results.delivery.applied_more_than_once;
+    run.unlisted = unlisted(&dir);
+    run.faults_fired = run_file.get("faults_fired").cloned().unwrap_or_default();
+    if inbox {
+        match repair(&options.haunt, &dir).await {
+            Ok(repair) => run.repair = Some(repair),
+            Err(e) => run.error = Some(format!("reconciling: {e:#}")),
+        }
+    }
+    run
+}
+
+async fn throughput_run(options: &GuaranteesOptions, runs_dir: &Path, spec: TransportSpec, inbox: bool) -> Throughput {
+    let mut command = haunt_run(options, runs_dir, spec, inbox);
+    command.args(["--seed", "1", "--time-limit-s", &options.throughput_time_limit_s.to_string()]).args([
+        "--nemesis",
+        "none",
+        "--rate",
+        THROUGHPUT_RATE,
+        "--concurrency",
+        THROUGHPUT_CONCURRENCY,
+    ]);
+    match child_run(command, runs_dir).await {
+        Ok((dir, results)) => Throughput {
+            run_dir: Some(dir.display().to_string()),
+            events_per_s: events_per_s(&results),
+            effect_lag_ms_p99: (results.latency_ms.effect_lag.count > 0).then_some(results.latency_ms.effect_lag.p99),
+            error: None,
+        },
+        Err(e) => Throughput { run_dir: None, events_per_s: None, effect_lag_ms_p99: None, error: Some(e) },
+    }
+}
+
+fn anomaly_count(results: &Results, name: &str) -> u64 {
+    results.anomalies.get(name).map_or(0, |a| a.count)
+}
+
+fn read_json(path: &Path) -> Option<serde_json::Value> {
+    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+}
+
+/// The final state's lines, the unreadable left out (the checker has judged
+/// the same file already).
+fn final_lines(run_dir: &Path) -> Vec<FinalLine> {
+    let text = std::fs::read_to_string(run_dir.join(haunt_format::FINAL_STATE_FILE)).unwrap_or_default();
+    text.lines().filter_map(|line| serde_json::from_str(line).ok()).collect()
+}
+
+/// Events that reached a consumer more than once: delivered again (a
+/// redelivery) or refused by the inbox as a duplicate (a fan-out, a second
+/// publish). `None` when no order line carries its deliveries, as without
+/// an inbox, which is what records them.
+fn delivered_more_than_once(run_dir: &Path) -> Option<u64> {
+    let mut known = false;
+    let mut twice = 0;
+    for line in final_lines(run_dir) {
+        if let FinalLine::Order(o) = line {
+            known |= o.deliveries.is_some();
+            twice += u64::from(o.deliveries.unwrap_or(0) > 1 || o.duplicates_absorbed.unwrap_or(0) > 0);
+        }
+    }
+    known.then_some(twice)
+}
+
+/// The `meta` line's `unlisted`: what a broker held at the read and could only count.
+fn unlisted(run_dir: &Path) -> u64 {
+    meta(run_dir).and_then(|m| m.unlisted).unwrap_or(0)
+}
+
+fn meta(run_dir: &Path) -> Option<haunt_format::Meta> {
+    final_lines(run_dir).into_iter().rev().find_map(|line| match line {
+        FinalLine::Meta(meta) => Some(meta),
+        _ => None,
+    })
+}
+
+/// Events applied (each once, however often it was applied) from time 0 of
+/// the history to the end of the bucket of the last application: the
+/// pipeline's rate end to end, with the drain after the workload included.
+pub fn events_per_s(results: &Results) -> Option<f64> {
+    let last = results.series.applications.as_ref()?.last()?;
+    let span_s = (last.start_ns + results.series.bucket_ns) as f64 / 1e9;
+    (span_s > 0.0).then(|| results.counts.applied_events as f64 / span_s)
+}
+
+/// `haunt reconcile` on the run's database, a worker to drain what it
+/// re-enqueued, and the checker on the repaired state: the run's history
+/// with a final state read afresh, in `after-reconcile/`.
+pub async fn repair(haunt: &Path, run_dir: &Path) -> anyhow::Result<Repair> {
+    let url = format!("sqlite://{}", run_dir.join("haunt.db").display());
+    let store = Store::connect(&url, StoreOptions::default()).await.context("opening the run's database")?;
+    let report = store.reconcile(false).await.context("reconcile")?;
+    let mut repair = Repair {
+        requeued: report.requeued.len() as u64,
+        projection_corrected: report.drift.len() as u64,
+        ..Repair::default()
+    };
+    let drained = if report.requeued.is_empty() { Ok(()) } else { drain(haunt, &url, &store).await };
+    let after = run_dir.join("after-reconcile");
+    std::fs::create_dir_all(&after)?;
+    std::fs::copy(run_dir.join(haunt_format::HISTORY_FILE), after.join(haunt_format::HISTORY_FILE))?;
+    let mut lines = store.final_state_lines().await?;
+    store.close().await;
+    drained?;
+    let mut meta = meta(run_dir).context("the run's final state has no meta line")?;
+    // What the broker held is abandoned with it: reconcile re-enqueued it.
+    (meta.quiesced, meta.unlisted) = (true, None);
+    lines.push(FinalLine::Meta(meta));
+    let mut text = String::new();
+    for line in &lines {
+        text.push_str(&serde_json::to_string(line)?);
+        text.push('\n');
+    }
+    std::fs::write(after.join(haunt_format::FINAL_STATE_FILE), text)?;
+    let results = haunt_checker::check_dir(&after).map_err(|e| anyhow::anyhow!("checking the repaired state: {e}"))?;
+    std::fs::write(after.join(haunt_format::RESULTS_FILE), serde_json::to_string_pretty(&results)? + "\n")?;
+    repair.lost_after = anomaly_count(&results, "lost-effect");
+    repair.projection_mismatch_after = anomaly_count(&results, "projection-mismatch");
+    repair.applied_more_than_once_after = results.delivery.applied_more_than_once;
+    repair.verdict_after = results.valid.as_str().to_owned();
+    Ok(repair)
+}
+
+/// A `haunt worker` on the database queue until the queue is empty.
+async fn drain(haunt: &Path, url: &str, store: &Store) -> anyhow::Result<()> {
+    let mut worker = tokio::process::Command::new(haunt)
+        .args(["worker", "--db", url, "--worker-id", "reconcile-drain"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting a worker to drain what reconcile re-enqueued")?;
+    let deadline = tokio::time::Instant::now() + REPAIR_DRAIN_MAX;
+    let result = loop {
+        let s = store.queue_stats().await?;
+        if s.visible + s.leased + s.delayed == 0 {
+            break Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            break Err(anyhow::anyhow!("what reconcile re-enqueued did not drain within {REPAIR_DRAIN_MAX:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let _ = worker.kill().await;
+    result
+}
+
+impl Row {
+    fn new(spec: TransportSpec, inbox: bool, runs: Vec<FaultRun>, throughput: Throughput) -> Row {
+        let done: Vec<&FaultRun> = runs.iter().filter(|r| r.error.is_none()).collect();
+        let lost = done.iter().map(|r| r.lost).sum();
+        let applied_more_than_once = done.iter().map(|r| r.applied_more_than_once).sum();
+        let delivered_more_than_once =
+            done.iter().map(|r| r.delivered_more_than_once).sum::<Option<u64>>().filter(|_| !done.is_empty());
+        let repaired_by_reconcile = (inbox && !done.is_empty()).then(|| {
+            let mut sum = Repair { verdict_after: "true".into(), ..Repair::default() };
+            for r in done.iter().filter_map(|r| r.repair.as_ref()) {
+                sum.requeued += r.requeued;
+                sum.projection_corrected += r.projection_corrected;
+                sum.lost_after += r.lost_after;
+                sum.projection_mismatch_after += r.projection_mismatch_after;
+                sum.applied_more_than_once_after += r.applied_more_than_once_after;
+                if r.verdict_after != "true" {
+                    sum.verdict_after = r.verdict_after.clone();
+                }
+            }
+            sum
+        });
+        let claim = spec.claim();
+        let (matches_claim, finding) = if done.is_empty() {
+            (None, None)
+        } else {
+            judge(claim, lost, delivered_more_than_once, applied_more_than_once, &done)
+        };
+        Row {
+            transport: spec.to_string(),
+            inbox,
+            claim: claim.name(),
+            lost,
+            delivered_more_than_once,
+            applied_more_than_once,
+            events_per_s: throughput.events_per_s,
+            speed: None,
+            effect_lag_ms_p99: throughput.effect_lag_ms_p99,
+            repaired_by_reconcile,
+            matches_claim,
+            finding,
+            runs,
+            throughput,
+        }
+    }
+}
+
+/// Whether the measurement matches the claim, and what is worth saying.
+fn judge(
+    claim: Guarantee,
+    lost: u64,
+    delivered_twice: Option<u64>,
+    applied_twice: u64,
+    runs: &[&FaultRun],
+) -> (Option<bool>, Option<String>) {
+    let seeds_with = |f: &dyn Fn(&FaultRun) -> bool| -> String {
+        let s: Vec<String> = runs.iter().filter(|r| f(r)).map(|r| r.seed.to_string()).collect();
+        format!("seed {}", s.join(", "))
+    };
+    let lost_at = || seeds_with(&|r| r.lost > 0);
+    let twice_at = || seeds_with(&|r| r.delivered_more_than_once.unwrap_or(0) > 0 || r.applied_more_than_once > 0);
+    // Deliveries are recorded by the inbox; without one, an application
+    // twice is the evidence of a delivery twice.
+    let duplicated = delivered_twice.map_or(applied_twice > 0, |d| d > 0);
+    match claim {
+        Guarantee::AtMostOnce if duplicated => (
+            Some(false),
+            Some(format!(
+                "claims at-most-once, yet events reached a consumer or were applied more than once ({})",
+                twice_at()
+            )),
+        ),
+        Guarantee::AtMostOnce if lost == 0 => {
+            (Some(true), Some("allowed to lose, and these faults made it lose nothing".into()))
+        }
+        Guarantee::AtMostOnce => (Some(true), None),
+        Guarantee::AtLeastOnce | Guarantee::ExactlyOnce if lost > 0 => (
+            Some(false),
+            Some(format!("claims {}, yet lost {lost} acknowledged effects ({})", claim.name(), lost_at())),
+        ),
+        Guarantee::ExactlyOnce if applied_twice > 0 => (
+            Some(false),
+            Some(format!(
+                "claims exactly-once, yet applied {applied_twice} events twice ({}): the broker's promise ends at the broker",
+                twice_at()
+            )),
+        ),
+        Guarantee::AtLeastOnce if !duplicated => {
+            (Some(true), Some("allowed to duplicate, and these faults delivered nothing twice".into()))
+        }
+        _ => (Some(true), None),
+    }
+}
+
+/// Fills each row's speed: its events/s over the fastest row's.
+fn set_speeds(rows: &mut [Row]) {
+    let fastest = rows.iter().filter_map(|r| r.events_per_s).fold(0.0_f64, f64::max);
+    for row in rows.iter_mut() {
+        row.speed = row.events_per_s.filter(|_| fastest > 0.0).map(|e| e / fastest);
+    }
+}
+
+/// How `haunt guarantees` ended.
+#[derive(Debug)]
+pub struct GuaranteesOutcome {
+    /// `guarantees.json`, `guarantees.html`, `guarantees.txt` and `runs/`.
+    pub dir: PathBuf,
+    pub rows: Vec<Row>,
+    pub table: String,
+}
+
+impl GuaranteesOutcome {
+    /// 0 when every row ran and matches its claim, 1 when a row contradicts
+    /// it, 2 when a row could not be measured.
+    pub fn exit_code(&self) -> i32 {
+        if self.rows.iter().any(|r| r.matches_claim == Some(false)) {
+            1
+        } else if self.rows.iter().any(|r| r.matches_claim.is_none()) {
+            2
+        } else {
+            0
+        }
+    }
+}
+
+/// Runs every row, writes the table, `guarantees.json` and `guarantees.html`.
+pub async fn run(options: &GuaranteesOptions, mut progress: impl FnMut(&str)) -> anyhow::Result<GuaranteesOutcome> {
+    anyhow::ensure!(options.seeds > 0, "--seeds must be positive");
+    anyhow::ensure!(!options.transports.is_empty(), "--transports names no transport");
+    for spec in &options.transports {
+        if let Some(server) = spec.server() {
+            let broker = crate::brokers::Broker::from_name(server).context("a broker server")?;
+            broker.program().with_context(|| format!("{spec}"))?;
+        }
+    }
+    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
+    let dir = options.store.join("guarantees").join(stamp.to_string());
+    let runs_dir = dir.join("runs");
+    std::fs::create_dir_all(&runs_dir).with_context(|| format!("creating {}", runs_dir.display()))?;
+    progress(&format!(
+        "guarantees: {} transports, inbox and no inbox, {} seeds of {} s under faults and {} s without, into {}",
+        options.transports.len(),
+        options.seeds,
+        options.time_limit_s,
+        options.throughput_time_limit_s,
+        dir.display()
+    ));
+    let mut rows = Vec::new();
+    for &spec in &options.transports {
+        for inbox in [true, false] {
+            let name = format!("{spec} {}", if inbox { "inbox" } else { "no-inbox" });
+            let mut runs = Vec::new();
+            for seed in 1..=options.seeds {
+                let run = fault_run(options, &runs_dir, spec, inbox, seed).await;
+                progress(&match &run.error {
+                    Some(e) => format!("{name:<32} seed {seed:<3} ERROR {e}"),
+                    None => format!(
+                        "{name:<32} seed {seed:<3} lost {}  delivered twice {}  applied twice {}{}",
+                        run.lost,
+                        run.delivered_more_than_once.map_or("-".into(), |d| d.to_string()),
+                        run.applied_more_than_once,
+                        run.repair
+                            .as_ref()
+                            .map_or(String::new(), |r| format!("  reconcile re-enqueued {}", r.requeued))
+                    ),
+                });
+                runs.push(run);
+            }
+            let throughput = throughput_run(options, &runs_dir, spec, inbox).await;
+            progress(&match (&throughput.error, throughput.events_per_s) {
+                (Some(e), _) => format!("{name:<32} no faults  ERROR {e}"),
+                (None, events) => {
+                    format!("{name:<32} no faults  {} events/s", events.map_or("-".into(), |e| format!("{e:.0}")))
+                }
+            });
+            rows.push(Row::new(spec, inbox, runs, throughput));
+        }
+    }
+    set_speeds(&mut rows);
+    let command = format!(
+        "haunt guarantees --transports {} --seeds {} --time-limit-s {} --throughput-time-limit-s {}",
+        options.transports.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(","),
+        options.seeds,
+        options.time_limit_s,
+        options.throughput_time_limit_s
+    );
+    let table = table(&rows, &command);
+    std::fs::write(dir.join("guarantees.txt"), &table)?;
+    let json = serde_json::json!({
+        "command": command,
+        "seeds": options.seeds,
+        "time_limit_s": options.time_limit_s,
+        "throughput_time_limit_s": options.throughput_time_limit_s,
+        "rows": rows,
+    });
+    std::fs::write(dir.join("guarantees.json"), serde_json::to_string_pretty(&json)? + "\n")?;
+    std::fs::write(dir.join("guarantees.html"), crate::guarantees_page::render(&rows, &command))?;
+    Ok(GuaranteesOutcome { dir, rows, table })
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b { "yes" } else { "no" }
+}
+
+/// What the tutorial's table says of a guarantee: lost, duplicated, speed.
+fn tutorial(claim: &str) -> (&'static str, &'static str, &'static str) {
+    match claim {
+        "at-most-once" => ("yes", "no", "fast"),
+        "at-least-once" => ("no", "yes", "normal"),
+        _ => ("no", "no", "slow"),
+    }
+}
+
+/// The terminal table: the tutorial's shape first (each guarantee, the claim
+/// beside what its rows without an inbox measured, then at-least-once with
+/// the inbox), then every row.
+pub fn table(rows: &[Row], command: &str) -> String {
+    let mut t = String::new();
+    let _ = writeln!(t, "{command}\n");
+    let _ = writeln!(
+        t,
+        "{:<24} {:<24} {:<26} {:<34} rows",
+        "guarantee", "lost: claim / measured", "duplicated: claim / measured", "speed: claim / measured (fastest 1)"
+    );
+    let classes: [(&str, &str, bool); 4] = [
+        ("at-most-once", "at-most-once", false),
+        ("at-least-once", "at-least-once", false),
+        ("exactly-once", "exactly-once", false),
+        // With the inbox, "duplicated" is about effects: applied twice.
+        ("at-least-once + inbox", "at-least-once", true),
+    ];
+    for (name, claim, inbox) in classes {
+        let done: Vec<&Row> =
+            rows.iter().filter(|r| r.claim == claim && r.inbox == inbox && r.matches_claim.is_some()).collect();
+        if done.is_empty() {
+            continue;
+        }
+        let (lost, duplicated, speed) = tutorial(claim);
+        let duplicated = if inbox { "no" } else { duplicated };
+        let lost_measured = done.iter().any(|r| r.lost > 0);
+        let dup_measured = done
+            .iter()
+            .any(|r| r.applied_more_than_once > 0 || (!inbox && r.delivered_more_than_once.unwrap_or(0) > 0));
+        let speeds: Vec<f64> = done.iter().filter_map(|r| r.speed).collect();
+        let speed_range = match (speeds.iter().copied().reduce(f64::min), speeds.iter().copied().reduce(f64::max)) {
+            (Some(lo), Some(hi)) if hi - lo < 0.005 => format!("{lo:.2}"),
+            (Some(lo), Some(hi)) => format!("{lo:.2}-{hi:.2}"),
+            _ => "-".into(),
+        };
+        let _ = writeln!(
+            t,
+            "{name:<24} {:<24} {:<26} {:<34} {}",
+            format!("{lost} / {}", yes_no(lost_measured)),
+            format!("{duplicated} / {}", yes_no(dup_measured)),
+            format!("{speed} / {speed_range}"),
+            done.len()
+        );
+    }
+    let _ = writeln!(t);
+    let _ = writeln!(
+        t,
+        "{:<22} {:<6} {:<14} {:>6} {:>11} {:>13} {:>9} {:>6} {:>11} {:<26} matches",
+        "transport",
+        "inbox",
+        "claim",
+        "lost",
+        "delivered>1",
+        "applied twice",
+        "events/s",
+        "speed",
+        "p99 lag ms",
+        "reconcile"
+    );
+    for r in rows {
+        let reconcile = match &r.repaired_by_reconcile {
+            Some(p) => format!(
+                "{} re-enqueued, {} fixed, {}",
+                p.requeued,
+                p.projection_corrected,
+                if p.lost_after == 0 && p.projection_mismatch_after == 0 { "then valid" } else { "STILL WRONG" }
+            ),
+            None if r.inbox => "-".into(),
+            None => "n/a (needs the inbox)".into(),
+        };
+        let _ = writeln!(
+            t,
+            "{:<22} {:<6} {:<14} {:>6} {:>11} {:>13} {:>9} {:>6} {:>11} {:<26} {}",
+            r.transport,
+            yes_no(r.inbox),
+            r.claim,
+            r.lost,
+            r.delivered_more_than_once.map_or("-".into(), |d| d.to_string()),
+            r.applied_more_than_once,
+            r.events_per_s.map_or("-".into(), |e| format!("{e:.0}")),
+            r.speed.map_or("-".into(), |s| format!("{s:.2}")),
+            r.effect_lag_ms_p99.map_or("-".into(), |l| format!("{l:.0}")),
+            reconcile,
+            match r.matches_claim {
+                Some(true) => "yes",
+                Some(false) => "NO",
+                None => "not measured",
+            }
+        );
+    }
+    let findings: Vec<&Row> = rows.iter().filter(|r| r.finding.is_some()).collect();
+    if !findings.is_empty() {
+        let _ = writeln!(t, "\nfindings:");
+        for r in findings {
+            let dirs: Vec<&str> = r.runs.iter().filter_map(|run| run.run_dir.as_deref()).collect();
+            let _ = writeln!(
+                t,
+                "  {} ({}): {}\n    runs: {}",
+                r.transport,
+                if r.inbox { "inbox" } else { "no inbox" },
+                r.finding.as_deref().unwrap_or_default(),
+                dirs.join(" ")
+            );
+        }
+    }
+    let errors: Vec<String> = rows
+        .iter()
+        .flat_map(|r| {
+            let name = format!("{} {}", r.transport, if r.inbox { "inbox" } else { "no-inbox" });
+            let runs = r.runs.iter().filter_map(move |run| run.error.as_ref().map(|e| (run.seed, e.clone())));
+            let n = name.clone();
+            runs.map(move |(seed, e)| format!("  {n} seed {seed}: {e}"))
+                .chain(r.throughput.error.iter().map(move |e| format!("  {name} no faults: {e}")))
+        })
+        .collect();
+    if !errors.is_empty() {
+        let _ = writeln!(t, "\nnot measured:\n{}", errors.join("\n"));
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(seed: u64, lost: u64, delivered_twice: Option<u64>, applied_twice: u64) -> FaultRun {
+        FaultRun {
+            seed,
+            run_dir: None,
+            verdict: Some("true".into()),
+            acknowledged: 100,
+            lost,
+            delivered_more_than_once: delivered_twice,
+            redeliveries: delivered_twice,
+            applied_more_than_once: applied_twice,
+            unlisted: 0,
+            faults_fired: serde_json::Value::Null,
+            repair: None,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn each_claim_is_judged_by_what_it_forbids() {
+        let runs = [run(1, 0, Some(3), 0), run(2, 2, Some(0), 0)];
+        let refs: Vec<&FaultRun> = runs.iter().collect();
+        // At-least-once that lost: a finding naming the seed.
+        let (ok, finding) = judge(Guarantee::AtLeastOnce, 2, Some(3), 0, &refs);
+        assert_eq!(ok, Some(false));
+        assert!(finding.unwrap().contains("seed 2"));
+        // At-most-once that lost and never duplicated: as claimed.
+        assert_eq!(judge(Guarantee::AtMostOnce, 2, Some(0), 0, &refs).0, Some(true));
+        // At-most-once that delivered twice: contradicted.
+        assert_eq!(judge(Guarantee::AtMostOnce, 2, Some(3), 0, &refs).0, Some(false));
+        // At-most-once that lost nothing: as claimed, and said out loud.
+        let (ok, finding) = judge(Guarantee::AtMostOnce, 0, Some(0), 0, &refs);
+        assert_eq!(ok, Some(true));
+        assert!(finding.unwrap().contains("lose nothing"));
+        // Exactly-once that applied twice (no inbox: deliveries unknown).
+        assert_eq!(judge(Guarantee::ExactlyOnce, 0, None, 4, &refs).0, Some(false));
+        assert_eq!(judge(Guarantee::ExactlyOnce, 0, None, 0, &refs), (Some(true), None));
+    }
+
+    #[test]
+    fn speed_is_a_ratio_to_the_fastest_row() {
+        let t = |e| Throughput { run_dir: None, events_per_s: e, effect_lag_ms_p99: None, error: None };
+        let spec: TransportSpec = "db".parse().unwrap();
+        let mut rows = vec![
+            Row::new(spec, true, vec![run(1, 0, Some(1), 0)], t(Some(200.0))),
+            Row::new(spec, false, vec![run(1, 0, None, 1)], t(Some(400.0))),
+            Row::new(spec, true, vec![], t(None)),
+        ];
+        set_speeds(&mut rows);
+        assert_eq!(rows.iter().map(|r| r.speed).collect::<Vec<_>>(), [Some(0.5), Some(1.0), None]);
+        assert_eq!(rows[2].matches_claim, None, "a row with no finished run is not judged");
+    }
+
+    #[test]
+    fn the_fault_schedule_reaches_the_broker_and_the_relay_only_where_there_are_some() {
+        let db = fault_args("db".parse().unwrap()).join(" ");
+        assert!(db.contains("kill,partition,ack-loss") && db.contains("worker-1,worker-1<->db"), "{db}");
+        let rabbit = fault_args("rabbitmq".parse().unwrap()).join(" ");
+        assert!(rabbit.contains("kill,broker-restart,partition,ack-loss"), "{rabbit}");
+        assert!(rabbit.contains("worker-1,worker-1<->broker,relay"), "{rabbit}");
+        let sqs = fault_args("sqs".parse().unwrap()).join(" ");
+        assert!(!sqs.contains("broker-restart"), "moto keeps nothing through a restart: {sqs}");
+    }
+}

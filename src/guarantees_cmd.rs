@@ -1,0 +1,48 @@
+//! `haunt guarantees`: its arguments, and the call of
+//! [`haunt_chaos::guarantees::run`], which measures each transport's delivery
+//! guarantee under one seeded fault schedule, with and without the inbox.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use haunt_chaos::guarantees::GuaranteesOptions;
+use haunt_transport::TransportSpec;
+
+#[derive(Debug, clap::Args)]
+pub struct GuaranteesArgs {
+    /// Transports and modes, comma-separated, as `haunt run --transport`
+    /// spells them (default: every one this build has, the database queue
+    /// first). Each needs its broker's server (scripts/brokers installs them).
+    #[arg(long, value_delimiter = ',', value_name = "NAME[:MODE]")]
+    pub transports: Vec<TransportSpec>,
+    /// Fault runs per transport and inbox setting, seeds 1..=N.
+    #[arg(long, default_value_t = 3)]
+    pub seeds: u64,
+    /// Length of each fault run's workload, in seconds.
+    #[arg(long, default_value_t = 20)]
+    pub time_limit_s: u64,
+    /// Length of each fault-free run's workload, in seconds.
+    #[arg(long, default_value_t = 10)]
+    pub throughput_time_limit_s: u64,
+    /// Where the runs, the table, guarantees.json and guarantees.html go.
+    #[arg(long, default_value = "store")]
+    pub store: PathBuf,
+}
+
+pub async fn guarantees(args: GuaranteesArgs) -> anyhow::Result<i32> {
+    // Each run is a child of this very executable.
+    let haunt = std::env::current_exe().context("finding the haunt executable")?;
+    let transports = if args.transports.is_empty() { TransportSpec::all() } else { args.transports };
+    let options = GuaranteesOptions {
+        haunt,
+        store: args.store,
+        transports,
+        seeds: args.seeds,
+        time_limit_s: args.time_limit_s,
+        throughput_time_limit_s: args.throughput_time_limit_s,
+    };
+    let outcome = haunt_chaos::guarantees::run(&options, |line| eprintln!("{line}")).await?;
+    println!("{}", outcome.table);
+    println!("guarantees: {}", outcome.dir.join("guarantees.html").display());
+    Ok(outcome.exit_code())
+}

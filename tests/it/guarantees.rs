@@ -1,0 +1,105 @@
+//! `haunt guarantees`: a short one over the database queue and Redis
+//! Streams writes the table, `guarantees.json` and `guarantees.html`; the
+//! inbox rows apply nothing twice and the no-inbox rows do, under ack loss.
+//! And the repair step on its own: reconcile re-enqueues what a run lost, a
+//! worker applies it, and the checker finds the repaired state valid.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::run::{haunt_run, latest, read_json};
+
+#[test]
+fn a_short_guarantees_run_over_the_database_queue_and_redis_streams_writes_the_table_json_and_page() {
+    if std::env::var("HAUNT_SKIP_BROKERS").as_deref() == Ok("1") {
+        eprintln!("SKIPPED: haunt guarantees over redis-streams (HAUNT_SKIP_BROKERS=1)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_haunt"))
+        .arg("guarantees")
+        .arg("--store")
+        .arg(tmp.path())
+        .args(["--transports", "db,redis-streams", "--seeds", "1", "--time-limit-s", "8"])
+        .args(["--throughput-time-limit-s", "3"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("at-least-once + inbox"), "the tutorial-shaped table: {stdout}");
+    let dir = std::fs::read_dir(tmp.path().join("guarantees")).unwrap().next().unwrap().unwrap().path();
+    let json = read_json(&dir.join("guarantees.json"));
+    let rows = json["rows"].as_array().unwrap();
+    let names: Vec<(String, bool)> =
+        rows.iter().map(|r| (r["transport"].as_str().unwrap().to_owned(), r["inbox"].as_bool().unwrap())).collect();
+    let expected = [("db", true), ("db", false), ("redis-streams", true), ("redis-streams", false)];
+    assert_eq!(names, expected.map(|(t, i)| (t.to_owned(), i)));
+    let mut speeds = Vec::new();
+    for row in rows {
+        let name = format!("{} inbox={}", row["transport"], row["inbox"]);
+        for field in ["lost", "delivered_more_than_once", "applied_more_than_once", "events_per_s"] {
+            assert!(row.get(field).is_some(), "{name}: no {field}: {row}");
+        }
+        assert_eq!(row["claim"], "at-least-once", "{name}");
+        assert_eq!(row["matches_claim"], true, "{name}: {row}");
+        assert_eq!(row["lost"], 0, "{name}: {row}");
+        assert!(row["events_per_s"].as_f64().unwrap() > 0.0, "{name}: {row}");
+        assert!(row["effect_lag_ms_p99"].is_number(), "{name}: {row}");
+        speeds.push(row["speed"].as_f64().unwrap());
+        let fired = &row["runs"][0]["faults_fired"];
+        assert!(fired["ack-loss"].as_u64().unwrap_or(0) > 0, "{name}: ack loss never fired: {row}");
+        if row["inbox"] == true {
+            assert_eq!(row["applied_more_than_once"], 0, "{name}: {row}");
+            assert!(row["delivered_more_than_once"].as_u64().unwrap() > 0, "{name}: nothing redelivered: {row}");
+            let repair = &row["repaired_by_reconcile"];
+            assert_eq!((&repair["lost_after"], &repair["projection_mismatch_after"]), (&0.into(), &0.into()), "{name}");
+            assert_eq!(repair["verdict_after"], "true", "{name}: {row}");
+        } else {
+            assert!(row["applied_more_than_once"].as_u64().unwrap() > 0, "{name}: no double application: {row}");
+            assert!(row["repaired_by_reconcile"].is_null(), "{name}: reconcile needs the inbox: {row}");
+        }
+    }
+    assert_eq!(speeds.iter().cloned().fold(0.0, f64::max), 1.0, "speed is relative to the fastest row: {speeds:?}");
+    let page = std::fs::read_to_string(dir.join("guarantees.html")).unwrap();
+    assert!(page.matches("<svg").count() >= 3, "bars, throughput against lag, the worst run's faults");
+    assert!(page.contains("redis-streams"), "the page names the rows");
+    assert!(!page.contains("<script") && !page.contains("src=\"http"), "self-contained");
+    assert!(dir.join("guarantees.txt").exists());
+}
+
+/// A run whose effects were lost (its inbox and ledger rows for ten events
+/// deleted behind its back): reconcile re-enqueues those ten and corrects the
+/// projection, a worker applies them, and the state is valid again.
+#[test]
+fn reconcile_repairs_what_a_run_lost_and_the_repaired_state_is_checked_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let args = ["--time-limit-s", "3", "--nemesis", "none", "--seed", "2", "--quiet"];
+    let out = haunt_run(tmp.path(), &args).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let run = latest(tmp.path());
+    let db = format!("sqlite://{}", run.join("haunt.db").display());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let pool = sqlx::SqlitePool::connect(&db).await.unwrap();
+        let lost = "SELECT event_id FROM inbox_processed ORDER BY event_id LIMIT 10";
+        let ids: Vec<String> = sqlx::query_scalar(lost).fetch_all(&pool).await.unwrap();
+        assert_eq!(ids.len(), 10);
+        for id in &ids {
+            for table in ["inbox_processed", "projection_ledger"] {
+                let delete = format!("DELETE FROM {table} WHERE event_id = ?");
+                sqlx::query(sqlx::AssertSqlSafe(delete)).bind(id).execute(&pool).await.unwrap();
+            }
+        }
+        pool.close().await;
+    });
+    let haunt = std::path::Path::new(env!("CARGO_BIN_EXE_haunt"));
+    let repair = runtime.block_on(haunt_chaos::guarantees::repair(haunt, &run)).unwrap();
+    assert_eq!(repair.requeued, 10, "{repair:?}");
+    assert!(repair.projection_corrected > 0, "{repair:?}");
+    assert_eq!((repair.lost_after, repair.projection_mismatch_after), (0, 0), "{repair:?}");
+    assert_eq!(repair.verdict_after, "true", "{repair:?}");
+    let after: Value = read_json(&run.join("after-reconcile").join("results.json"));
+    assert_eq!(after["valid"], true);
+}
