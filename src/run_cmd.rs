@@ -57,9 +57,10 @@ pub struct RunArgs {
     /// Faults, comma-separated: kill, pause, partition, delay, ack-loss,
     /// clock-skew, db-error, stall (a worker stalls past its lease right after
     /// leasing), db-restart (needs --pg-data or --backend docker), loss
-    /// (--backend docker), broker-restart (needs --transport); or all, or
-    /// none. Default: the first seven, and broker-restart with a broker; with
-    /// --system, all that the file allows.
+    /// (--backend docker), broker-restart and relay-kill (need --transport);
+    /// or all, or none. Default: the first seven, and with a broker
+    /// relay-kill and (where its server keeps data through a restart)
+    /// broker-restart; with --system, all that the file allows.
     #[arg(long)]
     pub nemesis: Option<String>,
     /// Run the system this file describes (docs/system-format.md) instead of

@@ -17,6 +17,9 @@ use crate::system::Surfaces;
 pub enum Fault {
     /// SIGKILL the API or a worker, later start it again.
     Kill,
+    /// SIGKILL the relay, later start it again: what it published and had
+    /// not yet removed from the outbox it publishes again.
+    RelayKill,
     /// SIGSTOP a worker past its lease: a zombie when it resumes.
     Pause,
     /// Cut one link, both ways.
@@ -42,7 +45,7 @@ pub enum Fault {
 
 impl Fault {
     /// Every kind, in the order `--help` and `all` list them.
-    pub const ALL: [Fault; 11] = [
+    pub const ALL: [Fault; 12] = [
         Fault::Kill,
         Fault::Pause,
         Fault::Partition,
@@ -54,6 +57,7 @@ impl Fault {
         Fault::DbRestart,
         Fault::Loss,
         Fault::BrokerRestart,
+        Fault::RelayKill,
     ];
 
     /// Its name in `--nemesis`, in the history's fault windows and in `run.json`.
@@ -70,6 +74,7 @@ impl Fault {
             Fault::DbRestart => "db-restart",
             Fault::Loss => "loss",
             Fault::BrokerRestart => "broker-restart",
+            Fault::RelayKill => "relay-kill",
         }
     }
 
@@ -166,6 +171,11 @@ impl Fault {
                 anyhow::ensure!(!broker.is_empty(), "--nemesis broker-restart needs a broker: --transport NAME");
                 Box::new(KillNemesis::named("broker-restart", on.backend.clone(), broker))
             }
+            Fault::RelayKill => {
+                let relay = on.nodes_for(Fault::RelayKill);
+                anyhow::ensure!(!relay.is_empty(), "--nemesis relay-kill needs a relay: --transport NAME");
+                Box::new(KillNemesis::named("relay-kill", on.backend.clone(), relay))
+            }
         };
         assert_eq!(nemesis.name(), self.name(), "a fault builds its own nemesis");
         assert_eq!(
@@ -210,12 +220,13 @@ pub fn build_all(faults: &[Fault], on: &Surfaces, settings: &FaultSettings) -> a
 /// The kinds `all` means where the database is a node ([`Fault::DbRestart`]),
 /// links can lose packets ([`Fault::Loss`]) and a broker runs
 /// ([`Fault::BrokerRestart`]), or not.
-pub fn all_possible(db_node: bool, lossy_links: bool, broker: bool) -> Vec<Fault> {
+pub fn all_possible(db_node: bool, lossy_links: bool, relay: bool, durable_broker: bool) -> Vec<Fault> {
     Fault::ALL
         .into_iter()
         .filter(|f| *f != Fault::DbRestart || db_node)
         .filter(|f| *f != Fault::Loss || lossy_links)
-        .filter(|f| *f != Fault::BrokerRestart || broker)
+        .filter(|f| *f != Fault::RelayKill || relay)
+        .filter(|f| *f != Fault::BrokerRestart || durable_broker)
         .collect()
 }
 
@@ -233,17 +244,24 @@ mod tests {
 
     #[test]
     fn lists() {
-        let all = all_possible(false, false, false);
+        let all = all_possible(false, false, false, false);
         assert_eq!(Fault::parse_list("none", &all).unwrap(), vec![]);
         assert_eq!(Fault::parse_list("kill, pause", &all).unwrap(), vec![Fault::Kill, Fault::Pause]);
         assert!(!Fault::parse_list("all", &all).unwrap().contains(&Fault::DbRestart));
-        assert!(Fault::parse_list("all", &all_possible(true, false, false)).unwrap().contains(&Fault::DbRestart));
         assert!(
-            !all.contains(&Fault::BrokerRestart) && all_possible(false, false, true).contains(&Fault::BrokerRestart)
+            Fault::parse_list("all", &all_possible(true, false, false, false)).unwrap().contains(&Fault::DbRestart)
         );
+        assert!(
+            !all.contains(&Fault::BrokerRestart)
+                && all_possible(false, false, true, true).contains(&Fault::BrokerRestart)
+        );
+        // A relay without a durable broker (moto): its kill, not the broker's restart.
+        let moto = all_possible(false, false, true, false);
+        assert!(moto.contains(&Fault::RelayKill) && !moto.contains(&Fault::BrokerRestart));
+        assert!(!all.contains(&Fault::RelayKill));
         assert!(Fault::parse_list("kil", &all).unwrap_err().to_string().contains("kill"));
         // all: the seven defaults and stall (db-restart and loss need more).
         assert_eq!(Fault::parse_list("kill,pause,kill,all", &all).unwrap().len(), 8, "each kind once");
-        assert_eq!(all_possible(true, true, true).len(), Fault::ALL.len());
+        assert_eq!(all_possible(true, true, true, true).len(), Fault::ALL.len());
     }
 }

@@ -6,7 +6,8 @@
 //! 1. seed after seed, one `haunt run` under the same seeded fault schedule:
 //!    a consumer kill, a broker restart (where the broker's server is
 //!    durable), a consumer<->broker partition (consumer<->database for the
-//!    database queue), ack loss, and with a broker a kill of the relay. The
+//!    database queue), ack loss, and with a broker a kill of the relay
+//!    (`relay-kill`). The
 //!    faults target `worker-1`, its link and the relay, so each seed hits the
 //!    same places on every transport;
 //! 2. after each such run, with the inbox, `haunt reconcile` on its database:
@@ -149,6 +150,7 @@ fn fault_args(spec: TransportSpec) -> Vec<String> {
         if spec.server_is_durable() {
             faults.insert(1, "broker-restart");
         }
+        faults.push("relay-kill");
     } else {
         targets.push("worker-1<->db");
     }
@@ -761,7 +763,7 @@ mod tests {
         let db = fault_args("db".parse().unwrap()).join(" ");
         assert!(db.contains("kill,partition,ack-loss") && db.contains("worker-1,worker-1<->db"), "{db}");
         let rabbit = fault_args("rabbitmq".parse().unwrap()).join(" ");
-        assert!(rabbit.contains("kill,broker-restart,partition,ack-loss"), "{rabbit}");
+        assert!(rabbit.contains("kill,broker-restart,partition,ack-loss,relay-kill"), "{rabbit}");
         assert!(rabbit.contains("worker-1,worker-1<->broker,relay"), "{rabbit}");
         let sqs = fault_args("sqs".parse().unwrap()).join(" ");
         assert!(!sqs.contains("broker-restart"), "moto keeps nothing through a restart: {sqs}");

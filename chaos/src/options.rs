@@ -214,6 +214,7 @@ impl RunOptions {
             None => crate::fault::all_possible(
                 self.db_is_node(),
                 self.backend == BackendKind::Docker,
+                self.transport.is_broker(),
                 self.transport.is_broker() && self.transport.server_is_durable(),
             ),
         }
@@ -254,14 +255,16 @@ impl RunOptions {
         Ok(())
     }
 
-    /// With a broker transport the broker takes faults too: its restart,
-    /// and its links (relay<->broker, worker-N<->broker) join the links a
-    /// partition picks from.
+    /// With a broker transport the broker and the relay take faults too:
+    /// the broker's restart (where its server keeps data through one), the
+    /// relay's kill, and the broker's links (relay<->broker, worker-N<->broker)
+    /// join the links a partition picks from.
     pub fn default_faults(&self) -> Vec<Fault> {
         match &self.system {
             Some(_) => self.all_faults(),
-            None if self.transport.is_broker() && self.transport.server_is_durable() => {
-                [&DEFAULT_FAULTS[..], &[Fault::BrokerRestart]].concat()
+            None if self.transport.is_broker() => {
+                let restart = self.transport.server_is_durable().then_some(Fault::BrokerRestart);
+                DEFAULT_FAULTS.iter().copied().chain(restart).chain([Fault::RelayKill]).collect()
             }
             None => DEFAULT_FAULTS.to_vec(),
         }
@@ -327,6 +330,10 @@ impl RunOptions {
         anyhow::ensure!(
             broker || !self.faults.contains(&Fault::BrokerRestart),
             "--nemesis broker-restart needs a broker: --transport NAME"
+        );
+        anyhow::ensure!(
+            broker || !self.faults.contains(&Fault::RelayKill),
+            "--nemesis relay-kill needs a relay, which only a broker transport has: --transport NAME"
         );
         anyhow::ensure!(
             !broker || self.transport.server_is_durable() || !self.faults.contains(&Fault::BrokerRestart),

@@ -53,13 +53,15 @@ impl Surfaces {
     }
 }
 
-/// The reference pipeline's node faults: the API, the workers and the relay
-/// can be killed, the workers and the broker paused (the API holds no lease
-/// to outlive), the database and the broker crashed and restarted.
+/// The reference pipeline's node faults: the API and the workers can be
+/// killed, the relay too (`relay-kill`), the workers and the broker paused
+/// (the API holds no lease to outlive), the database and the broker crashed
+/// and restarted.
 pub fn by_role(nodes: &[Node]) -> Vec<(Fault, Vec<Node>)> {
     let with = |roles: &[Role]| nodes.iter().filter(|n| roles.contains(&n.role)).cloned().collect();
     vec![
-        (Fault::Kill, with(&[Role::Api, Role::Worker, Role::Relay])),
+        (Fault::Kill, with(&[Role::Api, Role::Worker])),
+        (Fault::RelayKill, with(&[Role::Relay])),
         (Fault::Pause, with(&[Role::Worker, Role::Broker])),
         (Fault::DbRestart, with(&[Role::Database])),
         (Fault::BrokerRestart, with(&[Role::Broker])),

@@ -103,3 +103,20 @@ fn reconcile_repairs_what_a_run_lost_and_the_repaired_state_is_checked_again() {
     let after: Value = read_json(&run.join("after-reconcile").join("results.json"));
     assert_eq!(after["valid"], true);
 }
+
+#[test]
+fn a_bad_transport_or_no_seeds_is_refused_and_creates_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let guarantees = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_haunt")).arg("guarantees").arg("--store").arg(tmp.path()).args(args).output()
+    };
+    let out = guarantees(&["--transports", "db,kafkaesque"]).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("unknown transport \"kafkaesque\"") && stderr.contains("--transports"), "{stderr}");
+    let out = guarantees(&["--transports", "db", "--seeds", "0"]).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("--seeds must be positive"), "{stderr}");
+    assert!(std::fs::read_dir(tmp.path()).unwrap().next().is_none(), "a refused run creates nothing");
+}

@@ -70,6 +70,8 @@ pub fn fault_color(fault: &str) -> &'static str {
         "stall" => "#90a4ae",
         "db-restart" => "#f06292",
         "loss" => "#7986cb",
+        "broker-restart" => "#d32f2f",
+        "relay-kill" => "#8d6e63",
         _ => "#bdbdbd",
     }
 }
