@@ -1,5 +1,6 @@
 //! `haunt run`: arguments and the exit status.
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -206,8 +207,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
     let flag = abort.clone();
     tokio::spawn(async move {
         crate::services::shutdown_signal().await;
-        eprintln!("interrupted: healing faults and stopping every process (again to kill at once)");
+        // Before a word is written: stderr may be a pipe whose reader is gone
+        // (a `haunt matrix` that died), and a failed write must not stop the abort.
         flag.store(true, Ordering::Relaxed);
+        let _ = writeln!(
+            std::io::stderr(),
+            "interrupted: healing faults and stopping every process (again to kill at once)"
+        );
         crate::services::shutdown_signal().await;
         // Children die with us: they carry a parent-death signal. Containers
         // do not, so they go first, and a database the run crashed (not a

@@ -224,6 +224,11 @@ async fn fault_run(
     run.applied_more_than_once = results.delivery.applied_more_than_once;
     run.unlisted = unlisted(&dir);
     run.faults_fired = run_file.get("faults_fired").cloned().unwrap_or_default();
+    if results.valid == haunt_checker::Verdict::Unknown {
+        // Its counts are not a measurement: what did not drain may yet arrive.
+        run.error = Some(format!("verdict unknown: {}", results.unknown_reasons.join("; ")));
+        return run;
+    }
     if inbox {
         match repair(&options.haunt, &dir).await {
             Ok(repair) => run.repair = Some(repair),

@@ -142,6 +142,19 @@ fn set_parent_death_signal(command: &mut Command) {
     }
 }
 
+/// Asks the kernel to send the child SIGINT when this process dies, however
+/// it dies: a child `haunt run` of `haunt matrix` or `haunt guarantees` then
+/// heals its faults and stops its nodes as on Ctrl-C, instead of running on.
+#[allow(unsafe_code)]
+pub(crate) fn interrupt_when_parent_dies(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the child between fork and exec and only
+    // makes the async-signal-safe prctl(2) system call.
+    unsafe {
+        command.pre_exec(|| nix::sys::prctl::set_pdeathsig(Signal::SIGINT).map_err(std::io::Error::from));
+    }
+}
+
 impl Backend for LocalBackend {
     fn nodes(&self) -> Vec<Node> {
         self.specs.iter().map(|s| s.node.clone()).collect()

@@ -682,6 +682,7 @@ async fn one_run(case: &Case, seed: u64, options: &MatrixOptions, runs_dir: &Pat
 /// reads back its run directory and results; an exit other than a verdict's
 /// (0, 1 or 2), or a run without results, is the error.
 pub(crate) async fn child_run(mut command: Command, runs_dir: &Path) -> Result<(PathBuf, Results), String> {
+    crate::local::interrupt_when_parent_dies(&mut command);
     let out = match tokio::task::spawn_blocking(move || command.output()).await {
         Ok(Ok(out)) => out,
         Ok(Err(e)) => return Err(e.to_string()),

@@ -28,7 +28,11 @@
 //!
 //! Core NATS: a publish reaches whoever is subscribed to `haunt.orders` at
 //! that instant; the server stores nothing and nothing is acked, so a
-//! worker that is down or dies holding a message loses it. Both modes use
+//! worker that is down or dies holding a message loses it. The workers
+//! subscribe in one queue group, [`QUEUE_GROUP`], so that each message goes
+//! to one of them, as a work queue over core NATS is built (a plain
+//! subscription would give every worker every message, as Redis Pub/Sub
+//! does). Both modes use
 //! one subject: a core publish on a server where the stream exists is also
 //! captured by the stream (haunt runs one mode per broker).
 
@@ -48,6 +52,10 @@ use crate::{
 
 /// The stream's name (stream names cannot contain dots).
 const STREAM: &str = "haunt-orders";
+
+/// The core-NATS queue group every worker joins.
+const QUEUE_GROUP: &str = "haunt-workers";
+
 /// The durable consumer every worker pulls from.
 const DURABLE: &str = "haunt-workers";
 
@@ -117,7 +125,7 @@ pub(crate) async fn consumer(
 ) -> Result<Box<dyn Consumer>, TransportError> {
     let client = connect(url).await?;
     if !is_jetstream(spec) {
-        let subscriber = client.subscribe(DESTINATION).await.map_err(broker)?;
+        let subscriber = client.queue_subscribe(DESTINATION, QUEUE_GROUP.into()).await.map_err(broker)?;
         // The subscription is registered once the server saw it: a publish
         // after this returns reaches it.
         client.flush().await.map_err(broker)?;
