@@ -351,13 +351,15 @@ pub async fn repair(haunt: &Path, run_dir: &Path) -> anyhow::Result<Repair> {
 
 /// A `haunt worker` on the database queue until the queue is empty.
 async fn drain(haunt: &Path, url: &str, store: &Store) -> anyhow::Result<()> {
-    let mut worker = tokio::process::Command::new(haunt)
+    let mut command = tokio::process::Command::new(haunt);
+    command
         .args(["worker", "--db", url, "--worker-id", "reconcile-drain"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting a worker to drain what reconcile re-enqueued")?;
+        .kill_on_drop(true);
+    // Stopped with this process, however it ends.
+    crate::local::interrupt_when_parent_dies(command.as_std_mut());
+    let mut worker = command.spawn().context("starting a worker to drain what reconcile re-enqueued")?;
     let deadline = tokio::time::Instant::now() + REPAIR_DRAIN_MAX;
     let result = loop {
         let s = store.queue_stats().await?;
