@@ -69,8 +69,8 @@ fn a_short_guarantees_run_over_the_database_queue_and_redis_streams_writes_the_t
     assert!(dir.join("guarantees.txt").exists());
 }
 
-/// A run whose effects were lost (its inbox and ledger rows for ten events
-/// deleted behind its back): reconcile re-enqueues those ten and corrects the
+/// A run whose effects were lost (ten applied events forgotten, their
+/// projection kept): reconcile re-enqueues those ten and corrects the
 /// projection, a worker applies them, and the state is valid again.
 #[test]
 fn reconcile_repairs_what_a_run_lost_and_the_repaired_state_is_checked_again() {
@@ -82,17 +82,9 @@ fn reconcile_repairs_what_a_run_lost_and_the_repaired_state_is_checked_again() {
     let db = format!("sqlite://{}", run.join("haunt.db").display());
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let pool = sqlx::SqlitePool::connect(&db).await.unwrap();
-        let lost = "SELECT event_id FROM inbox_processed ORDER BY event_id LIMIT 10";
-        let ids: Vec<String> = sqlx::query_scalar(lost).fetch_all(&pool).await.unwrap();
-        assert_eq!(ids.len(), 10);
-        for id in &ids {
-            for table in ["inbox_processed", "projection_ledger"] {
-                let delete = format!("DELETE FROM {table} WHERE event_id = ?");
-                sqlx::query(sqlx::AssertSqlSafe(delete)).bind(id).execute(&pool).await.unwrap();
-            }
-        }
-        pool.close().await;
+        let store = haunt_store::Store::connect(&db, haunt_store::StoreOptions::default()).await.unwrap();
+        assert_eq!(store.forget_applications(10).await.unwrap().len(), 10);
+        store.close().await;
     });
     let haunt = std::path::Path::new(env!("CARGO_BIN_EXE_haunt"));
     let repair = runtime.block_on(haunt_chaos::guarantees::repair(haunt, &run)).unwrap();

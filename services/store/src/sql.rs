@@ -201,6 +201,10 @@ pub const SQLITE: Dialect = dialect!(
 // Statements that read the same on both backends.
 
 pub const ORDER_BY_ID: &str = "SELECT order_id, item_id, qty, event_id, correlation_id FROM orders WHERE order_id = $1";
+/// `Store::forget_applications`: the applied events it forgets, and how.
+pub const FIRST_APPLIED: &str = "SELECT event_id FROM inbox_processed ORDER BY event_id LIMIT $1";
+pub const FORGET_INBOX_ENTRY: &str = "DELETE FROM inbox_processed WHERE event_id = $1";
+pub const FORGET_LEDGER_LINES: &str = "DELETE FROM projection_ledger WHERE event_id = $1";
 pub const UPSERT_PROJECTION: &str = "INSERT INTO inventory_projection (item_id, reserved_qty) VALUES ($1, $2) \
      ON CONFLICT (item_id) DO UPDATE SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty";
 pub const SET_PROJECTION: &str = "INSERT INTO inventory_projection (item_id, reserved_qty) VALUES ($1, $2) \

@@ -1039,6 +1039,24 @@ impl Store {
         Ok(report)
     }
 
+    /// Forgets that the first `limit` applied events (by event id) were ever
+    /// applied: their inbox entries and ledger lines go, their projection stays.
+    /// A lost effect and the drift beside it, as after a restore from an old
+    /// backup: what reconcile exists to repair. Returns their event ids. For
+    /// tests.
+    pub async fn forget_applications(&self, limit: i64) -> Result<Vec<String>, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
+        let ids: Vec<String> =
+            sqlx::query_scalar(sql::FIRST_APPLIED).bind(limit).fetch_all(&mut *tx).await.map_err(NotCommitted)?;
+        for id in &ids {
+            for statement in [sql::FORGET_INBOX_ENTRY, sql::FORGET_LEDGER_LINES] {
+                sqlx::query(statement).bind(id).execute(&mut *tx).await.map_err(NotCommitted)?;
+            }
+        }
+        tx.commit().await.map_err(CommitUnknown)?;
+        Ok(ids)
+    }
+
     /// Adds `delta` to an item's projection behind the pipeline's back: the drift
     /// that reconcile exists to repair. For tests and the tutorial.
     pub async fn corrupt_projection(&self, item_id: &str, delta: i64) -> Result<(), StoreError> {
