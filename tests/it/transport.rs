@@ -58,6 +58,12 @@ fn why(out: &Output, results: &Value) -> String {
 /// A consumer kill, a broker restart, a consumer<->broker partition and ack
 /// loss: valid, each fault fired, redeliveries recorded and absorbed.
 fn at_least_once_is_valid_under_broker_faults(transport: &str) {
+    at_least_once_is_valid(transport, true);
+}
+
+/// As [`at_least_once_is_valid_under_broker_faults`]; `restart: false` leaves
+/// `broker-restart` out, for a broker known to lose what it confirmed.
+fn at_least_once_is_valid(transport: &str, restart: bool) {
     if skipped(transport) {
         return;
     }
@@ -65,7 +71,8 @@ fn at_least_once_is_valid_under_broker_faults(transport: &str) {
     // moto, the SQS emulator, keeps its queues in memory: its restart would
     // lose them whatever SQS does, so haunt does not offer it there.
     let spec: haunt_transport::TransportSpec = transport.parse().unwrap();
-    let faults: Vec<&str> = if spec.server_is_durable() {
+    let restart = restart && spec.server_is_durable();
+    let faults: Vec<&str> = if restart {
         BROKER_FAULTS.to_vec()
     } else {
         BROKER_FAULTS.iter().map(|a| if a.contains("broker-restart") { "kill,partition,ack-loss" } else { a }).collect()
@@ -74,7 +81,7 @@ fn at_least_once_is_valid_under_broker_faults(transport: &str) {
     assert_eq!(out.status.code(), Some(0), "{}", why(&out, &results));
     assert_eq!(run["transport"], spec.to_string(), "run.json names the transport");
     let fired = &run["faults_fired"];
-    let expected = if spec.server_is_durable() {
+    let expected = if restart {
         &["kill", "broker-restart", "partition", "ack-loss"][..]
     } else {
         &["kill", "partition", "ack-loss"][..]
@@ -174,10 +181,12 @@ fn sqs_standard_without_an_inbox_double_applies() {
 
 /// MQTT resends an unacked message only to a reconnecting session: the
 /// consumer reconnects once a delivery has waited past the visibility
-/// timeout for its ack.
+/// timeout for its ack. Without `broker-restart`: mosquitto 2.0.11 sends its
+/// PUBACK before it writes its store, so a crash loses messages it confirmed
+/// (`haunt guarantees` measured it: `docs/guarantees.md`).
 #[test]
-fn mqtt_qos1_is_valid_under_broker_faults() {
-    at_least_once_is_valid_under_broker_faults("mqtt");
+fn mqtt_qos1_is_valid_under_consumer_faults() {
+    at_least_once_is_valid("mqtt", false);
 }
 
 #[test]
