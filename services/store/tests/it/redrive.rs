@@ -36,6 +36,8 @@ const REDRIVES_ALL: usize = 300;
 /// two-statement redrive on PostgreSQL, 1,000 rounds lost 4 messages in each of
 /// three runs.
 const REDRIVES_ONE: usize = 1_000;
+/// How far past its rounds a redriver may go while too few parks happened.
+const ROUNDS_STRETCH: usize = 20;
 /// A worker's leases, an upper bound only: workers stop when the redrives are
 /// done, which takes far fewer rounds.
 const WORKER_ROUNDS_MAX: usize = 200_000;
@@ -131,24 +133,35 @@ async fn race(db: &TestDb, redrivers: Redrivers) {
         });
     }
 
+    // A redriver runs its rounds, and more while the workers have parked
+    // too few (a loaded machine runs the workers slower than the rounds),
+    // within a bound: the assertions below need the race to have happened.
+    let racing = |rounds: usize, parked: Arc<AtomicU64>| {
+        move |done: usize| {
+            done < rounds
+                || (rounds > 0 && parked.load(Ordering::Relaxed) <= MESSAGES as u64 && done < rounds * ROUNDS_STRETCH)
+        }
+    };
     let all = tokio::spawn({
         let store = store.clone();
+        let more = racing(if redrivers == Redrivers::One { 0 } else { REDRIVES_ALL }, parked.clone());
         async move {
-            let mut moved = 0;
-            let rounds = if redrivers == Redrivers::One { 0 } else { REDRIVES_ALL };
-            for _ in 0..rounds {
+            let (mut moved, mut done) = (0, 0);
+            while more(done) {
                 moved += store.redrive(None).await?;
+                done += 1;
             }
             Ok::<_, StoreError>(moved)
         }
     });
     let one = tokio::spawn({
         let (store, recent) = (store.clone(), recent.clone());
+        let more = racing(if redrivers == Redrivers::All { 0 } else { REDRIVES_ONE }, parked.clone());
         async move {
             let mut rng = Rng::new(99);
-            let mut moved = 0;
-            let rounds = if redrivers == Redrivers::All { 0 } else { REDRIVES_ONE };
-            for _ in 0..rounds {
+            let (mut moved, mut done) = (0, 0);
+            while more(done) {
+                done += 1;
                 let id = {
                     let recent = recent.lock().unwrap();
                     (!recent.is_empty()).then(|| recent[rng.below(recent.len() as u64) as usize].clone())
