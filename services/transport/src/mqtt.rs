@@ -380,8 +380,8 @@ pub(crate) async fn consumer(
 /// sends a PUBREL for every PUBREC it got, and again after each reconnect
 /// of the session until it has the PUBCOMP (MQTT 3.1.1 §4.4). A PUBREL
 /// rumqttc does not know of is an error that drops the connection, the
-/// broker sends it again on the next one, and the session never moves on:
-/// under faults a QoS 2 run never drained (rumqtt issue #664). What the
+/// broker sends it again on the next one, and the session never subscribes
+/// again (rumqtt issue #664; a test in `haunt-chaos` shows it). What the
 /// broker releases, this session has received and answered, so the PUBCOMP
 /// is owed. The state's only way in is as a PUBLISH is recorded: one is
 /// handed to it, and the event that it queues for the caller taken back.
