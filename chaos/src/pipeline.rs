@@ -156,10 +156,14 @@ impl System for Pipeline {
                 }
             }
             // A cold start compiles nothing but opens the database and
-            // migrates; 30 s covers a slow disk.
-            for (node, url) in &self.endpoints {
-                let path = if node.name == api_node().name { "readyz" } else { "healthz" };
-                let url = format!("{url}/{path}");
+            // migrates; 30 s covers a slow disk. Every service says it is
+            // ready: the API once its database answers, a relay or a worker
+            // once all its broker clients are connected. Without waiting for
+            // those, a relay still backing off from a booting broker left the
+            // first seconds of a run with nothing in flight, and the faults
+            // of those seconds hit nothing.
+            for (_, url) in &self.endpoints {
+                let url = format!("{url}/readyz");
                 let limit = Duration::from_secs(30);
                 crate::system::wait_ready(&url, limit, || true).await.map_err(|last| {
                     anyhow::anyhow!(

@@ -2,7 +2,8 @@
 //! confirmation and the delete leaves its outbox rows leased; once the lease
 //! expires the next relay publishes them again, and the inbox absorbs the
 //! copies. Deleting before publishing (`relay-marks-before-publish`) instead
-//! loses every row whose publish then fails.
+//! loses every row whose publish then fails. And the relay and a worker say
+//! they are ready only once they are connected to the broker.
 
 use std::time::{Duration, Instant};
 
@@ -27,7 +28,15 @@ impl Redis {
     }
 }
 
+/// A Redis server laid out in `dir`, started.
 async fn redis(dir: &std::path::Path) -> Option<Redis> {
+    let redis = redis_laid_out(dir)?;
+    redis.start().await;
+    Some(redis)
+}
+
+/// A Redis server laid out in `dir`, not started yet.
+fn redis_laid_out(dir: &std::path::Path) -> Option<Redis> {
     if std::env::var("HAUNT_SKIP_BROKERS").as_deref() == Ok("1") {
         eprintln!("SKIPPED: the relay against Redis (HAUNT_SKIP_BROKERS=1)");
         return None;
@@ -37,9 +46,7 @@ async fn redis(dir: &std::path::Path) -> Option<Redis> {
     let node = laid.spec.node.clone();
     let backend = LocalBackend::new(laid.spec.program.clone().unwrap(), dir.to_owned(), Vec::new(), vec![laid.spec]);
     let url = haunt_transport::local_url("redis-streams".parse().unwrap(), laid.addr);
-    let redis = Redis { backend, node, ready: laid.ready, url };
-    redis.start().await;
-    Some(redis)
+    Some(Redis { backend, node, ready: laid.ready, url })
 }
 
 async fn store(dir: &std::path::Path, bug: Option<Bug>) -> Store {
@@ -192,4 +199,78 @@ async fn a_relay_that_deletes_before_publishing_loses_what_the_broker_refuses() 
         other => panic!("Redis lists: {other:?}"),
     }
     redis.backend.stop(&redis.node).await.unwrap();
+}
+
+/// `GET /readyz` of a service on `addr`: its status and body.
+async fn readyz(addr: std::net::SocketAddr) -> (u16, serde_json::Value) {
+    let r = reqwest::get(format!("http://{addr}/readyz")).await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+/// A run starts its workload once every service is ready, so a relay or a
+/// worker must not say it is before its broker clients are connected: the
+/// first seconds of a run otherwise had nothing in flight while the relay
+/// backed off from a booting broker. Its wait after failed connections is
+/// capped at a second ([`haunt_store::ErrorWait`]), so it is ready soon
+/// after the broker, even after a long outage (the 5 s cap it had once
+/// left a relay idle for up to 5 s after the broker came back).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_and_a_worker_are_ready_only_once_connected_to_the_broker() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(redis) = redis_laid_out(dir.path()) else { return };
+    let store = store(dir.path(), None).await;
+    let spec: TransportSpec = "redis-streams".parse().unwrap();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let until = |mut s: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = s.wait_for(|stop| *stop).await;
+    };
+
+    let relay_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let relay_addr = relay_listener.local_addr().unwrap();
+    let relay = tokio::spawn(haunt_relay::run(
+        Some(relay_listener),
+        store.clone(),
+        RelayConfig::new(spec, redis.url.clone()),
+        until(stopped.clone()),
+    ));
+    let worker_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let worker_addr = worker_listener.local_addr().unwrap();
+    let config = haunt_worker::RunConfig {
+        worker: haunt_worker::WorkerConfig {
+            broker: Some(haunt_worker::BrokerSource { spec, url: redis.url.clone() }),
+            ..haunt_worker::WorkerConfig::default()
+        },
+        faults: Default::default(),
+        admin_token: None,
+    };
+    let worker = tokio::spawn(haunt_worker::run(Some(worker_listener), store.clone(), config, until(stopped)));
+
+    // Six seconds without a broker: long enough for the backoff to reach its cap.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let (status, body) = readyz(relay_addr).await;
+    assert_eq!((status, &body["broker_clients"]), (503, &serde_json::json!(0)), "relay: {body}");
+    let (status, body) = readyz(worker_addr).await;
+    assert_eq!(status, 503, "worker: {body}");
+    assert_eq!(body["broker_clients_wanted"], 2, "one per consume loop: {body}");
+
+    redis.start().await;
+    let up = Instant::now();
+    let mut ready = [None, None];
+    while ready.contains(&None) && up.elapsed() < Duration::from_secs(10) {
+        for (i, addr) in [relay_addr, worker_addr].into_iter().enumerate() {
+            if ready[i].is_none() && readyz(addr).await.0 == 200 {
+                ready[i] = Some(up.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = stop.send(true);
+    relay.await.unwrap().unwrap();
+    worker.await.unwrap().unwrap();
+    // A wait capped at one second, and connecting on loopback: well within
+    // 2.5 s. With the old 5 s cap this failed.
+    for (who, at) in ["relay", "worker"].into_iter().zip(ready) {
+        let at = at.unwrap_or_else(|| panic!("the {who} never said it was ready"));
+        assert!(at < Duration::from_millis(2500), "the {who} was ready {at:?} after the broker");
+    }
 }

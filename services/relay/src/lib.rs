@@ -11,18 +11,19 @@
 //! `no-publisher-confirms`).
 //!
 //! [`run`] is a whole relay process over an open store: the loop, and
-//! `/metrics` and `/healthz` on a listener.
+//! `/metrics`, `/healthz` and `/readyz` (503 until the relay is connected
+//! to the broker) on a listener.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::header;
+use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use haunt_store::{Bug, LeaseClock, Leased, Store};
+use haunt_store::{Bug, ErrorWait, LeaseClock, Leased, Store};
 use haunt_telemetry::metrics::RelayMetrics;
-use haunt_transport::{Envelope, Options, Publisher, TransportSpec};
+use haunt_transport::{Envelope, Links, Options, Publisher, TransportSpec};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -58,7 +59,8 @@ impl RelayConfig {
 }
 
 /// Runs the relay until `shutdown` completes; the batch in hand is finished
-/// first. `/metrics` and `/healthz` are served on `listener` if given.
+/// first. `/metrics`, `/healthz` and `/readyz` are served on `listener` if
+/// given.
 pub async fn run(
     listener: Option<TcpListener>,
     store: Store,
@@ -66,12 +68,22 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let metrics = Arc::new(RelayMetrics::default());
+    let links = Arc::new(Links::new(1));
     let (stop, stopped) = watch::channel(false);
     let serve = async {
         let Some(listener) = listener else { return Ok(()) };
-        let m = metrics.clone();
-        let app =
-            axum::Router::new().route("/healthz", get(|| async { "ok\n" })).route(
+        let (m, l) = (metrics.clone(), links.clone());
+        let app = axum::Router::new()
+            .route("/healthz", get(|| async { "ok\n" }))
+            .route(
+                "/readyz",
+                get(move || {
+                    let (ready, body) = l.report();
+                    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+                    async move { (status, [(header::CONTENT_TYPE, "application/json")], body).into_response() }
+                }),
+            )
+            .route(
                 "/metrics",
                 get(move || {
                     let body = haunt_telemetry::metrics::encode(&m.registry);
@@ -92,7 +104,7 @@ pub async fn run(
         tracing::info!("shutting down: no new leases, finishing the batch in hand");
         let _ = stop.send(true);
     };
-    let relay = Relay { store, config, metrics: metrics.clone() };
+    let relay = Relay { store, config, metrics: metrics.clone(), links: links.clone() };
     let ((), (), served) = tokio::join!(relay.run(stopped.clone()), signal, serve);
     served
 }
@@ -102,6 +114,8 @@ struct Relay {
     store: Store,
     config: RelayConfig,
     metrics: Arc<RelayMetrics>,
+    /// Its publisher's connection to the broker, for `/readyz`.
+    links: Arc<Links>,
 }
 
 fn envelope(leased: &Leased) -> Envelope {
@@ -116,7 +130,6 @@ fn envelope(leased: &Leased) -> Envelope {
 
 impl Relay {
     async fn run(&self, shutdown: watch::Receiver<bool>) {
-        const ERROR_WAIT_MAX: Duration = Duration::from_secs(5);
         let c = &self.config;
         let options = Options {
             client_id: c.relay_id.clone(),
@@ -125,30 +138,32 @@ impl Relay {
             confirms: c.bug != Some(Bug::NoPublisherConfirms),
         };
         let mut publisher: Option<Box<dyn Publisher>> = None;
-        let mut error_wait = c.poll_interval;
+        let mut error_wait = ErrorWait::new(c.poll_interval);
         while !*shutdown.borrow() {
             let p = match &mut publisher {
                 Some(p) => p,
                 None => match self.connect(&options).await {
                     Ok(p) => {
-                        error_wait = c.poll_interval;
+                        error_wait.succeeded();
                         tracing::info!(relay_id = %c.relay_id, transport = %c.transport, "publishing");
+                        self.links.connected();
                         publisher.insert(p)
                     }
                     Err(e) => {
                         tracing::warn!(relay_id = %c.relay_id, error = %e, "connecting to the broker failed");
-                        error_wait = (error_wait * 2).min(ERROR_WAIT_MAX);
-                        wait(error_wait, &shutdown).await;
+                        wait(error_wait.failed(), &shutdown).await;
                         continue;
                     }
                 },
             };
             let batch = match self.store.lease(c.batch_size_max, c.visibility_timeout, LeaseClock::Database).await {
-                Ok(batch) => batch,
+                Ok(batch) => {
+                    error_wait.succeeded();
+                    batch
+                }
                 Err(e) => {
                     tracing::warn!(relay_id = %c.relay_id, error = ?e, "leasing outbox rows failed");
-                    error_wait = (error_wait * 2).min(ERROR_WAIT_MAX);
-                    wait(error_wait, &shutdown).await;
+                    wait(error_wait.failed(), &shutdown).await;
                     continue;
                 }
             };
@@ -161,8 +176,8 @@ impl Relay {
                     "publish not confirmed; the rows stay in the outbox and are published again");
                 self.metrics.publish_failures.inc_by(batch.len() as u64);
                 publisher = None;
-                error_wait = (error_wait * 2).min(ERROR_WAIT_MAX);
-                wait(error_wait, &shutdown).await;
+                self.links.dropped();
+                wait(error_wait.failed(), &shutdown).await;
             }
         }
     }

@@ -27,7 +27,7 @@ mod store;
 pub use baseline::{Baseline, DrainCounts};
 pub use bug::Bug;
 pub use model::*;
-pub use retry::{Backoff, InjectedErrors, Rng};
+pub use retry::{Backoff, ErrorWait, InjectedErrors, Rng};
 pub use sql::values as sql_values;
 pub use store::{Backend, Store, StoreOptions};
 

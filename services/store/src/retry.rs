@@ -1,4 +1,5 @@
-//! Exponential backoff with jitter for failed deliveries.
+//! Exponential backoff with jitter for failed deliveries, and the wait of a
+//! loop whose database or broker keeps failing.
 
 use std::time::Duration;
 
@@ -31,6 +32,40 @@ impl Backoff {
     }
 }
 
+/// The wait of a loop after consecutive errors of its database or broker: the
+/// loop's own poll interval after a success, doubling on each failure up to
+/// [`ErrorWait::CAP`]. One for the worker's lease and consume loops and the
+/// relay, so that all of them come back as soon after a fault heals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorWait {
+    floor: Duration,
+    now: Duration,
+}
+
+impl ErrorWait {
+    /// A second: a local database or broker that restarts is back within a
+    /// second or two, and a loop that waited 5 s (as these once did) missed
+    /// most of a short run's faults after the first one; one attempt a second
+    /// per loop costs a server that is down nothing.
+    pub const CAP: Duration = Duration::from_secs(1);
+
+    pub fn new(poll_interval: Duration) -> ErrorWait {
+        let floor = poll_interval.min(ErrorWait::CAP);
+        ErrorWait { floor, now: floor }
+    }
+
+    /// After an error: how long to wait before the next attempt.
+    pub fn failed(&mut self) -> Duration {
+        self.now = (self.now * 2).min(ErrorWait::CAP);
+        self.now
+    }
+
+    /// After a success: the next error starts from the poll interval again.
+    pub fn succeeded(&mut self) {
+        self.now = self.floor;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -43,6 +78,20 @@ mod tests {
         assert_eq!(b.delay(3, 1.0), Duration::from_millis(400));
         assert_eq!(b.delay(10, 1.0), Duration::from_secs(1));
         assert_eq!(b.delay(u32::MAX, 1.0), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn an_error_wait_doubles_to_its_cap_and_a_success_resets_it() {
+        let mut w = ErrorWait::new(Duration::from_millis(100));
+        assert_eq!(w.failed(), Duration::from_millis(200));
+        assert_eq!(w.failed(), Duration::from_millis(400));
+        assert_eq!(w.failed(), Duration::from_millis(800));
+        assert_eq!(w.failed(), ErrorWait::CAP);
+        assert_eq!(w.failed(), ErrorWait::CAP);
+        w.succeeded();
+        assert_eq!(w.failed(), Duration::from_millis(200));
+        // A poll interval above the cap waits no longer than the cap.
+        assert_eq!(ErrorWait::new(Duration::from_secs(3)).failed(), ErrorWait::CAP);
     }
 
     #[test]

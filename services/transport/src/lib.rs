@@ -19,6 +19,8 @@
 //!   opens them for a spec and a broker URL.
 //! - [`Depth`]: what the broker still holds, listed by message where it can
 //!   list them, counted where it can only count.
+//! - [`Links`]: how many of a process's broker clients are connected, which
+//!   its `/readyz` reports.
 //! - One module per broker, each behind a cargo feature of its name:
 //!   `rabbitmq` (a quorum queue, manual or automatic acks), `redis`
 //!   (Streams and Pub/Sub), `nats` (JetStream and core NATS), `mqtt`
@@ -37,10 +39,50 @@ mod redis;
 mod sqs;
 
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
+
+/// The broker clients of one process (a worker's consumers, a relay's
+/// publisher), counted as they connect and drop: the process is ready, and
+/// its `/readyz` says 200, while all of them are connected. A run starts its
+/// workload only once every relay and worker is ready, so that its first
+/// faults meet messages in flight, not clients still backing off from a
+/// broker that was booting.
+#[derive(Debug)]
+pub struct Links {
+    want: usize,
+    open: AtomicUsize,
+}
+
+impl Links {
+    /// `want` clients, none connected yet; `Links::new(0)` is always ready
+    /// (a worker on the database queue has no broker to wait for).
+    pub fn new(want: usize) -> Links {
+        Links { want, open: AtomicUsize::new(0) }
+    }
+
+    pub fn connected(&self) {
+        self.open.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn dropped(&self) {
+        let _ = self.open.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
+
+    pub fn ready(&self) -> bool {
+        self.open.load(Ordering::Relaxed) >= self.want
+    }
+
+    /// The body of `/readyz`: whether all are connected, and how many are.
+    pub fn report(&self) -> (bool, String) {
+        let open = self.open.load(Ordering::Relaxed);
+        let ready = open >= self.want;
+        (ready, format!("{{\"ready\":{ready},\"broker_clients\":{open},\"broker_clients_wanted\":{}}}\n", self.want))
+    }
+}
 
 /// What a transport's mode promises about each message, as the broker's
 /// documentation states it (what `haunt guarantees` measures against).
@@ -519,6 +561,26 @@ pub fn url(spec: TransportSpec, authority: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn links_are_ready_while_all_are_connected() {
+        let links = Links::new(2);
+        assert!(!links.ready());
+        links.connected();
+        assert_eq!(
+            links.report(),
+            (false, "{\"ready\":false,\"broker_clients\":1,\"broker_clients_wanted\":2}\n".into())
+        );
+        links.connected();
+        assert!(links.ready());
+        links.dropped();
+        assert!(!links.ready(), "one dropped: not ready until it is back");
+        links.dropped();
+        links.dropped();
+        links.connected();
+        assert!(!links.ready(), "a drop too many does not count below zero");
+        assert!(Links::new(0).ready());
+    }
 
     #[test]
     fn names_parse_and_print_back_as_spelled() {

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use haunt_store::{Failed, Headers, Leased, OrderEvent, Rng};
+use haunt_store::{ErrorWait, Failed, Headers, Leased, OrderEvent, Rng};
 use haunt_transport::{Consumer, Delivery, Options, Receipt};
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -46,10 +46,9 @@ impl Received {
 
 impl Worker {
     /// One consumer of the broker, until `shutdown` turns true. A consumer
-    /// whose connection fails is dropped and connected again, with a wait
-    /// that doubles up to 5 s.
+    /// whose connection fails is dropped and connected again, after an
+    /// [`ErrorWait`]; while it is down the worker is not ready.
     pub(crate) async fn consume_loop(&self, slot: usize, broker: BrokerSource, shutdown: watch::Receiver<bool>) {
-        const ERROR_WAIT_MAX: Duration = Duration::from_secs(5);
         let mut rng = Rng::from_entropy();
         let options = Options {
             client_id: format!("{}-{slot}", self.config.worker_id),
@@ -57,27 +56,27 @@ impl Worker {
             confirms: true,
         };
         let mut consumer: Option<Box<dyn Consumer>> = None;
-        let mut error_wait = self.config.poll_interval;
+        let mut error_wait = ErrorWait::new(self.config.poll_interval);
         while !*shutdown.borrow() {
             let c = match &mut consumer {
                 Some(c) => c,
                 None => match haunt_transport::consumer(broker.spec, &broker.url, &options).await {
                     Ok(c) => {
                         tracing::info!(worker_id = %self.config.worker_id, slot, transport = %broker.spec, "consuming");
+                        self.links.connected();
                         consumer.insert(c)
                     }
                     Err(e) => {
                         tracing::warn!(worker_id = %self.config.worker_id, slot, error = %e, "connecting to the broker failed");
-                        error_wait = (error_wait * 2).min(ERROR_WAIT_MAX);
-                        self.wait(error_wait, &shutdown).await;
+                        self.wait(error_wait.failed(), &shutdown).await;
                         continue;
                     }
                 },
             };
             match c.receive(self.config.batch_size_max as usize, RECEIVE_WAIT).await {
-                Ok(batch) if batch.is_empty() => error_wait = self.config.poll_interval,
+                Ok(batch) if batch.is_empty() => error_wait.succeeded(),
                 Ok(batch) => {
-                    error_wait = self.config.poll_interval;
+                    error_wait.succeeded();
                     if let Some(stall) = self.faults.take_stall() {
                         // The `stall` fault, as in the lease loop: past the
                         // broker's visibility timeout another consumer holds
@@ -92,8 +91,8 @@ impl Worker {
                 Err(e) => {
                     tracing::warn!(worker_id = %self.config.worker_id, slot, error = %e, "receive failed; reconnecting");
                     consumer = None;
-                    error_wait = (error_wait * 2).min(ERROR_WAIT_MAX);
-                    self.wait(error_wait, &shutdown).await;
+                    self.links.dropped();
+                    self.wait(error_wait.failed(), &shutdown).await;
                 }
             }
         }

@@ -1,5 +1,7 @@
 //! The worker's HTTP side: `/metrics` (queue depth is sampled at scrape time),
-//! `/healthz`, and, with `HAUNT_ADMIN_TOKEN`, `GET`/`POST /admin/faults`.
+//! `/healthz` (the process is up), `/readyz` (and, with a broker transport,
+//! every consumer is connected to it: 503 until then), and, with
+//! `HAUNT_ADMIN_TOKEN`, `GET`/`POST /admin/faults`.
 
 use std::sync::Arc;
 
@@ -10,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use haunt_store::Store;
 use haunt_telemetry::metrics::{QueueLabels, WorkerMetrics};
+use haunt_transport::Links;
 use serde_json::json;
 
 use crate::faults::{FaultSettings, Faults};
@@ -19,17 +22,35 @@ struct HttpState {
     store: Store,
     metrics: Arc<WorkerMetrics>,
     faults: Arc<Faults>,
+    links: Arc<Links>,
     admin_token: Option<String>,
 }
 
-pub fn router(store: Store, metrics: Arc<WorkerMetrics>, faults: Arc<Faults>, admin_token: Option<String>) -> Router {
+pub fn router(
+    store: Store,
+    metrics: Arc<WorkerMetrics>,
+    faults: Arc<Faults>,
+    links: Arc<Links>,
+    admin_token: Option<String>,
+) -> Router {
     let admin = admin_token.is_some();
-    let state = Arc::new(HttpState { store, metrics, faults, admin_token });
-    let mut app = Router::new().route("/metrics", get(serve_metrics)).route("/healthz", get(|| async { "ok\n" }));
+    let state = Arc::new(HttpState { store, metrics, faults, links, admin_token });
+    let mut app = Router::new()
+        .route("/metrics", get(serve_metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(|State(state): State<Arc<HttpState>>| async move { readyz(&state.links) }));
     if admin {
         app = app.route("/admin/faults", get(get_faults).post(set_faults));
     }
     app.with_state(state)
+}
+
+/// 200 while every broker client of the process is connected, 503 with the
+/// counts otherwise. The relay serves the same.
+pub fn readyz(links: &Links) -> Response {
+    let (ready, body) = links.report();
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 async fn serve_metrics(State(state): State<Arc<HttpState>>) -> Response {

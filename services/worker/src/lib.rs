@@ -27,10 +27,12 @@ mod run;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use haunt_store::{AckMode, Applied, Backoff, Bug, Failed, LeaseClock, Leased, OrderEvent, Rng, Store, StoreError};
+use haunt_store::{
+    AckMode, Applied, Backoff, Bug, ErrorWait, Failed, LeaseClock, Leased, OrderEvent, Rng, Store, StoreError,
+};
 use haunt_telemetry::metrics::{OutcomeLabels, TraceExemplar, WorkerMetrics};
 use haunt_telemetry::tracing_context;
-use haunt_transport::TransportSpec;
+use haunt_transport::{Links, TransportSpec};
 use tokio::sync::watch;
 use tracing::Instrument;
 
@@ -100,11 +102,20 @@ pub struct Worker {
     config: Arc<WorkerConfig>,
     faults: Arc<Faults>,
     metrics: Arc<WorkerMetrics>,
+    /// Its consumers' connections to the broker (none on the database queue).
+    links: Arc<Links>,
 }
 
 impl Worker {
     pub fn new(store: Store, config: WorkerConfig, faults: Arc<Faults>, metrics: Arc<WorkerMetrics>) -> Worker {
-        Worker { store, config: Arc::new(config), faults, metrics }
+        let consumers = if config.broker.is_some() { config.concurrency.max(1) } else { 0 };
+        let links = Arc::new(Links::new(consumers));
+        Worker { store, config: Arc::new(config), faults, metrics, links }
+    }
+
+    /// Ready while every consume loop is connected to the broker.
+    pub fn links(&self) -> &Arc<Links> {
+        &self.links
     }
 
     pub fn metrics(&self) -> &Arc<WorkerMetrics> {
@@ -129,10 +140,9 @@ impl Worker {
     async fn lease_loop(&self, slot: usize, mut shutdown: watch::Receiver<bool>) {
         let mut rng = Rng::from_entropy();
         rng.next_u64();
-        // Consecutive lease errors stretch the wait up to 5 s, so a database that
-        // is down is not hammered by every loop of every worker.
-        const ERROR_WAIT_MAX: Duration = Duration::from_secs(5);
-        let mut error_wait = self.config.poll_interval;
+        // Consecutive lease errors stretch the wait (up to a second), so a
+        // database that is down is not hammered by every loop of every worker.
+        let mut error_wait = ErrorWait::new(self.config.poll_interval);
         while !*shutdown.borrow() {
             let clock = match self.config.bug {
                 // BUG MODE worker-clock-lease: the lease is computed from this
@@ -142,11 +152,11 @@ impl Worker {
             };
             let wait = match self.store.lease(self.config.batch_size_max, self.config.visibility_timeout, clock).await {
                 Ok(batch) if batch.is_empty() => {
-                    error_wait = self.config.poll_interval;
+                    error_wait.succeeded();
                     self.config.poll_interval
                 }
                 Ok(batch) => {
-                    error_wait = self.config.poll_interval;
+                    error_wait.succeeded();
                     if let Some(stall) = self.faults.take_stall() {
                         // The `stall` fault: a pause at the worst moment, with a
                         // lease in hand. Past the visibility timeout this loop is a
@@ -163,8 +173,7 @@ impl Worker {
                 }
                 Err(e) => {
                     tracing::warn!(worker_id = %self.config.worker_id, slot, error = ?e, "lease failed");
-                    error_wait = (error_wait * 2).min(ERROR_WAIT_MAX);
-                    error_wait
+                    error_wait.failed()
                 }
             };
             if !wait.is_zero() {

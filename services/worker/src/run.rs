@@ -65,7 +65,7 @@ impl std::error::Error for RunError {
 }
 
 /// Runs one worker over `store` until `shutdown` completes: its lease loops,
-/// and, on `listener` if given, `/metrics`, `/healthz` and (with an admin
+/// and, on `listener` if given, `/metrics`, `/healthz`, `/readyz` and (with an admin
 /// token) `/admin/faults`. After the shutdown no new lease is taken, the
 /// batches in hand are finished and the server stops; then it returns.
 pub async fn run(
@@ -83,7 +83,7 @@ pub async fn run(
     let (stop, stopped) = watch::channel(false);
     let serve = async {
         let Some(listener) = listener else { return Ok(()) };
-        let app = crate::http::router(store, metrics, faults, config.admin_token);
+        let app = crate::http::router(store, metrics, faults, worker.links().clone(), config.admin_token);
         let mut until = stopped.clone();
         let served = axum::serve(listener, app)
             .with_graceful_shutdown(async move {
