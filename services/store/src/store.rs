@@ -51,6 +51,14 @@ pub struct StoreOptions {
     pub max_connections: u32,
     /// How long an operation waits for a pooled connection before failing.
     pub acquire_timeout: Duration,
+    /// On PostgreSQL, the lease's and the ack's commits do not wait for the
+    /// WAL flush (`synchronous_commit = off` on the connections that run
+    /// them); the apply's and the order's still do. Either one lost to a
+    /// crash of the database only makes the message deliverable again, a
+    /// redelivery the inbox absorbs, and a durable apply flushes every
+    /// commit before it, so it never outlives its lease. On by default;
+    /// `docs/performance.md` has the argument and the measurement.
+    pub async_lease_ack: bool,
     pub bug: Option<Bug>,
 }
 
@@ -63,6 +71,7 @@ impl Default for StoreOptions {
             // Short, so a partitioned database turns into errors the caller can
             // report, not requests that hang past the client's timeout.
             acquire_timeout: Duration::from_secs(5),
+            async_lease_ack: true,
             bug: None,
         }
     }
@@ -80,6 +89,9 @@ pub struct Store {
     /// apply takes. Its connections open when first needed, so a store that
     /// never leases (the API's) opens none.
     pg: Option<PgPool>,
+    /// The lease's and the ack's connections on PostgreSQL with
+    /// [`StoreOptions::async_lease_ack`]: `pg`'s, with asynchronous commits.
+    pg_settle: Option<PgPool>,
     backend: Backend,
     dialect: &'static Dialect,
     bug: Option<Bug>,
@@ -175,32 +187,34 @@ impl Store {
             Backend::Sqlite => &sql::SQLITE,
             Backend::Postgres => &sql::POSTGRES,
         };
-        let pg = match backend {
-            Backend::Postgres => Some(
-                PgPoolOptions::new()
-                    .max_connections(options.max_connections)
-                    .acquire_timeout(options.acquire_timeout)
-                    // No nested loops on these connections: the one-statement
-                    // apply joins its steps' results (CTEs of up to a batch
-                    // each), whose sizes the planner cannot know (a lease token
-                    // it has never seen, an array parameter it guesses at ten
-                    // elements), so it estimates one row and loops over a
-                    // batch once per row of another: 500 × 500 comparisons
-                    // (EXPLAIN ANALYZE: 203 ms for a batch against 26 ms with
-                    // hash joins). The hot path's statements look rows up by
-                    // key only through `= ANY(array)` index conditions, never
-                    // by a join, so nothing here needs a nested loop.
-                    .connect_lazy_with({
-                        let options = PgConnectOptions::from_str(&url)
-                            .map_err(StoreError::Connect)?
-                            .options([("enable_nestloop", "off")]);
-                        // BUG MODE async-commit reaches these sessions too (see above).
-                        if async_commit { options.options([("synchronous_commit", "off")]) } else { options }
-                    }),
-            ),
-            Backend::Sqlite => None,
+        let hot_path = |async_commits: bool| -> Result<PgPool, StoreError> {
+            let connect =
+                PgConnectOptions::from_str(&url).map_err(StoreError::Connect)?.options([("enable_nestloop", "off")]);
+            let connect = if async_commits { connect.options([("synchronous_commit", "off")]) } else { connect };
+            Ok(PgPoolOptions::new()
+                .max_connections(options.max_connections)
+                .acquire_timeout(options.acquire_timeout)
+                .connect_lazy_with(connect))
         };
-        Ok(Store { pool, pg, backend, dialect, bug: options.bug, injected: Arc::default() })
+        // No nested loops on the hot path's connections: the one-statement
+        // apply joins its steps' results (CTEs of up to a batch each), whose
+        // sizes the planner cannot know (a lease token it has never seen, an
+        // array parameter it guesses at ten elements), so it estimates one
+        // row and loops over a batch once per row of another: 500 × 500
+        // comparisons (EXPLAIN ANALYZE: 203 ms for a batch against 26 ms with
+        // hash joins). The hot path's statements look rows up by key only
+        // through `= ANY(array)` index conditions, never by a join, so nothing
+        // here needs a nested loop. BUG MODE async-commit reaches these
+        // sessions too (see above).
+        let (pg, pg_settle) = match backend {
+            Backend::Postgres => {
+                let apply = hot_path(async_commit)?;
+                let settle = options.async_lease_ack.then(|| hot_path(true)).transpose()?;
+                (Some(apply), settle)
+            }
+            Backend::Sqlite => (None, None),
+        };
+        Ok(Store { pool, pg, pg_settle, backend, dialect, bug: options.bug, injected: Arc::default() })
     }
 
     pub fn backend(&self) -> Backend {
@@ -216,9 +230,27 @@ impl Store {
         &self.injected
     }
 
+    /// Opens `n` connections of each pool now instead of on first use, and
+    /// keeps them idle in the pool: the pipeline bench opens its workers'
+    /// pools before it starts their clock, as the server-side limit's pool
+    /// is open before its clock starts.
+    pub async fn warm(&self, n: u32) -> Result<(), StoreError> {
+        let mut held = Vec::new();
+        for _ in 0..n {
+            held.push(self.pool.acquire().await.map_err(NotCommitted)?);
+        }
+        for pg in self.pg.iter().chain(&self.pg_settle) {
+            let mut held = Vec::new();
+            for _ in 0..n {
+                held.push(pg.acquire().await.map_err(NotCommitted)?);
+            }
+        }
+        Ok(())
+    }
+
     pub async fn close(&self) {
         self.pool.close().await;
-        if let Some(pg) = &self.pg {
+        for pg in self.pg.iter().chain(&self.pg_settle) {
             pg.close().await;
         }
     }
@@ -379,7 +411,7 @@ impl Store {
                     .map_err(fetched("queue_messages"))?
             };
         }
-        let rows = match &self.pg {
+        let rows = match self.pg_settle.as_ref().or(self.pg.as_ref()) {
             Some(pg) => leased_rows!(pg),
             None => leased_rows!(&self.pool),
         };
@@ -789,7 +821,7 @@ impl Store {
     /// were still held and so deleted.
     pub async fn ack_batch(&self, message_ids: &[&str], lease_token: &str) -> Result<u64, StoreError> {
         let holder = self.holder(Some(lease_token));
-        if let Some(pg) = &self.pg {
+        if let Some(pg) = self.pg_settle.as_ref().or(self.pg.as_ref()) {
             let deleted = sqlx::query(sql::ACK_BATCH_POSTGRES).bind(holder).bind(message_ids).execute(pg).await;
             return Ok(deleted.map_err(NotCommitted)?.rows_affected());
         }

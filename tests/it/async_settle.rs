@@ -1,0 +1,132 @@
+//! The workers commit their leases and acks asynchronously on PostgreSQL
+//! (`StoreOptions::async_lease_ack`): a crash of the database may undo
+//! either, and all that may cost is a redelivery the inbox absorbs. These
+//! tests crash a server of their own right after a lease or an ack, and
+//! check what came back.
+//!
+//! The server's WAL writer is slowed to its maximum (10 s), so an
+//! asynchronous commit is still in the server's memory when the crash comes:
+//! the tests see the loss every time instead of when the writer happened not
+//! to wake. With durable leases and acks the same steps lose nothing, which
+//! shows the tests can tell.
+
+use std::time::Duration;
+
+use haunt_chaos::postgres::PgServer;
+use haunt_store::{Applied, Baseline, LeaseClock, Leased, OrderEvent, Store, StoreOptions};
+
+use crate::run::PrivatePostgres;
+
+/// A private server whose WAL writer waits 10 s between rounds.
+async fn server() -> Option<(PrivatePostgres, PgServer)> {
+    let pg = PrivatePostgres::start()?;
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&pg.url).await.unwrap();
+    // One statement at a time: ALTER SYSTEM refuses to run in the implicit
+    // transaction of a multi-statement string.
+    for statement in ["ALTER SYSTEM SET wal_writer_delay = '10s'", "SELECT pg_reload_conf()"] {
+        sqlx::raw_sql(statement).execute(&mut conn).await.unwrap();
+    }
+    drop(conn);
+    let server = PgServer::new(&pg.dir).unwrap();
+    Some((pg, server))
+}
+
+async fn open(url: &str, async_lease_ack: bool) -> Store {
+    Store::connect(url, StoreOptions { async_lease_ack, ..StoreOptions::default() }).await.unwrap()
+}
+
+/// Ten orders of one item and their messages, as the API writes them.
+async fn place(url: &str) {
+    let baseline = Baseline::connect(url, 1).await.unwrap();
+    baseline.enqueue(10, 1).await.unwrap();
+    baseline.close().await;
+}
+
+/// Leases of 2 s: a message whose ack the crash undid is still leased when
+/// the server is back, and deliverable again once the lease runs out.
+const LEASE: Duration = Duration::from_secs(2);
+
+async fn lease(store: &Store) -> Vec<Leased> {
+    store.lease(100, LEASE, LeaseClock::Database).await.unwrap()
+}
+
+async fn apply(store: &Store, batch: &[Leased]) -> Vec<Applied> {
+    let events: Vec<(&Leased, OrderEvent)> = batch.iter().map(|l| (l, l.event().unwrap())).collect();
+    store.apply_batch(&events, "w").await.unwrap()
+}
+
+/// Crashes the server (SIGKILL to every process) and brings it back through
+/// crash recovery.
+async fn crash(server: &PgServer) {
+    server.crash().unwrap();
+    server.start().await.unwrap();
+}
+
+/// Applied, acked, then the crash: with asynchronous acks the messages are
+/// back, delivered a second time, and the inbox takes each as a duplicate;
+/// with durable acks nothing is back.
+/// What came back after the crash, and what its second delivery did.
+async fn an_ack_lost_to_a_crash(async_lease_ack: bool) -> Option<(usize, Vec<Applied>)> {
+    let (pg, server) = server().await?;
+    let store = open(&pg.url, async_lease_ack).await;
+    place(&pg.url).await;
+    let batch = lease(&store).await;
+    assert_eq!(batch.len(), 10);
+    assert!(apply(&store, &batch).await.iter().all(|a| matches!(a, Applied::Applied { .. })));
+    let ids: Vec<&str> = batch.iter().map(|l| l.message_id.as_str()).collect();
+    assert_eq!(store.ack_batch(&ids, &batch[0].lease_token).await.unwrap(), 10);
+    store.close().await;
+    crash(&server).await;
+
+    let store = open(&pg.url, async_lease_ack).await;
+    let stats = store.queue_stats().await.unwrap();
+    let back = (stats.visible + stats.leased) as usize;
+    tokio::time::sleep(LEASE).await;
+    let again = lease(&store).await;
+    assert_eq!(again.len(), back, "what came back is delivered again once its lease ran out");
+    let outcomes = apply(&store, &again).await;
+    let ids: Vec<&str> = again.iter().map(|l| l.message_id.as_str()).collect();
+    if !again.is_empty() {
+        assert!(again.iter().all(|l| l.delivery_count == 2), "a second delivery: {again:?}");
+        store.ack_batch(&ids, &again[0].lease_token).await.unwrap();
+    }
+    assert_eq!(store.projection().await.unwrap(), vec![("item-0".to_owned(), 10)], "each order counted once");
+    store.close().await;
+    Some((again.len(), outcomes))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_asynchronous_ack_lost_to_a_crash_is_a_redelivery_the_inbox_absorbs() {
+    let Some((back, outcomes)) = an_ack_lost_to_a_crash(true).await else { return };
+    assert_eq!(back, 10, "the crash undid the acks");
+    assert!(outcomes.iter().all(|a| *a == Applied::Duplicate), "{outcomes:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_durable_ack_survives_the_same_crash() {
+    let Some((back, _)) = an_ack_lost_to_a_crash(false).await else { return };
+    assert_eq!(back, 0, "nothing acked came back");
+}
+
+/// Leased, then the crash: the lease is gone, and the worker that held it
+/// (a zombie now) finds its apply fenced off; the next lease delivers the
+/// messages again and applies them once.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_asynchronous_lease_lost_to_a_crash_fences_off_its_holder() {
+    let Some((pg, server)) = server().await else { return };
+    let store = open(&pg.url, true).await;
+    place(&pg.url).await;
+    let held = lease(&store).await;
+    assert_eq!(held.len(), 10);
+    store.close().await;
+    crash(&server).await;
+
+    let store = open(&pg.url, true).await;
+    let outcomes = apply(&store, &held).await;
+    assert!(outcomes.iter().all(|a| *a == Applied::LeaseLost), "the lost lease holds nothing: {outcomes:?}");
+    let again = lease(&store).await;
+    assert_eq!(again.len(), 10, "deliverable again");
+    assert!(apply(&store, &again).await.iter().all(|a| matches!(a, Applied::Applied { .. })));
+    assert_eq!(store.projection().await.unwrap(), vec![("item-0".to_owned(), 10)]);
+    store.close().await;
+}
