@@ -550,9 +550,20 @@ pub async fn run(options: &GuaranteesOptions, mut progress: impl FnMut(&str)) ->
                 }
             });
             rows.push(Row::new(spec, inbox, runs, throughput));
+            // After every row, so that a guarantees run stopped half way
+            // leaves what it measured.
+            write_outputs(&dir, &mut rows, options, false)?;
         }
     }
-    set_speeds(&mut rows);
+    let table = write_outputs(&dir, &mut rows, options, true)?;
+    Ok(GuaranteesOutcome { dir, rows, table })
+}
+
+/// Writes `guarantees.txt`, `guarantees.json` (with `"complete"`: whether
+/// every row has run) and `guarantees.html` for the rows so far, their speeds
+/// against the fastest of them; returns the table.
+fn write_outputs(dir: &Path, rows: &mut [Row], options: &GuaranteesOptions, complete: bool) -> anyhow::Result<String> {
+    set_speeds(rows);
     let command = format!(
         "haunt guarantees --transports {} --seeds {} --time-limit-s {} --throughput-time-limit-s {}",
         options.transports.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(","),
@@ -560,18 +571,19 @@ pub async fn run(options: &GuaranteesOptions, mut progress: impl FnMut(&str)) ->
         options.time_limit_s,
         options.throughput_time_limit_s
     );
-    let table = table(&rows, &command);
+    let table = table(rows, &command);
     std::fs::write(dir.join("guarantees.txt"), &table)?;
     let json = serde_json::json!({
         "command": command,
+        "complete": complete,
         "seeds": options.seeds,
         "time_limit_s": options.time_limit_s,
         "throughput_time_limit_s": options.throughput_time_limit_s,
         "rows": rows,
     });
     std::fs::write(dir.join("guarantees.json"), serde_json::to_string_pretty(&json)? + "\n")?;
-    std::fs::write(dir.join("guarantees.html"), crate::guarantees_page::render(&rows, &command))?;
-    Ok(GuaranteesOutcome { dir, rows, table })
+    std::fs::write(dir.join("guarantees.html"), crate::guarantees_page::render(rows, &command))?;
+    Ok(table)
 }
 
 fn yes_no(b: bool) -> &'static str {

@@ -7,13 +7,10 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use haunt_checker::Results;
+use haunt_report::page::esc;
 use haunt_report::plots::{self, TimeAxis};
 
 use crate::guarantees::{FaultRun, Row};
-
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
-}
 
 fn row_name(r: &Row) -> String {
     format!("{} {}", r.transport, if r.inbox { "inbox" } else { "no inbox" })

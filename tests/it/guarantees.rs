@@ -31,6 +31,7 @@ fn a_short_guarantees_run_over_the_database_queue_and_redis_streams_writes_the_t
     assert!(stdout.contains("at-least-once + inbox"), "the tutorial-shaped table: {stdout}");
     let dir = std::fs::read_dir(tmp.path().join("guarantees")).unwrap().next().unwrap().unwrap().path();
     let json = read_json(&dir.join("guarantees.json"));
+    assert_eq!(json["complete"], true, "written after the last row too");
     let rows = json["rows"].as_array().unwrap();
     let names: Vec<(String, bool)> =
         rows.iter().map(|r| (r["transport"].as_str().unwrap().to_owned(), r["inbox"].as_bool().unwrap())).collect();

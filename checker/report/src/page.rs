@@ -13,7 +13,9 @@ use haunt_checker::{Results, Verdict};
 use crate::plots::{self, ABSORBED_COLOR, APPLIED_COLOR, OUTCOMES, REDELIVERED_COLOR, TimeAxis, fault_color};
 use crate::run_info::RunInfo;
 
-fn esc(s: &str) -> String {
+/// `s` made safe for HTML text and attribute values; every page of haunt's
+/// (the run report, the guarantees page) escapes through this one.
+pub fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
