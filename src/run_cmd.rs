@@ -205,6 +205,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
     // Every other check is the run's own (`RunOptions::validate`), before it creates anything.
     let abort = Arc::new(AtomicBool::new(false));
     let flag = abort.clone();
+    let parent = std::os::unix::process::parent_id();
     tokio::spawn(async move {
         crate::services::shutdown_signal().await;
         // Before a word is written: stderr may be a pipe whose reader is gone
@@ -214,7 +215,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
             std::io::stderr(),
             "interrupted: healing faults and stopping every process (again to kill at once)"
         );
-        crate::services::shutdown_signal().await;
+        // A second signal kills at once, but only one from whoever is still
+        // our parent. A child of `haunt matrix` or `haunt guarantees` gets
+        // SIGINT from the kernel when that parent dies, and once more as each
+        // of the dead parent's threads exits (strace showed two): taken as a
+        // second Ctrl-C, they cut the heal short and left the run unmarked.
+        loop {
+            crate::services::shutdown_signal().await;
+            if std::os::unix::process::parent_id() == parent {
+                break;
+            }
+        }
         // Children die with us: they carry a parent-death signal. Containers
         // do not, so they go first, and a database the run crashed (not a
         // child either) starts again.

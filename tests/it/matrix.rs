@@ -121,3 +121,99 @@ fn the_matrix_over_a_broker_catches_the_consumer_and_relay_bugs_and_passes_the_c
     }
     assert!(stdout.contains("--transport redis-streams"), "the table names how to reproduce it: {stdout}");
 }
+
+/// Every live process whose command line mentions `needle`, the child
+/// `haunt run` and its nodes included.
+fn processes_under(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.chars().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains(needle) {
+            found.push(format!("{name}: {cmdline}"));
+        }
+    }
+    found
+}
+
+/// Every `run.json` under `dir`.
+fn run_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut todo = vec![dir.to_owned()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() && !path.is_symlink() {
+                todo.push(path);
+            } else if path.file_name().is_some_and(|n| n == "run.json") {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+/// A matrix or a guarantees run killed outright (SIGKILL: no handler of its
+/// own runs) still leaves nothing behind: the kernel interrupts its child
+/// `haunt run`, which heals, stops its broker and services as on Ctrl-C, and
+/// marks its run aborted.
+fn killed_outright_leaves_nothing(command: &str, args: &[&str]) {
+    if std::env::var("HAUNT_SKIP_BROKERS").as_deref() == Ok("1") {
+        eprintln!("SKIPPED: a killed haunt {command} over redis-streams (HAUNT_SKIP_BROKERS=1)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().to_string_lossy().into_owned();
+    let mut parent = Command::new(env!("CARGO_BIN_EXE_haunt"))
+        .arg(command)
+        .arg("--store")
+        .arg(tmp.path())
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Until the child run's workload is going: its history has client ops.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    let run_dir = loop {
+        assert!(std::time::Instant::now() < deadline, "the {command}'s run never started");
+        let going = run_files(tmp.path()).into_iter().filter_map(|f| f.parent().map(Path::to_owned)).find(|d| {
+            std::fs::read_to_string(d.join("history.jsonl")).map(|h| h.lines().count() > 50).unwrap_or(false)
+        });
+        if let Some(dir) = going {
+            break dir;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(processes_under(&store).len() > 2, "a run, its broker and services: {:?}", processes_under(&store));
+    parent.kill().unwrap();
+    parent.wait().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !processes_under(&store).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "left running a minute after the {command} was killed: {:?}",
+            processes_under(&store)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let run: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("run.json")).unwrap()).unwrap();
+    assert_eq!(run["aborted"], true, "{run}");
+}
+
+#[test]
+fn a_matrix_killed_outright_leaves_no_process_and_its_run_marked_aborted() {
+    let args = ["--transport", "redis-streams", "--seeds", "1", "--time-limit-s", "60", "--only", "correct"];
+    killed_outright_leaves_nothing("matrix", &args);
+}
+
+#[test]
+fn a_guarantees_run_killed_outright_leaves_no_process_and_its_run_marked_aborted() {
+    let args = ["--transports", "redis-streams", "--seeds", "1", "--time-limit-s", "60"];
+    killed_outright_leaves_nothing("guarantees", &args);
+}
