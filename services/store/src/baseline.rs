@@ -113,6 +113,41 @@ impl Baseline {
         Ok(())
     }
 
+    /// Brings the tables to the same state before every drain phase, so that
+    /// no phase pays for another's housekeeping: on PostgreSQL the freshly
+    /// enqueued tables vacuumed and analyzed, autovacuum off for them (it
+    /// otherwise woke at random in the middle of a drain, on the dead rows
+    /// of the deletes) and a checkpoint, so that every phase starts as far
+    /// from the next one (and its full-page writes) as any other; on SQLite
+    /// a checkpoint of the WAL. Autovacuum stays off for these tables until
+    /// [`Baseline::housekeeping_back_on`]. Returns whether the checkpoint
+    /// ran: `CHECKPOINT` needs a superuser or the `pg_checkpoint` role, and
+    /// without either the phases still run, less evenly.
+    pub async fn settle(&self) -> Result<bool, StoreError> {
+        if self.backend == Backend::Sqlite {
+            sqlx::raw_sql("PRAGMA wal_checkpoint(TRUNCATE)").execute(&self.pool).await.map_err(NotCommitted)?;
+            return Ok(true);
+        }
+        for table in TABLES {
+            let off = format!("ALTER TABLE {table} SET (autovacuum_enabled = off)");
+            sqlx::raw_sql(sqlx::AssertSqlSafe(off)).execute(&self.pool).await.map_err(NotCommitted)?;
+        }
+        let vacuum = format!("VACUUM (ANALYZE) {}", TABLES.join(", "));
+        sqlx::raw_sql(sqlx::AssertSqlSafe(vacuum)).execute(&self.pool).await.map_err(NotCommitted)?;
+        Ok(sqlx::raw_sql("CHECKPOINT").execute(&self.pool).await.is_ok())
+    }
+
+    /// Autovacuum back on for the pipeline's tables, after [`Baseline::settle`].
+    pub async fn housekeeping_back_on(&self) -> Result<(), StoreError> {
+        if self.backend == Backend::Postgres {
+            for table in TABLES {
+                let on = format!("ALTER TABLE {table} RESET (autovacuum_enabled)");
+                sqlx::raw_sql(sqlx::AssertSqlSafe(on)).execute(&self.pool).await.map_err(NotCommitted)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Writes `n` orders (`b-I`, over `items` items, one each) and their
     /// messages, visible at once, as the API would have.
     pub async fn enqueue(&self, n: usize, items: usize) -> Result<(), StoreError> {

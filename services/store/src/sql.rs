@@ -301,6 +301,10 @@ pub const FINAL_PENDING: &str =
     "SELECT message_id, event_id, delivery_count FROM queue_messages ORDER BY enqueued_at_ms, message_id";
 pub const FINAL_DEAD: &str =
     "SELECT message_id, event_id, delivery_count, last_error FROM dead_letters ORDER BY dead_at_ms, message_id";
+/// 1 when the queue holds a row, 0 when it is empty.
+pub const QUEUE_HAS_ROWS: &str =
+    "SELECT CASE WHEN EXISTS (SELECT 1 FROM queue_messages) THEN CAST(1 AS BIGINT) ELSE CAST(0 AS BIGINT) END";
+
 pub const ROWS_IN_PIPELINE: &str = "SELECT CAST((SELECT COUNT(*) FROM orders) + (SELECT COUNT(*) FROM queue_messages) \
      + (SELECT COUNT(*) FROM projection_ledger) + (SELECT COUNT(*) FROM dead_letters) \
      + (SELECT COUNT(*) FROM inventory_projection) AS BIGINT)";

@@ -1107,6 +1107,15 @@ impl Store {
         Ok(rows == 0)
     }
 
+    /// Whether the queue holds no message at all (visible, leased or waiting
+    /// out a backoff; dead letters are elsewhere). Stops at the first row it
+    /// finds, so a watcher that polls it costs the database far less than
+    /// [`Store::queue_stats`], which counts every row.
+    pub async fn queue_is_empty(&self) -> Result<bool, StoreError> {
+        let any: i64 = sqlx::query_scalar(sql::QUEUE_HAS_ROWS).fetch_one(&self.pool).await.map_err(NotCommitted)?;
+        Ok(any == 0)
+    }
+
     pub async fn projection(&self) -> Result<Vec<(String, i64)>, StoreError> {
         sqlx::query_as(sql::PROJECTION).fetch_all(&self.pool).await.map_err(NotCommitted)
     }
