@@ -92,6 +92,16 @@ impl Baseline {
         Ok(Baseline { pool, backend, url: url.to_owned() })
     }
 
+    /// Opens `n` connections now, so that a phase timed over this pool does
+    /// not time its connects.
+    pub async fn warm(&self, n: u32) -> Result<(), StoreError> {
+        let mut held = Vec::new();
+        for _ in 0..n {
+            held.push(self.pool.acquire().await.map_err(NotCommitted)?);
+        }
+        Ok(())
+    }
+
     pub async fn close(&self) {
         self.pool.close().await;
     }
