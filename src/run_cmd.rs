@@ -215,14 +215,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
             std::io::stderr(),
             "interrupted: healing faults and stopping every process (again to kill at once)"
         );
-        // A second signal kills at once, but only one from whoever is still
-        // our parent. A child of `haunt matrix` or `haunt guarantees` gets
-        // SIGINT from the kernel when that parent dies, and once more as each
-        // of the dead parent's threads exits (strace showed two): taken as a
+        // A second signal kills at once, but only a second Ctrl-C: one that
+        // comes from whoever is still our parent, a second or more after
+        // the first. A child of `haunt matrix` or `haunt guarantees` gets
+        // SIGINT from the kernel when that parent dies, and again each time
+        // it is handed from one exiting thread of the dead parent to another
+        // (strace showed two; a loaded CI machine more), all within moments
+        // and some while the parent's pid is still its parent's: taken as a
         // second Ctrl-C, they cut the heal short and left the run unmarked.
+        let first = std::time::Instant::now();
         loop {
             crate::services::shutdown_signal().await;
-            if std::os::unix::process::parent_id() == parent {
+            if std::os::unix::process::parent_id() == parent && first.elapsed() >= Duration::from_secs(1) {
                 break;
             }
         }

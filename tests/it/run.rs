@@ -380,7 +380,7 @@ fn the_harness_exports_faults_client_ops_and_the_verdict_as_metrics() {
     let tmp = tempfile::tempdir().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let listen = format!("127.0.0.1:{port}");
-    let mut child = haunt_run(
+    let child = haunt_run(
         tmp.path(),
         &[
             "--time-limit-s",
@@ -399,7 +399,8 @@ fn the_harness_exports_faults_client_ops_and_the_verdict_as_metrics() {
         ],
     )
     .stdout(Stdio::null())
-    .stderr(Stdio::null())
+    // Kept, so that a run that fails says why (a suite run once saw exit 3).
+    .stderr(Stdio::piped())
     .spawn()
     .unwrap();
     let (mut saw_fault, mut saw_ops, mut saw_verdict) = (false, false, false);
@@ -417,8 +418,8 @@ fn the_harness_exports_faults_client_ops_and_the_verdict_as_metrics() {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(0));
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(saw_ops, "client ops were counted while the run lasted");
     assert!(saw_fault, "an active pause showed as haunt_fault_active 1");
     assert!(saw_verdict, "the verdict was served after the check");
