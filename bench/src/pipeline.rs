@@ -459,10 +459,8 @@ pub async fn pipeline(options: PipelineOptions, mut progress: impl FnMut(&str)) 
     }
     baseline.drop_server_side().await?;
     let limit_of = |p: Protocol| limits.iter().find(|(q, _)| *q == p).map(|(_, l)| l.events_per_s);
-    let limit_cpu: serde_json::Map<String, serde_json::Value> = limits
-        .iter()
-        .map(|(p, l)| (p.key("server_side_limit").to_owned(), json!(l.backends_cpu_us_per_event)))
-        .collect();
+    let limit_cpu: serde_json::Map<String, serde_json::Value> =
+        limits.iter().map(|(p, l)| (p.key("server_side_limit"), json!(l.backends_cpu_us_per_event))).collect();
 
     let (client_sql, client_sql_same_batch, client_sql_locked) = if baseline.has_client_sql_baseline() {
         let at = |batch: i64| {
