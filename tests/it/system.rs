@@ -212,6 +212,7 @@ fn the_matrix_runs_a_system_file_under_each_fault_it_allows() {
     assert!(out.contains("| tutorial-python-fixed under kill | kill | verdict true | 1/1 valid |"), "{out}");
     assert!(out.contains("| tutorial-python-fixed under partition | partition | verdict true | 1/1 valid |"), "{out}");
     assert!(!out.contains("under pause"), "--only names the faults: {out}");
+    assert!(out.contains("--only kill partition --seeds 1"), "the table's command reproduces these rows: {out}");
 
     let naive = example("tutorial-python/naive.toml").to_string_lossy().into_owned();
     let (code, out) = matrix(&["--system", &naive, "--seeds", "1", "--time-limit-s", "8", "--only", "kill"]);

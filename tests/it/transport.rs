@@ -131,6 +131,68 @@ fn at_most_once_loses_under_a_consumer_kill(transport: &str) {
     assert!(results["anomalies"]["lost-effect"]["count"].as_u64().unwrap() > 0, "{results}");
 }
 
+/// The relay deletes what it published without waiting for the broker's
+/// confirmation (`--bug no-publisher-confirms`), and its link to the broker
+/// is cut: what it publishes during the cut sits in the network until the
+/// link heals and the connection dies with it. Every cut loses what the
+/// relay published in it, so the run must say `lost-effect`. (A broker
+/// crash instead drops only what is in flight at that instant: 2 of 5 seeds
+/// over RabbitMQ, `docs/transports.md`.) The correct relay under the same
+/// cut is valid: `relay_cut_from_the_broker_with_confirms_loses_nothing`.
+fn unconfirmed_publishes_are_lost_when_the_relay_is_cut_off(transport: &str) {
+    if skipped(transport) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let args = [
+        "--time-limit-s",
+        "8",
+        "--nemesis",
+        "partition",
+        "--fault-targets",
+        "relay<->broker",
+        "--visibility-timeout-ms",
+        "1000",
+        "--bug",
+        "no-publisher-confirms",
+    ];
+    let (out, results, _) = run(tmp.path(), transport, &args);
+    assert_eq!(out.status.code(), Some(1), "{}", why(&out, &results));
+    assert!(results["anomalies"]["lost-effect"]["count"].as_u64().unwrap() > 0, "{results}");
+}
+
+#[test]
+fn rabbitmq_without_publisher_confirms_loses_when_the_relay_is_cut_off() {
+    unconfirmed_publishes_are_lost_when_the_relay_is_cut_off("rabbitmq");
+}
+
+#[test]
+fn nats_jetstream_without_publish_acks_loses_when_the_relay_is_cut_off() {
+    unconfirmed_publishes_are_lost_when_the_relay_is_cut_off("nats");
+}
+
+#[test]
+fn mqtt_qos1_without_pubacks_loses_when_the_relay_is_cut_off() {
+    unconfirmed_publishes_are_lost_when_the_relay_is_cut_off("mqtt");
+}
+
+/// The same cut with confirmations: the relay keeps every row the broker
+/// did not confirm and publishes it again once the link is back.
+#[test]
+fn relay_cut_from_the_broker_with_confirms_loses_nothing() {
+    let transport = "rabbitmq";
+    if skipped(transport) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let args = ["--time-limit-s", "8", "--nemesis", "partition", "--fault-targets", "relay<->broker"];
+    let (out, results, run) = run(tmp.path(), transport, &[&args[..], &["--visibility-timeout-ms", "1000"]].concat());
+    assert_eq!(out.status.code(), Some(0), "{}", why(&out, &results));
+    assert_eq!(results["valid"], true, "{results}");
+    assert!(run["faults_fired"]["partition"].as_u64().unwrap() > 0, "the link was cut: {run}");
+    assert!(results["counts"]["applied_events"].as_u64().unwrap() > 200, "{results}");
+}
+
 #[test]
 fn redis_streams_is_valid_under_broker_faults() {
     at_least_once_is_valid_under_broker_faults("redis-streams");
