@@ -79,6 +79,13 @@ pub struct PipelineBench {
     /// writes its data.
     #[arg(long)]
     pub profile_worker: Option<String>,
+    /// Rounds of the paired measurement: the limit of haunt's default
+    /// protocol (at its best consumer count) and haunt's default drain,
+    /// alternately (limit, haunt, limit, …, limit), each drain against the
+    /// mean of the limits just before and after it, so that the machine's
+    /// drift during a run stays out of the ratio. 0 leaves it out.
+    #[arg(long, default_value_t = 3)]
+    pub paired_rounds: usize,
     /// Write the results as JSON here too.
     #[arg(long)]
     pub out: Option<std::path::PathBuf>,
@@ -110,6 +117,7 @@ pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
         sweep_workers: args.sweep_workers,
         worker_rust_log: args.worker_rust_log,
         profile_worker: args.profile_worker,
+        paired_rounds: args.paired_rounds,
     };
     let report = haunt_bench::pipeline(options, |line| eprintln!("{line}")).await?;
     print_report(&report, args.out.as_deref())

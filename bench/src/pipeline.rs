@@ -75,6 +75,11 @@ pub struct PipelineOptions {
     /// command line appended). The command is sent SIGINT once the queue is
     /// empty, so that a profiler writes its data.
     pub profile_worker: Option<String>,
+    /// Rounds of the paired measurement: the limit of haunt's default
+    /// protocol and haunt's default drain measured alternately (limit,
+    /// haunt, limit, … limit), each drain against the mean of the limits on
+    /// either side of it. 0 leaves it out.
+    pub paired_rounds: usize,
 }
 
 /// Messages per batch of the client-side SQL baseline, as in issue 8's
@@ -346,6 +351,94 @@ async fn server_side_at(
     Ok(Limit { events_per_s, backends_cpu_us_per_event })
 }
 
+/// What a limit phase needs besides its protocol and consumer count.
+#[derive(Clone, Copy)]
+struct LimitSetup<'a> {
+    baseline: &'a Baseline,
+    /// The database URL with the limit's application_name.
+    url: &'a str,
+    pool_size: u32,
+    size: (usize, usize),
+    batch: i64,
+}
+
+/// One limit phase: `tasks` consumers of `protocol` on a fresh, warmed pool.
+/// With one pool for every phase (2026-12-02) the limit fell phase after
+/// phase within a run, 63,000 to 48,000 events/s, its backends' CPU per
+/// event rising, while haunt's phases after them did not fall.
+async fn limit_phase(setup: LimitSetup<'_>, protocol: Protocol, tasks: usize) -> anyhow::Result<Limit> {
+    let phase = format!("server-side limit, {}, {tasks} consumers", protocol.name);
+    let flags = (protocol.ack_in_apply, protocol.async_lease_ack);
+    let limit_pool = Baseline::connect(setup.url, setup.pool_size).await?;
+    limit_pool.warm(tasks as u32).await?;
+    let pools = (setup.baseline, &limit_pool);
+    let (n, batch) = (setup.size.0, setup.batch);
+    let l = drain_phase(setup.baseline, setup.size, &phase, || server_side_at(pools, n, tasks, batch, flags)).await;
+    limit_pool.close().await;
+    l
+}
+
+/// haunt's drain against its limit measured alternately: the limit, then
+/// haunt, `rounds` times, then the limit once more, so that each drain has a
+/// limit measured just before and just after it. A run measures every limit
+/// before any of haunt's phases, minutes apart; on a VM whose speed drifts
+/// (the limit of one protocol moved by 40 % between runs of 2026-12-02) that
+/// drift goes into the run's ratios, and the pairs keep it out.
+#[derive(Debug, Clone)]
+struct Paired {
+    protocol: &'static str,
+    consumers: usize,
+    limits: Vec<f64>,
+    haunt: Vec<f64>,
+    /// Each drain against the mean of the limits on either side of it.
+    ratios: Vec<f64>,
+    median_ratio: f64,
+}
+
+async fn paired<Fut>(
+    setup: LimitSetup<'_>,
+    protocol: Protocol,
+    tasks: usize,
+    drain: impl Fn() -> Fut,
+    rounds: usize,
+) -> anyhow::Result<Paired>
+where
+    Fut: std::future::Future<Output = anyhow::Result<f64>>,
+{
+    let mut limits = vec![limit_phase(setup, protocol, tasks).await?.events_per_s];
+    let mut haunt = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        haunt.push(drain_phase(setup.baseline, setup.size, "haunt workers, paired", &drain).await?);
+        limits.push(limit_phase(setup, protocol, tasks).await?.events_per_s);
+    }
+    let ratios: Vec<f64> = haunt.iter().zip(limits.windows(2)).map(|(h, l)| h / ((l[0] + l[1]) / 2.0)).collect();
+    let median_ratio = median(&mut ratios.clone());
+    Ok(Paired { protocol: protocol.name, consumers: tasks, limits, haunt, ratios, median_ratio })
+}
+
+impl Paired {
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "protocol": self.protocol,
+            "consumers": self.consumers,
+            "limits": self.limits,
+            "haunt": self.haunt,
+            "ratios": self.ratios,
+            "median_ratio": self.median_ratio,
+        })
+    }
+}
+
+/// The median of `values` (NaN when empty); reorders them.
+fn median(values: &mut [f64]) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    if values.len() % 2 == 1 { values[mid] } else { (values[mid - 1] + values[mid]) / 2.0 }
+}
+
 /// Runs every phase (or, with `profile_worker`, only the profiled worker
 /// process) on `options.db`, which must be empty and is left empty, and
 /// returns the report. `progress` gets a line per phase with its figures.
@@ -421,6 +514,7 @@ pub async fn pipeline(options: PipelineOptions, mut progress: impl FnMut(&str)) 
     baseline.install_server_side().await?;
     let pool_size = *counts.last().unwrap_or(&1) as u32;
     let limit_url = named(&options.db, LIMIT_APPLICATION_NAME);
+    let setup = LimitSetup { baseline: &baseline, url: &limit_url, pool_size, size, batch };
     // The best over the consumer counts, its count, and every count's figure.
     let mut by_consumers = serde_json::Map::new();
     let mut best_at = serde_json::Map::new();
@@ -429,18 +523,7 @@ pub async fn pipeline(options: PipelineOptions, mut progress: impl FnMut(&str)) 
         let mut best: Option<(usize, Limit)> = None;
         let mut figures = serde_json::Map::new();
         for &tasks in &counts {
-            let phase = format!("server-side limit, {}, {tasks} consumers", protocol.name);
-            let flags = (protocol.ack_in_apply, protocol.async_lease_ack);
-            // Fresh server backends for every phase: with one pool for all of
-            // them (2026-12-02) the limit fell phase after phase within a run,
-            // 63,000 to 48,000 events/s, its backends' CPU per event rising,
-            // while haunt's phases after them did not fall.
-            let limit_pool = Baseline::connect(&limit_url, pool_size).await?;
-            limit_pool.warm(tasks as u32).await?;
-            let pools = (&baseline, &limit_pool);
-            let l = drain_phase(&baseline, size, &phase, || server_side_at(pools, n, tasks, batch, flags)).await;
-            limit_pool.close().await;
-            let l = l?;
+            let l = limit_phase(setup, protocol, tasks).await?;
             figures.insert(tasks.to_string(), json!(l.events_per_s));
             if best.as_ref().is_none_or(|(_, b)| l.events_per_s > b.events_per_s) {
                 best = Some((tasks, l));
@@ -457,7 +540,6 @@ pub async fn pipeline(options: PipelineOptions, mut progress: impl FnMut(&str)) 
         best_at.insert(protocol.name.to_owned(), json!(tasks));
         limits.push((protocol, l));
     }
-    baseline.drop_server_side().await?;
     let limit_of = |p: Protocol| limits.iter().find(|(q, _)| *q == p).map(|(_, l)| l.events_per_s);
     let limit_cpu: serde_json::Map<String, serde_json::Value> =
         limits.iter().map(|(p, l)| (p.key("server_side_limit"), json!(l.backends_cpu_us_per_event))).collect();
@@ -517,6 +599,24 @@ pub async fn pipeline(options: PipelineOptions, mut progress: impl FnMut(&str)) 
     }
     let rate_of = |p: Protocol| haunt.iter().find(|(q, ..)| *q == p).map(|h| h.1).unwrap_or(f64::NAN);
     let (default, default_in_txn) = (Protocol::default_for(postgres, false), Protocol::default_for(postgres, true));
+
+    let pairs = if options.paired_rounds > 0 {
+        let tasks = best_at.get(default.name).and_then(|t| t.as_u64()).context("the default's best count")? as usize;
+        let how = Drain { batch_size: options.batch_size, protocol: default };
+        let drain = || haunt_drain(&options.db, options.workers, how, n);
+        let p = paired(setup, default, tasks, drain, options.paired_rounds).await?;
+        progress(&format!(
+            "paired, {:<40} {:.2} of its limit (median of {}: {})",
+            default.name,
+            p.median_ratio,
+            p.ratios.len(),
+            p.ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", ")
+        ));
+        Some(p)
+    } else {
+        None
+    };
+    baseline.drop_server_side().await?;
     let (haunt_default, haunt_ack_in_txn) = (rate_of(default), rate_of(default_in_txn));
     let limit_default = limit_of(default).unwrap_or(f64::NAN);
     let (limit_3, limit_2) =
@@ -617,6 +717,10 @@ pub async fn pipeline(options: PipelineOptions, mut progress: impl FnMut(&str)) 
         ("api_vs_raw_insert", Some(api / raw_insert)),
     ] {
         ratios.insert(key.into(), json!(value));
+    }
+    if let Some(p) = &pairs {
+        ratios.insert("haunt_vs_own_limit_paired".into(), json!(p.median_ratio));
+        report.insert("paired".into(), p.json());
     }
     report.insert("ratios".into(), serde_json::Value::Object(ratios));
     if !sweep.is_empty() {

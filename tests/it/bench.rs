@@ -48,6 +48,7 @@ fn the_pipeline_bench_measures_every_phase_on_sqlite() {
     }
     assert!(report["worker_peak_rss_mib"].as_f64().is_some_and(|m| m > 1.0), "{report:#}");
     assert_eq!(report["sweep"].as_array().map(Vec::len), Some(2));
+    paired_by_default(&report, "3 commits");
 }
 
 #[test]
@@ -109,6 +110,28 @@ fn the_pipeline_bench_measures_the_server_side_limits_and_baselines_on_postgres(
         assert_eq!(by[&at].as_f64(), Some(best), "{report:#}");
     }
     assert!(report["worker_peak_rss_mib"].as_f64().is_some_and(|m| m > 1.0), "{report:#}");
+    paired_by_default(&report, "3 commits, lease+ack async");
+}
+
+/// The default's limit and haunt's default drain, measured alternately (3
+/// rounds by default): a limit on either side of every drain, each drain's
+/// ratio against their mean, and the median of those in the ratios.
+fn paired_by_default(report: &serde_json::Value, protocol: &str) {
+    let paired = &report["paired"];
+    assert_eq!(paired["protocol"], protocol, "{report:#}");
+    assert_eq!(paired["consumers"], report["server_side_consumers_best"][protocol], "{report:#}");
+    let floats =
+        |key: &str| -> Vec<f64> { paired[key].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect() };
+    let (limits, haunt, ratios) = (floats("limits"), floats("haunt"), floats("ratios"));
+    assert_eq!((limits.len(), haunt.len(), ratios.len()), (4, 3, 3), "{report:#}");
+    for (i, ratio) in ratios.iter().enumerate() {
+        let expected = haunt[i] / ((limits[i] + limits[i + 1]) / 2.0);
+        assert!((ratio - expected).abs() < 1e-9 && *ratio > 0.0, "round {i}: {report:#}");
+    }
+    let mut sorted = ratios.clone();
+    sorted.sort_by(f64::total_cmp);
+    assert_eq!(paired["median_ratio"].as_f64(), Some(sorted[1]), "{report:#}");
+    assert_eq!(report["ratios"]["haunt_vs_own_limit_paired"].as_f64(), Some(sorted[1]), "{report:#}");
 }
 
 #[test]
