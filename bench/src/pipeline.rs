@@ -392,7 +392,6 @@ struct Paired {
     haunt: Vec<f64>,
     /// Each drain against the mean of the limits on either side of it.
     ratios: Vec<f64>,
-    median_ratio: f64,
 }
 
 async fn paired<Fut>(
@@ -412,11 +411,16 @@ where
         limits.push(limit_phase(setup, protocol, tasks).await?.events_per_s);
     }
     let ratios: Vec<f64> = haunt.iter().zip(limits.windows(2)).map(|(h, l)| h / ((l[0] + l[1]) / 2.0)).collect();
-    let median_ratio = median(&mut ratios.clone());
-    Ok(Paired { protocol: protocol.name, consumers: tasks, limits, haunt, ratios, median_ratio })
+    Ok(Paired { protocol: protocol.name, consumers: tasks, limits, haunt, ratios })
 }
 
 impl Paired {
+    /// The median of the rounds' ratios (nearest rank, as the checker's
+    /// quantiles), NaN with no round.
+    fn median_ratio(&self) -> f64 {
+        haunt_checker::stats::quantile(&mut self.ratios.clone(), 0.5).unwrap_or(f64::NAN)
+    }
+
     fn json(&self) -> serde_json::Value {
         json!({
             "protocol": self.protocol,
@@ -424,19 +428,9 @@ impl Paired {
             "limits": self.limits,
             "haunt": self.haunt,
             "ratios": self.ratios,
-            "median_ratio": self.median_ratio,
+            "median_ratio": self.median_ratio(),
         })
     }
-}
-
-/// The median of `values` (NaN when empty); reorders them.
-fn median(values: &mut [f64]) -> f64 {
-    if values.is_empty() {
-        return f64::NAN;
-    }
-    values.sort_by(f64::total_cmp);
-    let mid = values.len() / 2;
-    if values.len() % 2 == 1 { values[mid] } else { (values[mid - 1] + values[mid]) / 2.0 }
 }
 
 /// Runs every phase (or, with `profile_worker`, only the profiled worker
@@ -608,7 +602,7 @@ pub async fn pipeline(options: PipelineOptions, mut progress: impl FnMut(&str)) 
         progress(&format!(
             "paired, {:<40} {:.2} of its limit (median of {}: {})",
             default.name,
-            p.median_ratio,
+            p.median_ratio(),
             p.ratios.len(),
             p.ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", ")
         ));
@@ -719,7 +713,7 @@ pub async fn pipeline(options: PipelineOptions, mut progress: impl FnMut(&str)) 
         ratios.insert(key.into(), json!(value));
     }
     if let Some(p) = &pairs {
-        ratios.insert("haunt_vs_own_limit_paired".into(), json!(p.median_ratio));
+        ratios.insert("haunt_vs_own_limit_paired".into(), json!(p.median_ratio()));
         report.insert("paired".into(), p.json());
     }
     report.insert("ratios".into(), serde_json::Value::Object(ratios));

@@ -310,10 +310,7 @@ fn a_docker_run_over_a_broker_container_is_valid(transport: &str, restart: bool)
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let faults: Vec<&str> = crate::transport::BROKER_FAULTS
-        .iter()
-        .map(|a| if a.contains("broker-restart") && !restart { "kill,partition,ack-loss" } else { a })
-        .collect();
+    let faults = crate::transport::broker_faults(restart);
     let out = docker_run(tmp.path(), &[&["--transport", transport, "--seed", "5"][..], &faults].concat());
     let stderr = String::from_utf8_lossy(&out.stderr);
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -35,6 +35,15 @@ pub(crate) const BROKER_FAULTS: &[&str] = &[
     "worker-1,worker-1<->broker",
 ];
 
+/// [`BROKER_FAULTS`], with the broker's restart or without it (for a broker
+/// that loses what it confirmed across one, or keeps nothing).
+pub(crate) fn broker_faults(restart: bool) -> Vec<&'static str> {
+    BROKER_FAULTS
+        .iter()
+        .map(|&a| if a.contains("broker-restart") && !restart { "kill,partition,ack-loss" } else { a })
+        .collect()
+}
+
 fn skipped(transport: &str) -> bool {
     if std::env::var("HAUNT_SKIP_BROKERS").as_deref() == Ok("1") {
         eprintln!("SKIPPED: haunt run --transport {transport} (HAUNT_SKIP_BROKERS=1)");
@@ -72,11 +81,7 @@ fn at_least_once_is_valid(transport: &str, restart: bool) {
     // lose them whatever SQS does, so haunt does not offer it there.
     let spec: haunt_transport::TransportSpec = transport.parse().unwrap();
     let restart = restart && spec.server_is_durable();
-    let faults: Vec<&str> = if restart {
-        BROKER_FAULTS.to_vec()
-    } else {
-        BROKER_FAULTS.iter().map(|a| if a.contains("broker-restart") { "kill,partition,ack-loss" } else { a }).collect()
-    };
+    let faults = broker_faults(restart);
     let (out, results, run) = run(tmp.path(), transport, &faults);
     assert_eq!(out.status.code(), Some(0), "{}", why(&out, &results));
     assert_eq!(run["transport"], spec.to_string(), "run.json names the transport");

@@ -237,8 +237,8 @@ pub enum SpecError {
     Transport(String),
     #[error("transport {transport} has no mode {mode:?}; its modes: {modes}")]
     Mode { transport: String, mode: String, modes: String },
-    #[error("transport {0:?} is not built: {reason} (docs/transports.md); known: {known}", reason = open_row(.0).unwrap_or_default(), known = known_names())]
-    Open(String),
+    #[error("transport {name:?} is not built: {reason} (docs/transports.md); known: {known}", known = known_names())]
+    Open { name: String, reason: &'static str },
 }
 
 /// The transports of the tutorial's table that haunt does not have yet, and
@@ -269,12 +269,9 @@ impl std::str::FromStr for TransportSpec {
             Some((name, mode)) => (name, Some(mode)),
             None => (s, None),
         };
-        let (_, kind, modes) = TRANSPORTS.iter().find(|(n, _, _)| *n == name).ok_or_else(|| {
-            if open_row(name).is_some() {
-                SpecError::Open(name.to_owned())
-            } else {
-                SpecError::Transport(name.to_owned())
-            }
+        let (_, kind, modes) = TRANSPORTS.iter().find(|(n, _, _)| *n == name).ok_or_else(|| match open_row(name) {
+            Some(reason) => SpecError::Open { name: name.to_owned(), reason },
+            None => SpecError::Transport(name.to_owned()),
         })?;
         let (mode, guarantee) = match mode {
             None => modes[0],
@@ -669,7 +666,7 @@ mod tests {
     fn the_open_rows_of_the_table_are_refused_with_their_reason() {
         for spelled in ["kafka", "kafka:transactions", "kafka:at-least-once", "pubsub"] {
             let e = spelled.parse::<TransportSpec>().unwrap_err();
-            assert!(matches!(e, SpecError::Open(_)), "{spelled}: {e:?}");
+            assert!(matches!(e, SpecError::Open { .. }), "{spelled}: {e:?}");
             let text = e.to_string();
             assert!(text.contains("not built") && text.contains("docs/transports.md"), "{text}");
             assert!(text.contains("registries") && text.contains("redis-streams"), "{text}");
