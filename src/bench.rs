@@ -72,6 +72,10 @@ pub struct PipelineBench {
     /// nothing per delivery; `info` (the worker's default) logs each one.
     #[arg(long, default_value = "warn")]
     pub worker_rust_log: String,
+    /// --spans of that `haunt worker` process: `delivery` (a span and a line
+    /// per delivery) or `batch` (one span per batch; see `haunt worker --help`).
+    #[arg(long, default_value = "delivery", value_parser = ["delivery", "batch"])]
+    pub worker_spans: String,
     /// Run only one phase: --events pre-enqueued, drained by a `haunt worker`
     /// process started under this command (split at spaces, the worker's own
     /// command line appended), e.g. "perf record -g -o worker.perf --". The
@@ -116,6 +120,7 @@ pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
         sweep_batch_sizes: args.sweep_batch_sizes,
         sweep_workers: args.sweep_workers,
         worker_rust_log: args.worker_rust_log,
+        worker_spans: args.worker_spans,
         profile_worker: args.profile_worker,
         paired_rounds: args.paired_rounds,
     };

@@ -107,6 +107,12 @@ pub struct WorkerArgs {
     /// a broker's, and its loss is what the inbox is there to absorb.
     #[arg(long)]
     pub ack_in_txn: bool,
+    /// How deliveries are traced: `delivery`, a span and an info line per
+    /// delivery; or `batch`, one span per batch linked to each message's
+    /// producer, each delivery's span sent only when exporting (OTLP) and its
+    /// line at debug. Either way every delivery is in its order's trace.
+    #[arg(long, default_value = "delivery")]
+    pub spans: haunt_worker::Spans,
     /// Serve /metrics, /healthz (and /admin/faults with HAUNT_ADMIN_TOKEN) here.
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
@@ -231,6 +237,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
             ack: if args.ack_in_txn { haunt_store::AckMode::InApplyTxn } else { haunt_store::AckMode::Separate },
             bug: args.service.bug,
             broker: broker.map(|url| haunt_worker::BrokerSource { spec: args.transport.transport, url }),
+            spans: args.spans,
             ..haunt_worker::WorkerConfig::default()
         },
         faults: haunt_worker::faults::FaultSettings {

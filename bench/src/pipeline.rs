@@ -70,6 +70,8 @@ pub struct PipelineOptions {
     pub sweep_workers: Vec<usize>,
     /// RUST_LOG of the `haunt worker` process the bench starts.
     pub worker_rust_log: String,
+    /// Its `--spans` (`delivery` or `batch`).
+    pub worker_spans: String,
     /// Run only one phase: `events` pre-enqueued, drained by a `haunt worker`
     /// process started under this command (split at spaces, the worker's own
     /// command line appended). The command is sent SIGINT once the queue is
@@ -472,6 +474,7 @@ pub async fn pipeline(options: PipelineOptions, mut progress: impl FnMut(&str)) 
         haunt: &options.haunt,
         db: &options.db,
         rust_log: log,
+        spans: &options.worker_spans,
         batch_size: options.batch_size,
         wrapper: None,
     };
@@ -483,7 +486,7 @@ pub async fn pipeline(options: PipelineOptions, mut progress: impl FnMut(&str)) 
         .await?;
         progress(&format!("haunt worker process under {wrapper:?}: {:>10.0} events/s", w.events_per_s));
         report.insert("profile_worker".into(), json!(wrapper));
-        report.insert("worker_process".into(), w.json(n, log));
+        report.insert("worker_process".into(), w.json(n, &command));
         baseline.housekeeping_back_on().await?;
         baseline.close().await;
         store.close().await;
@@ -690,7 +693,7 @@ pub async fn pipeline(options: PipelineOptions, mut progress: impl FnMut(&str)) 
         events_per_s.insert(key.into(), json!(value));
     }
     report.insert("events_per_s".into(), serde_json::Value::Object(events_per_s));
-    report.insert("worker_process".into(), process.json(n, log));
+    report.insert("worker_process".into(), process.json(n, &command));
     report.insert("postgres_backends_cpu_us_per_event".into(), serde_json::Value::Object(limit_cpu));
     report.insert("worker_peak_rss_mib".into(), json!(process.peak_rss_mib));
     report.insert("orders_per_s".into(), json!({"raw_insert_txn": raw_insert, "api_http": api}));

@@ -33,6 +33,8 @@ pub(crate) struct WorkerCommand<'a> {
     pub db: &'a str,
     /// Its RUST_LOG.
     pub rust_log: &'a str,
+    /// Its --spans.
+    pub spans: &'a str,
     pub batch_size: u32,
     /// A command (split at spaces) the worker runs under, such as a profiler.
     pub wrapper: Option<&'a str>,
@@ -53,11 +55,12 @@ pub(crate) struct WorkerProcess {
 
 impl WorkerProcess {
     /// The report's `worker_process` object, per event over `n` events.
-    pub fn json(&self, n: usize, rust_log: &str) -> serde_json::Value {
+    pub fn json(&self, n: usize, command: &WorkerCommand) -> serde_json::Value {
         json!({
             "events_per_s": self.events_per_s,
             "peak_rss_mib": self.peak_rss_mib,
-            "rust_log": rust_log,
+            "rust_log": command.rust_log,
+            "spans": command.spans,
             "cpu_s": self.cpu_s,
             "cpu_us_per_event": self.cpu_s.map(|c| c * 1e6 / n as f64),
             "postgres_backends_cpu_s": self.backends_cpu_s,
@@ -120,7 +123,7 @@ pub(crate) async fn worker_process(
     let mut child = tokio::process::Command::new(&words[0])
         .args(&words[1..])
         .args(["worker", "--db", &url, "--worker-id", "bench-process", "--poll-interval-ms", "5"])
-        .args(["--batch-size-max", &command.batch_size.to_string()])
+        .args(["--batch-size-max", &command.batch_size.to_string(), "--spans", command.spans])
         .env("RUST_LOG", command.rust_log)
         .stdout(std::process::Stdio::null())
         // Its logs (one line per delivery at info) would drown the bench's.

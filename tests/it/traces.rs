@@ -1,6 +1,6 @@
 //! OTLP export: the API and a worker send spans to a receiver this test runs
 //! on 127.0.0.1 (OTLP over HTTP/protobuf). Under lost acks, one order's API span
-//! and its delivery attempts are one trace.
+//! and its delivery attempts are one trace, with either form of worker spans.
 
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
@@ -10,8 +10,23 @@ use std::time::{Duration, Instant};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message;
 
-/// Every span received: (service, span name, trace id hex, attributes).
-type Spans = Arc<Mutex<Vec<(String, String, String, HashMap<String, String>)>>>;
+/// A span as received.
+#[derive(Debug, Clone)]
+struct Seen {
+    name: String,
+    /// Its trace id, hex.
+    trace: String,
+    attrs: HashMap<String, String>,
+    /// The trace ids of the spans it links to, hex.
+    links: Vec<String>,
+}
+
+/// Every span received.
+type Spans = Arc<Mutex<Vec<Seen>>>;
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
 
 fn receiver() -> (u16, Spans) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -56,17 +71,8 @@ fn serve(mut stream: std::net::TcpStream, sink: Spans) {
         if let Ok(request) = ExportTraceServiceRequest::decode(&body[..]) {
             let mut out = sink.lock().unwrap();
             for rs in request.resource_spans {
-                let service = rs
-                    .resource
-                    .iter()
-                    .flat_map(|r| &r.attributes)
-                    .find(|kv| kv.key == "service.name")
-                    .and_then(|kv| kv.value.as_ref())
-                    .map(|v| format!("{:?}", v.value))
-                    .unwrap_or_default();
                 for ss in rs.scope_spans {
                     for span in ss.spans {
-                        let trace: String = span.trace_id.iter().map(|b| format!("{b:02x}")).collect();
                         let attrs = span
                             .attributes
                             .iter()
@@ -74,7 +80,8 @@ fn serve(mut stream: std::net::TcpStream, sink: Spans) {
                                 (kv.key.clone(), format!("{:?}", kv.value.as_ref().and_then(|v| v.value.clone())))
                             })
                             .collect();
-                        out.push((service.clone(), span.name.clone(), trace, attrs));
+                        let links = span.links.iter().map(|l| hex(&l.trace_id)).collect();
+                        out.push(Seen { name: span.name.clone(), trace: hex(&span.trace_id), attrs, links });
                     }
                 }
             }
@@ -108,6 +115,32 @@ fn free_port() -> u16 {
 
 #[test]
 fn one_order_and_its_redeliveries_are_one_trace() {
+    traced_order("delivery");
+}
+
+#[test]
+fn with_a_span_per_batch_every_delivery_is_still_in_its_orders_trace() {
+    let (api_span, deliveries, spans) = traced_order("batch");
+    assert!(
+        deliveries.iter().all(|d| d.attrs.contains_key("haunt.outcome") && !d.links.is_empty()),
+        "each delivery's span names its outcome and links to its batch's span: {deliveries:?}"
+    );
+    let batches: Vec<&Seen> = spans
+        .iter()
+        .filter(|s| s.attrs.contains_key("messaging.batch.message_count") && s.links.contains(&api_span.trace))
+        .collect();
+    assert!(batches.len() >= 3, "each delivery's batch span links to the order's trace: {batches:?}");
+    assert!(
+        batches.iter().all(|b| b.trace != api_span.trace),
+        "a batch's span is not in the order's trace, it links to it"
+    );
+}
+
+/// One order through an API and a worker (`--spans form`) whose first two
+/// acks are lost: its three deliveries must be in the API span's trace.
+/// Returns the API's span, the delivery spans in its trace, and every span
+/// received.
+fn traced_order(form: &str) -> (Seen, Vec<Seen>, Vec<Seen>) {
     let (otlp_port, spans) = receiver();
     let dir = tempfile::tempdir().unwrap();
     let db = format!("sqlite://{}", dir.path().join("t.db").display());
@@ -131,7 +164,8 @@ fn one_order_and_its_redeliveries_are_one_trace() {
         assert!(Instant::now() < deadline, "the API did not start");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let worker = spawn(&["worker", "--db", &db, "--ack-fail-next", "2", "--visibility-timeout-ms", "500"]);
+    let worker =
+        spawn(&["worker", "--db", &db, "--ack-fail-next", "2", "--visibility-timeout-ms", "500", "--spans", form]);
     let body = r#"{"order_id":"traced-1","item_id":"a","qty":1}"#;
     let request = format!(
         "POST /orders HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-correlation-id: trace-me\r\n\
@@ -154,17 +188,20 @@ fn one_order_and_its_redeliveries_are_one_trace() {
     let spans = spans.lock().unwrap().clone();
     let api_span = spans
         .iter()
-        .find(|(_, name, _, attrs)| name == "orders publish" && attrs.values().any(|v| v.contains("trace-me")))
-        .unwrap_or_else(|| panic!("no API span for the order among {} spans", spans.len()));
-    let deliveries: Vec<_> = spans
+        .find(|s| s.name == "orders publish" && s.attrs.values().any(|v| v.contains("trace-me")))
+        .unwrap_or_else(|| panic!("no API span for the order among {} spans", spans.len()))
+        .clone();
+    let deliveries: Vec<Seen> = spans
         .iter()
-        .filter(|(_, name, trace, attrs)| {
-            name == "orders process" && *trace == api_span.2 && attrs.contains_key("messaging.message.id")
+        .filter(|s| {
+            s.name == "orders process" && s.trace == api_span.trace && s.attrs.contains_key("messaging.message.id")
         })
+        .cloned()
         .collect();
     assert!(deliveries.len() >= 3, "the API span and {} delivery spans share its trace", deliveries.len());
     assert!(
-        deliveries.iter().any(|(_, _, _, attrs)| attrs.get("haunt.delivery_count").is_some_and(|v| v.contains('3'))),
+        deliveries.iter().any(|d| d.attrs.get("haunt.delivery_count").is_some_and(|v| v.contains('3'))),
         "the third delivery is marked by its delivery count: {deliveries:?}"
     );
+    (api_span, deliveries, spans)
 }

@@ -114,23 +114,28 @@ pub const PLACE_ORDER_AND_ENQUEUE_POSTGRES: &str = "WITH o AS (\
 /// the sum of its new events, in item order; each new event gets one ledger
 /// row, for its first copy in batch order.
 ///
-/// It returns the held messages (`h`), the new events with their processing
-/// time (`f`) and the events already in the inbox whose copies it counted
-/// (`d`). An event another transaction committed after this statement's
-/// snapshot was taken is neither new nor counted: the caller counts its
-/// copies in a statement of its own (a snapshot cannot see that row, though
-/// the insert's conflict does).
+/// Every new event's inbox and ledger rows carry one time, the statement's
+/// (`t`): they commit together.
+///
+/// It returns only what is not the common case, so that a batch that
+/// applies cleanly answers with one row, not two per delivery: the messages
+/// the lease no longer held (`l`), the held events already in the inbox
+/// whose copies it counted (`d`), those it could not count (`o`: an event
+/// another transaction committed after this statement's snapshot was taken,
+/// which the snapshot cannot see though the insert's conflict does; the
+/// caller counts their copies in a statement of its own), and the time (`t`).
+/// Every other held event is new.
 macro_rules! apply_batch_postgres {
     ($held:literal) => {
         concat!(
             "WITH b AS (\
      SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::bigint[]) \
-     WITH ORDINALITY AS u(message_id, event_id, attempt, order_id, item_id, qty, ord)), ", $held, "hb AS (SELECT b.* FROM b JOIN held USING (message_id)), \
+     WITH ORDINALITY AS u(message_id, event_id, attempt, order_id, item_id, qty, ord)), \
+     t AS (SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) AS now), ", $held, "hb AS (SELECT b.* FROM b JOIN held USING (message_id)), \
      ev AS (SELECT DISTINCT ON (event_id) hb.*, COUNT(*) OVER w AS copies, MAX(attempt) OVER w AS attempt_max \
      FROM hb WINDOW w AS (PARTITION BY event_id) ORDER BY event_id, ord), \
      fresh AS (INSERT INTO inbox_processed (event_id, deliveries, duplicates, processed_at_ms) \
-     SELECT event_id, attempt_max, copies - 1, CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) \
-     FROM ev ORDER BY event_id ON CONFLICT (event_id) DO NOTHING RETURNING event_id, processed_at_ms), \
+     SELECT event_id, attempt_max, copies - 1, (SELECT now FROM t) FROM ev ORDER BY event_id ON CONFLICT (event_id) DO NOTHING RETURNING event_id), \
      counted AS (UPDATE inbox_processed i SET duplicates = i.duplicates + ev.copies, \
      deliveries = GREATEST(i.deliveries, ev.attempt_max) FROM ev \
      WHERE i.event_id = ANY($3) AND i.event_id = ev.event_id \
@@ -141,12 +146,13 @@ macro_rules! apply_batch_postgres {
      ON CONFLICT (item_id) DO UPDATE SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty), \
      ledger AS (INSERT INTO projection_ledger \
      (event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms) \
-     SELECT event_id, order_id, item_id, qty, attempt, $8, CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) \
-     FROM firsts ORDER BY ord), \
+     SELECT event_id, order_id, item_id, qty, attempt, $8, (SELECT now FROM t) FROM firsts ORDER BY ord), \
      acked AS (DELETE FROM queue_messages WHERE $9 AND message_id = ANY($2) AND lease_token = $1) \
-     SELECT 'h', message_id, CAST(NULL AS BIGINT) FROM held \
-     UNION ALL SELECT 'f', event_id, processed_at_ms FROM fresh \
-     UNION ALL SELECT 'd', event_id, NULL FROM counted"
+     SELECT 'l', message_id, CAST(NULL AS BIGINT) FROM b WHERE NOT EXISTS (SELECT 1 FROM held WHERE held.message_id = b.message_id) \
+     UNION ALL SELECT 'd', event_id, NULL FROM counted \
+     UNION ALL SELECT 'o', event_id, NULL FROM ev WHERE NOT EXISTS (SELECT 1 FROM fresh WHERE fresh.event_id = ev.event_id) \
+     AND NOT EXISTS (SELECT 1 FROM counted WHERE counted.event_id = ev.event_id) \
+     UNION ALL SELECT 't', '', now FROM t"
         )
     };
 }

@@ -563,7 +563,7 @@ impl Store {
             _ => (self.insert_inbox(&mut tx, &held_deliveries).await?, false),
         };
         let Sorted { outcomes, first_copies, mut duplicates } =
-            sort_out(&deliveries, &held, &fresh, applies_every_copy);
+            sort_out(&deliveries, |id| held.contains(id), |id| fresh.get(id).copied(), applies_every_copy);
         self.count_duplicates(&mut tx, &mut duplicates).await?;
 
         // One write per item, with the sum of its new events.
@@ -695,27 +695,32 @@ impl Store {
                 NotCommitted(e) => autocommitted(e),
                 corrupt => corrupt,
             })?;
-        let (mut held, mut fresh, mut counted) = (HashSet::new(), HashMap::new(), HashSet::new());
+        // The exceptions: lost leases, old events (counted or not), and the time.
+        let (mut lost, mut old, mut uncounted, mut now) = (HashSet::new(), HashSet::new(), HashSet::new(), None);
         for (kind, id, at) in rows {
             match (kind.as_str(), at) {
-                ("h", _) => {
-                    held.insert(id);
-                }
-                ("f", Some(at)) => {
-                    fresh.insert(id, at);
+                ("l", _) => {
+                    lost.insert(id);
                 }
                 ("d", _) => {
-                    counted.insert(id);
+                    old.insert(id);
                 }
+                ("o", _) => {
+                    old.insert(id.clone());
+                    uncounted.insert(id);
+                }
+                ("t", Some(at)) => now = Some(at),
                 _ => return Err(StoreError::Corrupt { table: "inbox_processed", why: format!("row {kind} {id}") }),
             }
         }
-        let Sorted { outcomes, mut duplicates, .. } = sort_out(deliveries, &held, &fresh, false);
+        let now = now.ok_or_else(|| StoreError::Corrupt { table: "inbox_processed", why: "no time row".into() })?;
+        let Sorted { outcomes, mut duplicates, .. } =
+            sort_out(deliveries, |id| !lost.contains(id), |id| (!old.contains(id)).then_some(now), false);
         // Copies of an event committed by another transaction after the
         // statement's snapshot: the statement could not count them. The
         // effect has committed, so a failure here loses a count of the
         // delivery evidence, not an application, and is only logged.
-        duplicates.retain(|(_, e)| !fresh.contains_key(&e.event_id) && !counted.contains(e.event_id.as_str()));
+        duplicates.retain(|(_, e)| uncounted.contains(e.event_id.as_str()));
         if !duplicates.is_empty() {
             let counting = async {
                 let mut conn = pg.acquire().await?;
@@ -1231,14 +1236,14 @@ struct Sorted<'a> {
     duplicates: Vec<(&'a Leased, &'a OrderEvent)>,
 }
 
-/// Each new event (in `fresh`, with when it was processed) applies once, for
+/// Each new event (`fresh` gives when it was processed) applies once, for
 /// its first held copy in batch order (every copy with `applies_every_copy`);
 /// every other held delivery is a duplicate the inbox absorbed; a delivery
-/// whose message is not in `held` lost its lease.
+/// whose message is not `held` lost its lease.
 fn sort_out<'a>(
     deliveries: &[(&'a Leased, &'a OrderEvent)],
-    held: &HashSet<String>,
-    fresh: &HashMap<String, i64>,
+    held: impl Fn(&str) -> bool,
+    fresh: impl Fn(&str) -> Option<i64>,
     applies_every_copy: bool,
 ) -> Sorted<'a> {
     let mut sorted = Sorted {
@@ -1248,11 +1253,11 @@ fn sort_out<'a>(
     };
     let mut seen = HashSet::new();
     for (outcome, &(leased, event)) in sorted.outcomes.iter_mut().zip(deliveries) {
-        if !held.contains(leased.message_id.as_str()) {
+        if !held(&leased.message_id) {
             continue;
         }
-        match fresh.get(&event.event_id) {
-            Some(&applied_at_ms) if applies_every_copy || seen.insert(event.event_id.as_str()) => {
+        match fresh(&event.event_id) {
+            Some(applied_at_ms) if applies_every_copy || seen.insert(event.event_id.as_str()) => {
                 *outcome = Applied::Applied { applied_at_ms };
                 sorted.first_copies.push((leased, event));
             }

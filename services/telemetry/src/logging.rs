@@ -79,6 +79,9 @@ pub fn init(service: &'static str, format: LogFormat) -> anyhow::Result<Telemetr
         None => false,
     };
     let provider = builder.build();
+    if exporting {
+        crate::tracing_context::exporting_with(provider.tracer("haunt"));
+    }
     let otel = tracing_opentelemetry::layer().with_tracer(provider.tracer("haunt"));
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let registry = tracing_subscriber::registry().with(filter).with(otel);

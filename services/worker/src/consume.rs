@@ -7,11 +7,13 @@
 use std::time::{Duration, Instant};
 
 use haunt_store::{ErrorWait, Failed, Headers, Leased, OrderEvent, Rng};
+use haunt_telemetry::tracing_context;
 use haunt_transport::{Consumer, Delivery, Options, Receipt};
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use crate::{BrokerSource, Worker};
+use crate::trace::BatchTrace;
+use crate::{BrokerSource, Delivered, Worker};
 
 /// How long one receive waits for a first message: the bound on how late a
 /// loop sees its shutdown.
@@ -41,6 +43,12 @@ impl Received {
             },
             receipt: delivery.receipt,
         }
+    }
+}
+
+impl Delivered for &Received {
+    fn leased(&self) -> &Leased {
+        &self.leased
     }
 }
 
@@ -146,7 +154,7 @@ impl Worker {
                 continue;
             }
             let span = self.delivery_span(&received.leased);
-            let exemplar = self.observe_delivery(&received.leased, &span);
+            let exemplar = self.observe_delivery(&received.leased, tracing_context::trace_id(&span));
             self.count("failed", &exemplar);
             let delay = self.config.backoff.delay(received.leased.delivery_count as u32, rng.unit());
             span.in_scope(|| tracing::warn!(%error, retry_in_ms = delay.as_millis() as u64, "apply failed"));
@@ -166,26 +174,24 @@ impl Worker {
         rng: &mut Rng,
     ) -> Result<(), haunt_store::StoreError> {
         let started = Instant::now();
-        let spans: Vec<tracing::Span> = ready.iter().map(|(r, _)| self.delivery_span(&r.leased)).collect();
+        let trace = BatchTrace::new(self, ready.iter().map(|(r, _)| &r.leased));
         let auto_ack = self.config.bug == Some(haunt_store::Bug::AckBeforeProcess);
         if auto_ack {
             // BUG MODE ack-before-process: acked on receipt, before the effect.
-            let kept = self.kept(ready.iter().map(|(r, _)| *r).zip(&spans), rng);
+            let kept = self.kept(ready.iter().map(|(r, _)| *r).enumerate(), &trace, rng);
             self.ack_received(consumer, &kept).await;
         }
         let batch: Vec<(&Leased, OrderEvent)> = ready.iter().map(|(r, e)| (&r.leased, e.clone())).collect();
         let outcomes = match self.store.apply_deliveries(&batch, &self.config.worker_id).await {
             Ok(outcomes) => outcomes,
             Err(e) => {
-                for span in &spans {
-                    span.in_scope(|| tracing::warn!(error = ?e, "apply failed"));
-                }
+                trace.failed(&e);
                 return Err(e);
             }
         };
-        let (settled, exemplars) = self.record(ready.iter().map(|(r, _)| &r.leased), outcomes, &spans);
+        let (settled, exemplars) = self.record(ready.iter().map(|(r, _)| &r.leased), outcomes, &trace);
         if !auto_ack {
-            let kept = self.kept(settled.iter().map(|&i| (ready[i].0, &spans[i])), rng);
+            let kept = self.kept(settled.iter().map(|&i| (i, ready[i].0)), &trace, rng);
             self.ack_received(consumer, &kept).await;
         }
         let elapsed = started.elapsed().as_secs_f64();
@@ -215,7 +221,7 @@ impl Worker {
     /// fails the delivery is not acked, and the broker delivers it again.
     async fn park(&self, consumer: &mut dyn Consumer, received: &Received, why: &str) {
         let span = self.delivery_span(&received.leased);
-        let exemplar = self.observe_delivery(&received.leased, &span);
+        let exemplar = self.observe_delivery(&received.leased, tracing_context::trace_id(&span));
         let parked = self.store.dead_letter_delivery(&received.leased, why).instrument(span.clone()).await;
         match parked {
             Ok(Failed::Settled) => {

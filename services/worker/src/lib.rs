@@ -23,17 +23,19 @@ mod consume;
 pub mod faults;
 pub mod http;
 mod run;
+mod trace;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use haunt_store::{
-    AckMode, Applied, Backoff, Bug, ErrorWait, Failed, LeaseClock, Leased, OrderEvent, Rng, Store, StoreError,
+    AckMode, Applied, Backend, Backoff, Bug, ErrorWait, Failed, LeaseClock, Leased, OrderEvent, Rng, Store, StoreError,
 };
 use haunt_telemetry::metrics::{OutcomeLabels, TraceExemplar, WorkerMetrics};
 use haunt_telemetry::tracing_context;
 use haunt_transport::{Links, TransportSpec};
 use tokio::sync::watch;
+use trace::BatchTrace;
 use tracing::Instrument;
 
 pub use faults::Faults;
@@ -62,6 +64,37 @@ pub struct WorkerConfig {
     /// Where messages come from: the database queue (`None`, the default) or
     /// a broker.
     pub broker: Option<BrokerSource>,
+    /// How the batch path traces its deliveries.
+    pub spans: Spans,
+}
+
+/// How a worker traces the deliveries of a batch. Either way each delivery
+/// is in its order's trace (when spans are exported) and its metrics'
+/// exemplars carry that trace's id; what differs is what it costs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Spans {
+    /// A `tracing` span per delivery (a child of its order's span) and a log
+    /// line per delivery at `info`: every delivery in the logs too.
+    #[default]
+    Delivery,
+    /// One span per batch with a link to each message's producer, as the
+    /// OpenTelemetry messaging conventions allow; each delivery's own span is
+    /// sent straight to the OpenTelemetry SDK, only when exporting, and its
+    /// log line is at `debug`. Failures, lost leases, dropped acks and
+    /// dead letters are still logged at `warn` with the delivery's ids.
+    Batch,
+}
+
+impl std::str::FromStr for Spans {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Spans, String> {
+        match s {
+            "delivery" => Ok(Spans::Delivery),
+            "batch" => Ok(Spans::Batch),
+            _ => Err(format!("unknown span form {s:?}; expected delivery or batch")),
+        }
+    }
 }
 
 /// A broker the worker consumes from.
@@ -91,6 +124,50 @@ impl Default for WorkerConfig {
             ack: AckMode::Separate,
             bug: None,
             broker: None,
+            spans: Spans::Delivery,
+        }
+    }
+}
+
+/// A delivery on the batch path: a leased message, or a broker's delivery.
+trait Delivered {
+    fn leased(&self) -> &Leased;
+}
+
+impl Delivered for &Leased {
+    fn leased(&self) -> &Leased {
+        self
+    }
+}
+
+/// A lease loop's last ack, in flight while the loop leases its next batch.
+///
+/// The protocol is unchanged: each batch's ack is sent after its apply
+/// committed, and at most one ack per loop is in flight, so the ack's round
+/// trip overlaps the next lease's instead of adding to it. On SQLite, which
+/// has one writer, the ack beside a lease would only wait for it, so there
+/// it is sent inline.
+#[derive(Debug, Default)]
+struct AckInFlight(Option<tokio::task::JoinHandle<()>>);
+
+impl AckInFlight {
+    /// Waits for the ack in flight (the one before this) and sends this one.
+    async fn send(&mut self, worker: &Worker, acks: Vec<String>, token: String) {
+        self.settle().await;
+        if worker.store.backend() != Backend::Postgres {
+            worker.ack_all(&acks, &token).await;
+            return;
+        }
+        let worker = worker.clone();
+        self.0 = Some(tokio::spawn(async move { worker.ack_all(&acks, &token).await }));
+    }
+
+    /// Waits for the ack in flight, if any.
+    async fn settle(&mut self) {
+        if let Some(ack) = self.0.take()
+            && let Err(e) = ack.await
+        {
+            tracing::error!(error = %e, "an ack task failed: its messages come back after their lease");
         }
     }
 }
@@ -143,6 +220,7 @@ impl Worker {
         // Consecutive lease errors stretch the wait (up to a second), so a
         // database that is down is not hammered by every loop of every worker.
         let mut error_wait = ErrorWait::new(self.config.poll_interval);
+        let mut ack = AckInFlight::default();
         while !*shutdown.borrow() {
             let clock = match self.config.bug {
                 // BUG MODE worker-clock-lease: the lease is computed from this
@@ -168,7 +246,7 @@ impl Worker {
                             _ = shutdown.changed() => continue,
                         }
                     }
-                    self.process_batch(&batch, &mut rng).await;
+                    self.process_batch(&batch, &mut rng, &mut ack).await;
                     Duration::ZERO
                 }
                 Err(e) => {
@@ -183,6 +261,7 @@ impl Worker {
                 }
             }
         }
+        ack.settle().await;
     }
 
     /// A leased batch: applied in one transaction and acked in one statement.
@@ -190,7 +269,7 @@ impl Worker {
     /// by one; if the batch's transaction fails, each delivery is tried again
     /// alone (a batch of one, through the same path), and one that fails alone
     /// is retried later with backoff or dead-lettered.
-    async fn process_batch(&self, batch: &[Leased], rng: &mut Rng) {
+    async fn process_batch(&self, batch: &[Leased], rng: &mut Rng, ack: &mut AckInFlight) {
         let max = i64::from(self.config.delivery_attempts_max);
         let mut ready = Vec::with_capacity(batch.len());
         for leased in batch {
@@ -210,7 +289,7 @@ impl Worker {
         if ready.is_empty() {
             return;
         }
-        let Err(e) = self.apply_and_ack(&ready, rng).await else { return };
+        let Err(e) = self.apply_and_ack(&ready, rng, ack).await else { return };
         if ready.len() == 1 {
             let (leased, _) = ready[0];
             let span = self.delivery_span(leased);
@@ -219,7 +298,7 @@ impl Worker {
             return;
         }
         for one in ready.chunks(1) {
-            if let Err(e) = self.apply_and_ack(one, rng).await {
+            if let Err(e) = self.apply_and_ack(one, rng, ack).await {
                 let (leased, _) = one[0];
                 let span = self.delivery_span(leased);
                 let error = format!("{e}: {:?}", std::error::Error::source(&e));
@@ -230,37 +309,41 @@ impl Worker {
 
     /// Applies deliveries of one lease in one transaction, then acks those that
     /// were applied or duplicates in one statement (with
-    /// [`AckMode::InApplyTxn`] the apply's transaction deleted them already). On a failed transaction it
-    /// records the failure on each delivery's span and returns the error;
-    /// nothing was written and nothing is acked.
-    async fn apply_and_ack(&self, ready: &[(&Leased, OrderEvent)], rng: &mut Rng) -> Result<(), StoreError> {
+    /// [`AckMode::InApplyTxn`] the apply's transaction deleted them already),
+    /// sent through `in_flight` (see [`AckInFlight`]). On a failed
+    /// transaction it records the failure on each delivery's span and
+    /// returns the error; nothing was written and nothing is acked.
+    async fn apply_and_ack(
+        &self,
+        ready: &[(&Leased, OrderEvent)],
+        rng: &mut Rng,
+        in_flight: &mut AckInFlight,
+    ) -> Result<(), StoreError> {
         let started = Instant::now();
         let token = ready[0].0.lease_token.as_str();
-        // One span per delivery, open across the batch's transaction and ack.
-        let spans: Vec<tracing::Span> = ready.iter().map(|(leased, _)| self.delivery_span(leased)).collect();
+        // Open across the batch's transaction and ack.
+        let trace = BatchTrace::new(self, ready.iter().map(|(leased, _)| *leased));
         let m = &self.metrics;
         let auto_ack = self.config.bug == Some(Bug::AckBeforeProcess);
         if auto_ack {
             // BUG MODE ack-before-process: auto-ack on receipt. If this worker dies
             // or fails before the effect commits, the events are gone.
-            let kept = self.kept(ready.iter().map(|(l, _)| *l).zip(&spans), rng);
+            let kept = self.kept(ready.iter().map(|(l, _)| *l).enumerate(), &trace, rng);
             let acks: Vec<&str> = kept.into_iter().map(|l| l.message_id.as_str()).collect();
             self.ack_all(&acks, token).await;
         }
         let outcomes = match self.store.apply_batch_with(ready, &self.config.worker_id, self.config.ack).await {
             Ok(outcomes) => outcomes,
             Err(e) => {
-                for span in &spans {
-                    span.in_scope(|| tracing::warn!(error = ?e, "apply failed"));
-                }
+                trace.failed(&e);
                 return Err(e);
             }
         };
-        let (settled, exemplars) = self.record(ready.iter().map(|(l, _)| *l), outcomes, &spans);
+        let (settled, exemplars) = self.record(ready.iter().map(|(l, _)| *l), outcomes, &trace);
         if !auto_ack && self.config.ack == AckMode::Separate {
-            let kept = self.kept(settled.iter().map(|&i| (ready[i].0, &spans[i])), rng);
-            let acks: Vec<&str> = kept.into_iter().map(|l| l.message_id.as_str()).collect();
-            self.ack_all(&acks, token).await;
+            let kept = self.kept(settled.iter().map(|&i| (i, ready[i].0)), &trace, rng);
+            let acks: Vec<String> = kept.into_iter().map(|l| l.message_id.clone()).collect();
+            in_flight.send(self, acks, token.to_owned()).await;
         }
         let elapsed = started.elapsed().as_secs_f64();
         for exemplar in exemplars {
@@ -269,50 +352,55 @@ impl Worker {
         Ok(())
     }
 
-    /// Counts each delivery's outcome on its span and in the metrics; returns
-    /// the indices of those to ack (all but lost leases) and the exemplars.
+    /// Counts each delivery's outcome in its trace and in the metrics;
+    /// returns the indices of those to ack (all but lost leases) and the
+    /// exemplars.
     fn record<'a>(
         &self,
         leased: impl Iterator<Item = &'a Leased>,
         outcomes: Vec<Applied>,
-        spans: &[tracing::Span],
+        trace: &BatchTrace,
     ) -> (Vec<usize>, Vec<TraceExemplar>) {
         let m = &self.metrics;
-        let mut settled = Vec::with_capacity(spans.len());
-        let mut exemplars = Vec::with_capacity(spans.len());
-        let mut n = 0;
-        for (i, ((leased, outcome), span)) in leased.zip(outcomes).zip(spans).enumerate() {
-            n += 1;
-            let exemplar = self.observe_delivery(leased, span);
-            span.in_scope(|| match outcome {
+        let mut settled = Vec::with_capacity(outcomes.len());
+        let mut exemplars = Vec::with_capacity(outcomes.len());
+        for (i, (leased, outcome)) in leased.zip(outcomes).enumerate() {
+            let exemplar = self.observe_delivery(leased, trace.trace_id(i));
+            trace.settled(i, leased, &outcome, self.system());
+            match outcome {
                 Applied::Applied { applied_at_ms } => {
                     self.count("applied", &exemplar);
                     let lag = (applied_at_ms - leased.enqueued_at_ms).max(0) as f64 / 1000.0;
                     m.effect_lag.observe(lag, Some(exemplar.clone()), None);
-                    tracing::info!("applied");
                 }
-                Applied::Duplicate => {
-                    self.count("duplicate", &exemplar);
-                    tracing::info!("duplicate skipped");
+                Applied::Duplicate => self.count("duplicate", &exemplar),
+                Applied::LeaseLost => {
+                    self.count("lease_lost", &exemplar);
+                    trace.warn(i, leased, "lease lost before the apply committed: the message's new holder applies it");
                 }
-                Applied::LeaseLost => self.lease_lost(&exemplar),
-            });
+            }
             if outcome != Applied::LeaseLost {
                 settled.push(i);
             }
             exemplars.push(exemplar);
         }
-        assert_eq!(n, spans.len(), "one outcome per delivery");
+        assert_eq!(exemplars.len(), trace.len(), "one outcome per delivery");
         (settled, exemplars)
     }
 
-    /// The deliveries to ack, less those whose ack the `ack-loss` fault drops.
-    fn kept<'a, T>(&self, deliveries: impl Iterator<Item = (T, &'a tracing::Span)>, rng: &mut Rng) -> Vec<T> {
+    /// The deliveries to ack (with their place in the batch), less those
+    /// whose ack the `ack-loss` fault drops.
+    fn kept<T: Delivered>(
+        &self,
+        deliveries: impl Iterator<Item = (usize, T)>,
+        trace: &BatchTrace,
+        rng: &mut Rng,
+    ) -> Vec<T> {
         let mut acks = Vec::new();
-        for (delivery, span) in deliveries {
+        for (i, delivery) in deliveries {
             if self.faults.drop_ack(rng) {
                 self.metrics.ack_failures.inc();
-                span.in_scope(|| tracing::warn!("ack dropped (ack-loss fault): expect a redelivery"));
+                trace.warn(i, delivery.leased(), "ack dropped (ack-loss fault): expect a redelivery");
             } else {
                 acks.push(delivery);
             }
@@ -322,12 +410,13 @@ impl Worker {
 
     /// Acks the messages of one lease; an ack that finds its lease gone, or a
     /// failed statement, means redeliveries (which the inbox absorbs).
-    async fn ack_all(&self, acks: &[&str], token: &str) {
+    async fn ack_all<S: AsRef<str> + Sync>(&self, acks: &[S], token: &str) {
         if acks.is_empty() {
             return;
         }
         let m = &self.metrics;
-        match self.store.ack_batch(acks, token).await {
+        let ids: Vec<&str> = acks.iter().map(AsRef::as_ref).collect();
+        match self.store.ack_batch(&ids, token).await {
             Ok(deleted) if deleted < acks.len() as u64 => {
                 m.ack_failures.inc_by(acks.len() as u64 - deleted);
                 tracing::warn!(lost = acks.len() as u64 - deleted, "acks found their lease gone");
@@ -340,11 +429,16 @@ impl Worker {
         }
     }
 
+    /// `messaging.system`: haunt's own queue, or the broker's name.
+    fn system(&self) -> &'static str {
+        self.config.broker.as_ref().map_or("haunt", |b| b.spec.name())
+    }
+
     /// The delivery's span, continuing the trace of the API request that
     /// enqueued its event.
     fn delivery_span(&self, leased: &Leased) -> tracing::Span {
         let worker_id = self.config.worker_id.as_str();
-        let system = self.config.broker.as_ref().map_or("haunt", |b| b.spec.name());
+        let system = self.system();
         let span = tracing::info_span!(
             "order.deliver",
             otel.kind = "consumer",
@@ -365,24 +459,14 @@ impl Worker {
     }
 
     /// Counts one delivery in the attempt histogram (and as a redelivery after
-    /// the first); returns the exemplar for its other metrics.
-    fn observe_delivery(&self, leased: &Leased, span: &tracing::Span) -> TraceExemplar {
-        let exemplar = TraceExemplar {
-            correlation_id: leased.headers.correlation_id.clone(),
-            trace_id: tracing_context::trace_id(span),
-        };
+    /// the first); returns the exemplar, with `trace_id`, for its other metrics.
+    fn observe_delivery(&self, leased: &Leased, trace_id: String) -> TraceExemplar {
+        let exemplar = TraceExemplar { correlation_id: leased.headers.correlation_id.clone(), trace_id };
         self.metrics.delivery_attempt.observe(leased.delivery_count as f64, Some(exemplar.clone()), None);
         if leased.delivery_count > 1 {
             self.metrics.redeliveries.inc();
         }
         exemplar
-    }
-
-    /// A zombie's delivery: its lease expired and another worker took the
-    /// message, so this one writes and acks nothing.
-    fn lease_lost(&self, exemplar: &TraceExemplar) {
-        self.count("lease_lost", exemplar);
-        tracing::warn!("lease lost before the apply committed: the message's new holder applies it");
     }
 
     fn count(&self, outcome: &'static str, exemplar: &TraceExemplar) {
@@ -393,7 +477,7 @@ impl Worker {
     /// workers holding it died): parked rather than looped forever; or, when
     /// the inbox holds its event (an ack was lost), acked.
     async fn park_past_limit(&self, leased: &Leased, span: &tracing::Span) {
-        let exemplar = self.observe_delivery(leased, span);
+        let exemplar = self.observe_delivery(leased, tracing_context::trace_id(span));
         let why = format!("exceeded {} deliveries", self.config.delivery_attempts_max);
         match self.store.dead_letter(&leased.message_id, Some(&leased.lease_token), &why).await {
             Ok(Failed::DeadLettered) => {
@@ -412,7 +496,7 @@ impl Worker {
     /// A delivery that failed: retried later with backoff, or dead-lettered
     /// after its last delivery.
     async fn retry_or_park(&self, leased: &Leased, error: &str, rng: &mut Rng, started: Instant, span: &tracing::Span) {
-        let exemplar = self.observe_delivery(leased, span);
+        let exemplar = self.observe_delivery(leased, tracing_context::trace_id(span));
         self.count("failed", &exemplar);
         let delay = self.config.backoff.delay(leased.delivery_count as u32, rng.unit());
         match self.store.fail(leased, error, delay, self.config.delivery_attempts_max).await {

@@ -1,0 +1,154 @@
+//! How the batch path traces its deliveries, in either [`Spans`] form.
+//!
+//! Per delivery (the default), each delivery has a `tracing` span, a child of
+//! its order's span, and its lines are written within it. Per batch, the
+//! batch has one span linked to every message's producer; each delivery's
+//! lines carry its ids instead, and its span in the order's trace is sent
+//! straight to the OpenTelemetry SDK when spans are exported
+//! ([`tracing_context::record_delivery`]).
+
+use std::time::SystemTime;
+
+use haunt_store::{Applied, Leased};
+use haunt_telemetry::tracing_context;
+use opentelemetry::KeyValue;
+use opentelemetry::trace::SpanContext;
+
+use crate::{Spans, Worker};
+
+/// A line about one delivery that names it by its ids (per batch, where it
+/// has no span of its own to carry them).
+macro_rules! with_ids {
+    ($level:ident, $leased:expr, $message:expr) => {
+        tracing::$level!(
+            correlation_id = %$leased.headers.correlation_id,
+            event_id = %$leased.event_id,
+            message_id = %$leased.message_id,
+            delivery_attempt = $leased.delivery_count,
+            "{}",
+            $message
+        )
+    };
+}
+
+/// The trace of one batch on its way through apply and ack.
+pub(crate) struct BatchTrace {
+    form: Spans,
+    /// The batch's span (per batch), or none.
+    batch: tracing::Span,
+    /// Each delivery's span (per delivery), or none.
+    spans: Vec<tracing::Span>,
+    /// Each delivery's producer (per batch).
+    producers: Vec<Option<SpanContext>>,
+    started: SystemTime,
+}
+
+impl BatchTrace {
+    pub(crate) fn new<'a>(worker: &Worker, leased: impl Iterator<Item = &'a Leased> + Clone) -> BatchTrace {
+        let started = SystemTime::now();
+        match worker.config.spans {
+            Spans::Delivery => BatchTrace {
+                form: Spans::Delivery,
+                batch: tracing::Span::none(),
+                spans: leased.map(|l| worker.delivery_span(l)).collect(),
+                producers: Vec::new(),
+                started,
+            },
+            Spans::Batch => {
+                let producers: Vec<Option<SpanContext>> =
+                    leased.clone().map(|l| tracing_context::producer(l.headers.traceparent.as_deref())).collect();
+                let batch = tracing::info_span!(
+                    "order.process_batch",
+                    otel.kind = "consumer",
+                    otel.name = "orders process",
+                    messaging.system = worker.system(),
+                    messaging.operation.type = "process",
+                    messaging.batch.message_count = producers.len(),
+                    worker_id = worker.config.worker_id.as_str(),
+                );
+                if !batch.is_disabled() {
+                    tracing_context::link_all(&batch, producers.iter().flatten().cloned());
+                }
+                BatchTrace { form: Spans::Batch, batch, spans: Vec::new(), producers, started }
+            }
+        }
+    }
+
+    /// Deliveries in the batch.
+    pub(crate) fn len(&self) -> usize {
+        self.spans.len().max(self.producers.len())
+    }
+
+    /// The span a line about delivery `i` belongs in: its own, or the batch's.
+    fn span(&self, i: usize) -> &tracing::Span {
+        self.spans.get(i).unwrap_or(&self.batch)
+    }
+
+    /// The trace id delivery `i`'s exemplars carry: its order's trace.
+    pub(crate) fn trace_id(&self, i: usize) -> String {
+        match self.producers.get(i) {
+            Some(Some(producer)) => producer.trace_id().to_string(),
+            _ => tracing_context::trace_id(self.span(i)),
+        }
+    }
+
+    /// A warning about delivery `i`: in its span, or with its ids.
+    pub(crate) fn warn(&self, i: usize, leased: &Leased, message: &str) {
+        match self.form {
+            Spans::Delivery => self.span(i).in_scope(|| tracing::warn!("{message}")),
+            Spans::Batch => self.batch.in_scope(|| with_ids!(warn, leased, message)),
+        }
+    }
+
+    /// The batch failed: one line per delivery, or one for the batch.
+    pub(crate) fn failed(&self, error: &dyn std::fmt::Debug) {
+        match self.form {
+            Spans::Delivery => {
+                for span in &self.spans {
+                    span.in_scope(|| tracing::warn!(error = ?error, "apply failed"));
+                }
+            }
+            Spans::Batch => self.batch.in_scope(|| tracing::warn!(error = ?error, "apply failed")),
+        }
+    }
+
+    /// Delivery `i`'s outcome: its line (at `info` in its span, or at
+    /// `debug` with its ids), and per batch its span in its order's trace.
+    pub(crate) fn settled(&self, i: usize, leased: &Leased, outcome: &Applied, system: &'static str) {
+        let what = match outcome {
+            Applied::Applied { .. } => "applied",
+            Applied::Duplicate => "duplicate skipped",
+            // Its warning is written by the caller.
+            Applied::LeaseLost => "lease lost",
+        };
+        match self.form {
+            Spans::Delivery => {
+                if *outcome != Applied::LeaseLost {
+                    self.span(i).in_scope(|| tracing::info!("{what}"));
+                }
+            }
+            Spans::Batch => {
+                if *outcome != Applied::LeaseLost {
+                    with_ids!(debug, leased, what);
+                }
+                if let Some(Some(producer)) = self.producers.get(i).filter(|_| tracing_context::exporting()) {
+                    let attributes = vec![
+                        KeyValue::new("messaging.system", system),
+                        KeyValue::new("messaging.operation.type", "process"),
+                        KeyValue::new("messaging.message.id", leased.message_id.clone()),
+                        KeyValue::new("messaging.message.conversation_id", leased.headers.correlation_id.clone()),
+                        KeyValue::new("haunt.delivery_count", leased.delivery_count),
+                        KeyValue::new("haunt.outcome", what),
+                    ];
+                    tracing_context::record_delivery(
+                        producer.clone(),
+                        &self.batch,
+                        attributes,
+                        self.started,
+                        SystemTime::now(),
+                    );
+                }
+            }
+        }
+    }
+}
