@@ -87,7 +87,8 @@ pub struct PipelineBench {
     /// protocol (at its best consumer count) and haunt's default drain,
     /// alternately (limit, haunt, limit, …, limit), each drain against the
     /// mean of the limits just before and after it, so that the machine's
-    /// drift during a run stays out of the ratio. 0 leaves it out.
+    /// drift during a run stays out of the ratio; then the same for
+    /// `--ack-in-txn` and its two-commit protocol. 0 leaves it out.
     #[arg(long, default_value_t = 3)]
     pub paired_rounds: usize,
     /// Write the results as JSON here too.

@@ -597,22 +597,22 @@ pub async fn pipeline(options: PipelineOptions, mut progress: impl FnMut(&str)) 
     let rate_of = |p: Protocol| haunt.iter().find(|(q, ..)| *q == p).map(|h| h.1).unwrap_or(f64::NAN);
     let (default, default_in_txn) = (Protocol::default_for(postgres, false), Protocol::default_for(postgres, true));
 
-    let pairs = if options.paired_rounds > 0 {
-        let tasks = best_at.get(default.name).and_then(|t| t.as_u64()).context("the default's best count")? as usize;
-        let how = Drain { batch_size: options.batch_size, protocol: default };
+    // The paired measurement, of the default and of `--ack-in-txn`.
+    let mut pairs = Vec::new();
+    for protocol in [default, default_in_txn].into_iter().filter(|_| options.paired_rounds > 0) {
+        let tasks = best_at.get(protocol.name).and_then(|t| t.as_u64()).context("the protocol's best count")? as usize;
+        let how = Drain { batch_size: options.batch_size, protocol };
         let drain = || haunt_drain(&options.db, options.workers, how, n);
-        let p = paired(setup, default, tasks, drain, options.paired_rounds).await?;
+        let p = paired(setup, protocol, tasks, drain, options.paired_rounds).await?;
         progress(&format!(
             "paired, {:<40} {:.2} of its limit (median of {}: {})",
-            default.name,
+            protocol.name,
             p.median_ratio(),
             p.ratios.len(),
             p.ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", ")
         ));
-        Some(p)
-    } else {
-        None
-    };
+        pairs.push(p);
+    }
     baseline.drop_server_side().await?;
     let (haunt_default, haunt_ack_in_txn) = (rate_of(default), rate_of(default_in_txn));
     let limit_default = limit_of(default).unwrap_or(f64::NAN);
@@ -715,9 +715,11 @@ pub async fn pipeline(options: PipelineOptions, mut progress: impl FnMut(&str)) 
     ] {
         ratios.insert(key.into(), json!(value));
     }
-    if let Some(p) = &pairs {
+    if let [p, in_txn] = &pairs[..] {
         ratios.insert("haunt_vs_own_limit_paired".into(), json!(p.median_ratio()));
+        ratios.insert("haunt_ack_in_txn_vs_own_limit_paired".into(), json!(in_txn.median_ratio()));
         report.insert("paired".into(), p.json());
+        report.insert("paired_ack_in_txn".into(), in_txn.json());
     }
     report.insert("ratios".into(), serde_json::Value::Object(ratios));
     if !sweep.is_empty() {

@@ -48,7 +48,7 @@ fn the_pipeline_bench_measures_every_phase_on_sqlite() {
     }
     assert!(report["worker_peak_rss_mib"].as_f64().is_some_and(|m| m > 1.0), "{report:#}");
     assert_eq!(report["sweep"].as_array().map(Vec::len), Some(2));
-    paired_by_default(&report, "3 commits");
+    paired_by_default(&report, ("3 commits", "2 commits"));
 }
 
 #[test]
@@ -110,14 +110,24 @@ fn the_pipeline_bench_measures_the_server_side_limits_and_baselines_on_postgres(
         assert_eq!(by[&at].as_f64(), Some(best), "{report:#}");
     }
     assert!(report["worker_peak_rss_mib"].as_f64().is_some_and(|m| m > 1.0), "{report:#}");
-    paired_by_default(&report, "3 commits, lease+ack async");
+    paired_by_default(&report, ("3 commits, lease+ack async", "2 commits, lease async"));
 }
 
 /// The default's limit and haunt's default drain, measured alternately (3
 /// rounds by default): a limit on either side of every drain, each drain's
-/// ratio against their mean, and the median of those in the ratios.
-fn paired_by_default(report: &serde_json::Value, protocol: &str) {
-    let paired = &report["paired"];
+/// ratio against their mean, and the median of those in the ratios; the
+/// same for `--ack-in-txn` and its protocol.
+fn paired_by_default(report: &serde_json::Value, (default, in_txn): (&str, &str)) {
+    for (key, protocol, ratio) in [
+        ("paired", default, "haunt_vs_own_limit_paired"),
+        ("paired_ack_in_txn", in_txn, "haunt_ack_in_txn_vs_own_limit_paired"),
+    ] {
+        paired_series(report, key, protocol, ratio);
+    }
+}
+
+fn paired_series(report: &serde_json::Value, key: &str, protocol: &str, ratio: &str) {
+    let paired = &report[key];
     assert_eq!(paired["protocol"], protocol, "{report:#}");
     assert_eq!(paired["consumers"], report["server_side_consumers_best"][protocol], "{report:#}");
     let floats =
@@ -133,7 +143,7 @@ fn paired_by_default(report: &serde_json::Value, protocol: &str) {
     // The middle one, to three decimals as the checker's quantiles are.
     let median = (sorted[1] * 1000.0).round() / 1000.0;
     assert_eq!(paired["median_ratio"].as_f64(), Some(median), "{report:#}");
-    assert_eq!(report["ratios"]["haunt_vs_own_limit_paired"].as_f64(), Some(median), "{report:#}");
+    assert_eq!(report["ratios"][ratio].as_f64(), Some(median), "{report:#}");
 }
 
 #[test]
@@ -144,11 +154,20 @@ fn the_pipeline_bench_runs_a_worker_process_under_a_wrapper_alone() {
     let db = format!("sqlite://{}", tmp.path().join("profile.db").display());
     let out = Command::new(env!("CARGO_BIN_EXE_haunt"))
         .args(["bench", "pipeline", "--db", &db, "--events", "300", "--profile-worker", "env"])
+        .args(["--worker-rust-log", "info", "--worker-spans", "batch"])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["profile_worker"], "env", "{report:#}");
+    // The worker ran in the span form and at the level it was given: at info
+    // with a span per batch, no delivery has a line of its own.
+    assert_eq!(
+        (&report["worker_process"]["spans"], &report["worker_process"]["rust_log"]),
+        (&"batch".into(), &"info".into())
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("applied") && !stderr.contains("order.deliver"), "{stderr}");
     assert!(report["worker_process"]["events_per_s"].as_f64().is_some_and(|r| r > 0.0), "{report:#}");
     assert!(report["worker_process"]["peak_rss_mib"].as_f64().is_some_and(|m| m > 1.0), "{report:#}");
     // Only that phase ran.

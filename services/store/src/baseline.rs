@@ -180,15 +180,9 @@ impl Baseline {
             for i in start..start + rows {
                 let (order_id, event_id, item_id) = (format!("b-{i}"), format!("e-{i}"), format!("item-{}", i % items));
                 let payload = json!({"event_id": event_id, "order_id": order_id, "item_id": item_id, "qty": 1});
-                let headers = json!({"correlation_id": order_id});
+                let headers = headers_of(&order_id, i);
                 o = o.bind(order_id.clone()).bind(item_id).bind(1i64).bind(event_id.clone()).bind(order_id).bind(at);
-                m = m
-                    .bind(format!("m-{i}"))
-                    .bind(event_id)
-                    .bind(payload.to_string())
-                    .bind(headers.to_string())
-                    .bind(at)
-                    .bind(at);
+                m = m.bind(format!("m-{i}")).bind(event_id).bind(payload.to_string()).bind(headers).bind(at).bind(at);
             }
             o.execute(&mut *tx).await.map_err(NotCommitted)?;
             m.execute(&mut *tx).await.map_err(NotCommitted)?;
@@ -418,7 +412,7 @@ impl Baseline {
             let (order_id, event_id) = (format!("r-{i}"), format!("re-{i}"));
             let payload =
                 json!({"event_id": event_id, "order_id": order_id, "item_id": "item-0", "qty": 1}).to_string();
-            let headers = json!({"correlation_id": order_id}).to_string();
+            let headers = headers_of(&order_id, i);
             let at = now_ms();
             let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
             sqlx::query(RAW_INSERT_ORDER)
@@ -576,5 +570,13 @@ const CLIENT_SQL_DELETE: &str =
 
 const RAW_INSERT_ORDER: &str = "INSERT INTO orders (order_id, item_id, qty, event_id, correlation_id, created_at_ms) \
      VALUES ($1, 'item-0', 1, $2, $1, $3)";
+/// A message's headers as the API writes them: its correlation id, and the
+/// `traceparent` of a sampled span of its own trace (the `I`th), so that a
+/// worker draining them continues a trace per message as it does in a run.
+fn headers_of(order_id: &str, i: usize) -> String {
+    let traceparent = format!("00-{:016x}{:016x}-{:016x}-01", 0x6861_756e_7400_0000_u64, i + 1, i + 1);
+    json!({"correlation_id": order_id, "traceparent": traceparent}).to_string()
+}
+
 const RAW_INSERT_MESSAGE: &str = "INSERT INTO queue_messages (message_id, event_id, payload, headers, enqueued_at_ms, visible_at_ms) \
      VALUES ($1, $2, $3, $4, $5, $5)";
