@@ -179,7 +179,8 @@ async fn haunt_drain(db: &str, workers: usize, how: Drain, n: usize) -> anyhow::
     let mut stores = Vec::new();
     for _ in 0..workers {
         let store = Store::connect(db, options.clone()).await?;
-        store.warm(config.concurrency as u32).await?;
+        // A loop holds a connection for its lease while its last ack is in flight on another.
+        store.warm(2 * config.concurrency as u32).await?;
         stores.push(store);
     }
     let watcher = Store::connect(db, StoreOptions::default()).await?;

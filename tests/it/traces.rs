@@ -125,6 +125,8 @@ fn with_a_span_per_batch_every_delivery_is_still_in_its_orders_trace() {
         deliveries.iter().all(|d| d.attrs.contains_key("haunt.outcome") && !d.links.is_empty()),
         "each delivery's span names its outcome and links to its batch's span: {deliveries:?}"
     );
+    let dropped = deliveries.iter().filter(|d| d.attrs.get("haunt.ack_dropped").is_some_and(|v| v.contains("true")));
+    assert_eq!(dropped.count(), 2, "the two lost acks are marked on their deliveries' spans: {deliveries:?}");
     let batches: Vec<&Seen> = spans
         .iter()
         .filter(|s| s.attrs.contains_key("messaging.batch.message_count") && s.links.contains(&api_span.trace))

@@ -571,8 +571,8 @@ const CLIENT_SQL_DELETE: &str =
 const RAW_INSERT_ORDER: &str = "INSERT INTO orders (order_id, item_id, qty, event_id, correlation_id, created_at_ms) \
      VALUES ($1, 'item-0', 1, $2, $1, $3)";
 /// A message's headers as the API writes them: its correlation id, and the
-/// `traceparent` of a sampled span of its own trace (the `I`th), so that a
-/// worker draining them continues a trace per message as it does in a run.
+/// `traceparent` of a sampled span in a trace of its own (message `i`'s), so
+/// that a worker draining them continues one trace per message, as in a run.
 fn headers_of(order_id: &str, i: usize) -> String {
     let traceparent = format!("00-{:016x}{:016x}-{:016x}-01", 0x6861_756e_7400_0000_u64, i + 1, i + 1);
     json!({"correlation_id": order_id, "traceparent": traceparent}).to_string()

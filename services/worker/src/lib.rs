@@ -15,6 +15,8 @@
 //!   With a broker transport ([`WorkerConfig::broker`]) the loops consume from
 //!   the broker instead of leasing from the database queue, and ack with the
 //!   broker's ack; the apply through the inbox is the same transaction.
+//! - [`Spans`] and `trace`: how a batch's deliveries are traced, a span each
+//!   or one span per batch.
 //! - [`faults`]: the switches the nemesis flips at run time (ack loss, clock
 //!   offset, database errors, a stall after a lease).
 //! - [`http`]: `/metrics`, `/healthz` and the token-guarded fault endpoint.
@@ -69,8 +71,8 @@ pub struct WorkerConfig {
 }
 
 /// How a worker traces the deliveries of a batch. Either way each delivery
-/// is in its order's trace (when spans are exported) and its metrics'
-/// exemplars carry that trace's id; what differs is what it costs.
+/// is in its order's trace when spans are recorded (`info`) and exported;
+/// what differs is what it costs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Spans {
     /// A `tracing` span per delivery (a child of its order's span) and a log
@@ -78,10 +80,13 @@ pub enum Spans {
     #[default]
     Delivery,
     /// One span per batch with a link to each message's producer, as the
-    /// OpenTelemetry messaging conventions allow; each delivery's own span is
-    /// sent straight to the OpenTelemetry SDK, only when exporting, and its
-    /// log line is at `debug`. Failures, lost leases, dropped acks and
-    /// dead letters are still logged at `warn` with the delivery's ids.
+    /// OpenTelemetry messaging conventions allow; each delivery's own span
+    /// (its outcome, and whether its ack was dropped, as attributes) is sent
+    /// straight to the OpenTelemetry SDK, only when exporting, and its log
+    /// line is at `debug`. Lost leases, dropped acks and dead letters are
+    /// still logged at `warn` with the delivery's ids; a failed batch at
+    /// `warn` once, before each of its deliveries is tried alone. Its
+    /// exemplars carry the order's trace id at any level.
     Batch,
 }
 
@@ -154,6 +159,9 @@ impl AckInFlight {
     /// Waits for the ack in flight (the one before this) and sends this one.
     async fn send(&mut self, worker: &Worker, acks: Vec<String>, token: String) {
         self.settle().await;
+        if acks.is_empty() {
+            return;
+        }
         if worker.store.backend() != Backend::Postgres {
             worker.ack_all(&acks, &token).await;
             return;
@@ -168,6 +176,16 @@ impl AckInFlight {
             && let Err(e) = ack.await
         {
             tracing::error!(error = %e, "an ack task failed: its messages come back after their lease");
+        }
+    }
+}
+
+impl Drop for AckInFlight {
+    /// A loop that is dropped without settling (its task aborted) takes its
+    /// ack with it: its messages come back after their lease.
+    fn drop(&mut self) {
+        if let Some(ack) = self.0.take() {
+            ack.abort();
         }
     }
 }
@@ -321,7 +339,7 @@ impl Worker {
     ) -> Result<(), StoreError> {
         let started = Instant::now();
         let token = ready[0].0.lease_token.as_str();
-        // Open across the batch's transaction and ack.
+        // Open across the batch's transaction and the sending of its ack.
         let trace = BatchTrace::new(self, ready.iter().map(|(leased, _)| *leased));
         let m = &self.metrics;
         let auto_ack = self.config.bug == Some(Bug::AckBeforeProcess);
@@ -340,12 +358,14 @@ impl Worker {
             }
         };
         let (settled, exemplars) = self.record(ready.iter().map(|(l, _)| *l), outcomes, &trace);
+        // From the batch's start to its apply's commit (its ack is in flight after).
+        let elapsed = started.elapsed().as_secs_f64();
         if !auto_ack && self.config.ack == AckMode::Separate {
             let kept = self.kept(settled.iter().map(|&i| (i, ready[i].0)), &trace, rng);
             let acks: Vec<String> = kept.into_iter().map(|l| l.message_id.clone()).collect();
             in_flight.send(self, acks, token.to_owned()).await;
         }
-        let elapsed = started.elapsed().as_secs_f64();
+        trace.finish(ready.iter().map(|(l, _)| *l), self.system());
         for exemplar in exemplars {
             m.processing_duration.observe(elapsed, Some(exemplar), None);
         }
@@ -366,7 +386,7 @@ impl Worker {
         let mut exemplars = Vec::with_capacity(outcomes.len());
         for (i, (leased, outcome)) in leased.zip(outcomes).enumerate() {
             let exemplar = self.observe_delivery(leased, trace.trace_id(i));
-            trace.settled(i, leased, &outcome, self.system());
+            trace.settled(i, leased, &outcome);
             match outcome {
                 Applied::Applied { applied_at_ms } => {
                     self.count("applied", &exemplar);
@@ -400,7 +420,7 @@ impl Worker {
         for (i, delivery) in deliveries {
             if self.faults.drop_ack(rng) {
                 self.metrics.ack_failures.inc();
-                trace.warn(i, delivery.leased(), "ack dropped (ack-loss fault): expect a redelivery");
+                trace.ack_dropped(i, delivery.leased());
             } else {
                 acks.push(delivery);
             }
@@ -454,7 +474,9 @@ impl Worker {
             delivery_attempt = leased.delivery_count,
             worker_id,
         );
-        tracing_context::continue_from(&span, leased.headers.traceparent.as_deref());
+        if !span.is_disabled() {
+            tracing_context::continue_from(&span, leased.headers.traceparent.as_deref());
+        }
         span
     }
 

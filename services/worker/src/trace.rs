@@ -4,9 +4,11 @@
 //! its order's span, and its lines are written within it. Per batch, the
 //! batch has one span linked to every message's producer; each delivery's
 //! lines carry its ids instead, and its span in the order's trace is sent
-//! straight to the OpenTelemetry SDK when spans are exported
-//! ([`tracing_context::record_delivery`]).
+//! straight to the OpenTelemetry SDK when the batch's span is recorded and
+//! spans are exported ([`tracing_context::record_delivery`]), once its
+//! outcome and its ack are known.
 
+use std::cell::RefCell;
 use std::time::SystemTime;
 
 use haunt_store::{Applied, Leased};
@@ -40,7 +42,16 @@ pub(crate) struct BatchTrace {
     spans: Vec<tracing::Span>,
     /// Each delivery's producer (per batch).
     producers: Vec<Option<SpanContext>>,
+    /// Each delivery's outcome and whether its ack was dropped (per batch),
+    /// for its span when the batch is done.
+    notes: RefCell<Vec<Note>>,
     started: SystemTime,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Note {
+    outcome: Option<&'static str>,
+    ack_dropped: bool,
 }
 
 impl BatchTrace {
@@ -52,6 +63,7 @@ impl BatchTrace {
                 batch: tracing::Span::none(),
                 spans: leased.map(|l| worker.delivery_span(l)).collect(),
                 producers: Vec::new(),
+                notes: RefCell::default(),
                 started,
             },
             Spans::Batch => {
@@ -69,7 +81,8 @@ impl BatchTrace {
                 if !batch.is_disabled() {
                     tracing_context::link_all(&batch, producers.iter().flatten().cloned());
                 }
-                BatchTrace { form: Spans::Batch, batch, spans: Vec::new(), producers, started }
+                let notes = RefCell::new(vec![Note::default(); producers.len()]);
+                BatchTrace { form: Spans::Batch, batch, spans: Vec::new(), producers, notes, started }
             }
         }
     }
@@ -112,9 +125,18 @@ impl BatchTrace {
         }
     }
 
+    /// Delivery `i`'s ack was dropped (the `ack-loss` fault): a warning, and
+    /// per batch an attribute of its span.
+    pub(crate) fn ack_dropped(&self, i: usize, leased: &Leased) {
+        self.warn(i, leased, "ack dropped (ack-loss fault): expect a redelivery");
+        if let Some(note) = self.notes.borrow_mut().get_mut(i) {
+            note.ack_dropped = true;
+        }
+    }
+
     /// Delivery `i`'s outcome: its line (at `info` in its span, or at
-    /// `debug` with its ids), and per batch its span in its order's trace.
-    pub(crate) fn settled(&self, i: usize, leased: &Leased, outcome: &Applied, system: &'static str) {
+    /// `debug` with its ids), noted for its span per batch.
+    pub(crate) fn settled(&self, i: usize, leased: &Leased, outcome: &Applied) {
         let what = match outcome {
             Applied::Applied { .. } => "applied",
             Applied::Duplicate => "duplicate skipped",
@@ -131,24 +153,34 @@ impl BatchTrace {
                 if *outcome != Applied::LeaseLost {
                     with_ids!(debug, leased, what);
                 }
-                if let Some(Some(producer)) = self.producers.get(i).filter(|_| tracing_context::exporting()) {
-                    let attributes = vec![
-                        KeyValue::new("messaging.system", system),
-                        KeyValue::new("messaging.operation.type", "process"),
-                        KeyValue::new("messaging.message.id", leased.message_id.clone()),
-                        KeyValue::new("messaging.message.conversation_id", leased.headers.correlation_id.clone()),
-                        KeyValue::new("haunt.delivery_count", leased.delivery_count),
-                        KeyValue::new("haunt.outcome", what),
-                    ];
-                    tracing_context::record_delivery(
-                        producer.clone(),
-                        &self.batch,
-                        attributes,
-                        self.started,
-                        SystemTime::now(),
-                    );
+                if let Some(note) = self.notes.borrow_mut().get_mut(i) {
+                    note.outcome = Some(what);
                 }
             }
+        }
+    }
+
+    /// The batch is applied and its acks sent: per batch, each settled
+    /// delivery's span in its order's trace, when the batch's span is
+    /// recorded (its level is on) and spans are exported.
+    pub(crate) fn finish<'a>(&self, leased: impl Iterator<Item = &'a Leased>, system: &'static str) {
+        if self.form != Spans::Batch || self.batch.is_disabled() || !tracing_context::exporting() {
+            return;
+        }
+        let end = SystemTime::now();
+        let notes = self.notes.borrow();
+        for ((leased, producer), note) in leased.zip(&self.producers).zip(notes.iter()) {
+            let (Some(producer), Some(outcome)) = (producer, note.outcome) else { continue };
+            let attributes = vec![
+                KeyValue::new("messaging.system", system),
+                KeyValue::new("messaging.operation.type", "process"),
+                KeyValue::new("messaging.message.id", leased.message_id.clone()),
+                KeyValue::new("messaging.message.conversation_id", leased.headers.correlation_id.clone()),
+                KeyValue::new("haunt.delivery_count", leased.delivery_count),
+                KeyValue::new("haunt.outcome", outcome),
+                KeyValue::new("haunt.ack_dropped", note.ack_dropped),
+            ];
+            tracing_context::record_delivery(producer.clone(), &self.batch, attributes, self.started, end);
         }
     }
 }

@@ -104,6 +104,36 @@ async fn a_batch_whose_lease_was_taken_over_writes_nothing_and_acks_nothing() {
 }
 
 #[tokio::test]
+async fn a_batch_that_lost_one_lease_of_two_applies_and_acks_only_the_other() {
+    for db in databases().await {
+        let store = open(&db).await;
+        store.place_order(&order("o1", "apple", 3)).await.unwrap();
+        store.place_order(&order("o2", "pear", 5)).await.unwrap();
+        let batch = lease_all(&store, 2).await;
+        let taken = batch.iter().find(|l| l.event().unwrap().order_id == "o2").unwrap();
+        // Another worker holds o2's message now (its lease expired and was taken over).
+        sqlx::any::install_default_drivers();
+        let pool = sqlx::AnyPool::connect(&db.url).await.unwrap();
+        sqlx::query("UPDATE queue_messages SET lease_token = 'someone-else' WHERE message_id = $1")
+            .bind(taken.message_id.as_str())
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        let outcomes = store.apply_batch(&events(&batch), "w1").await.unwrap();
+        for (leased, outcome) in batch.iter().zip(&outcomes) {
+            match leased.event().unwrap().order_id.as_str() {
+                "o1" => assert!(matches!(outcome, Applied::Applied { .. }), "{}: {outcomes:?}", db.kind),
+                _ => assert_eq!(*outcome, Applied::LeaseLost, "{}: {outcomes:?}", db.kind),
+            }
+        }
+        assert_eq!(store.projection().await.unwrap(), vec![("apple".into(), 3)], "{}", db.kind);
+        let ids: Vec<&str> = batch.iter().map(|l| l.message_id.as_str()).collect();
+        assert_eq!(store.ack_batch(&ids, &batch[0].lease_token).await.unwrap(), 1, "{}: only o1's", db.kind);
+    }
+}
+
+#[tokio::test]
 #[should_panic(expected = "one lease token")]
 async fn a_batch_of_two_leases_is_a_programmer_error() {
     let db = haunt_testkit::TestDb::sqlite();

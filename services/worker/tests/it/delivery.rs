@@ -157,3 +157,30 @@ async fn shutdown_stops_leasing_and_returns() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(store.queue_stats().await.unwrap().visible, 1, "a stopped worker leases nothing");
 }
+
+/// On PostgreSQL a batch's ack is in flight while its loop leases the next;
+/// a worker stopped as soon as its last batch is applied has still acked
+/// it when `stop` returns.
+#[tokio::test]
+async fn a_stopped_worker_has_sent_every_ack_it_owed() {
+    for db in databases().await {
+        let store = store(&db.url).await;
+        for i in 0..200 {
+            store.place_order(&order(i, "a", 1)).await.unwrap();
+        }
+        let config =
+            WorkerConfig { batch_size_max: 50, poll_interval: Duration::from_millis(1), ..WorkerConfig::default() };
+        let w = spawn(store.clone(), config, 0.0).await;
+        let applied = wait_until(Duration::from_secs(20), async || {
+            store.projection().await.unwrap() == vec![("a".to_owned(), 200)]
+        })
+        .await;
+        assert!(applied, "{}: every order applied", db.kind);
+        tokio::time::timeout(Duration::from_secs(5), w.stop()).await.expect("the worker stops within 5 s");
+        assert!(
+            store.queue_is_empty().await.unwrap(),
+            "{}: every applied message acked by the time it stopped",
+            db.kind
+        );
+    }
+}
