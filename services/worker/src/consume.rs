@@ -190,12 +190,13 @@ impl Worker {
             }
         };
         let (settled, exemplars) = self.record(ready.iter().map(|(r, _)| &r.leased), outcomes, &trace);
+        // From the batch's start to its apply's commit, as on the database queue.
+        let elapsed = started.elapsed().as_secs_f64();
         if !auto_ack {
             let kept = self.kept(settled.iter().map(|&i| (i, ready[i].0)), &trace, rng);
             self.ack_received(consumer, &kept).await;
         }
         trace.finish(ready.iter().map(|(r, _)| &r.leased), self.system());
-        let elapsed = started.elapsed().as_secs_f64();
         for exemplar in exemplars {
             self.metrics.processing_duration.observe(elapsed, Some(exemplar), None);
         }

@@ -7,21 +7,22 @@ use haunt_testkit::databases;
 
 use crate::{count_kind, final_lines, open, order};
 
+/// Runs one statement with one text parameter behind the store's back, as
+/// another producer or worker would.
+async fn behind_its_back(url: &str, statement: &'static str, param: &str) {
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(url).await.unwrap();
+    sqlx::query(statement).bind(param).execute(&pool).await.unwrap();
+    pool.close().await;
+}
+
 /// Makes a second queue message carrying the same event as `event_id`'s, as a
 /// producer that enqueues twice would.
 async fn copy_message(url: &str, event_id: &str) {
-    sqlx::any::install_default_drivers();
-    let pool = sqlx::AnyPool::connect(url).await.unwrap();
-    sqlx::query(
-        "INSERT INTO queue_messages (message_id, event_id, payload, headers, enqueued_at_ms, visible_at_ms) \
+    let copy = "INSERT INTO queue_messages (message_id, event_id, payload, headers, enqueued_at_ms, visible_at_ms) \
          SELECT 'copy-of-' || message_id, event_id, payload, headers, enqueued_at_ms + 1, visible_at_ms \
-         FROM queue_messages WHERE event_id = $1",
-    )
-    .bind(event_id)
-    .execute(&pool)
-    .await
-    .unwrap();
-    pool.close().await;
+         FROM queue_messages WHERE event_id = $1";
+    behind_its_back(url, copy, event_id).await;
 }
 
 fn events(batch: &[Leased]) -> Vec<(&Leased, OrderEvent)> {
@@ -112,14 +113,8 @@ async fn a_batch_that_lost_one_lease_of_two_applies_and_acks_only_the_other() {
         let batch = lease_all(&store, 2).await;
         let taken = batch.iter().find(|l| l.event().unwrap().order_id == "o2").unwrap();
         // Another worker holds o2's message now (its lease expired and was taken over).
-        sqlx::any::install_default_drivers();
-        let pool = sqlx::AnyPool::connect(&db.url).await.unwrap();
-        sqlx::query("UPDATE queue_messages SET lease_token = 'someone-else' WHERE message_id = $1")
-            .bind(taken.message_id.as_str())
-            .execute(&pool)
-            .await
-            .unwrap();
-        pool.close().await;
+        let steal = "UPDATE queue_messages SET lease_token = 'someone-else' WHERE message_id = $1";
+        behind_its_back(&db.url, steal, &taken.message_id).await;
         let outcomes = store.apply_batch(&events(&batch), "w1").await.unwrap();
         for (leased, outcome) in batch.iter().zip(&outcomes) {
             match leased.event().unwrap().order_id.as_str() {
