@@ -117,6 +117,15 @@ pub const PLACE_ORDER_AND_ENQUEUE_POSTGRES: &str = "WITH o AS (\
 /// Every new event's inbox and ledger rows carry one time, the statement's
 /// (`t`): they commit together.
 ///
+/// What it costs the server is kept near what the bench's server-side limit
+/// spends on the same steps: one sort of the batch by (event, batch order)
+/// serves both the copies' count and the first copy (a window over the whole
+/// partition, so the sort the `DISTINCT ON` needs is the window's), and the
+/// inbox is probed only for the events the insert found there already
+/// (`old`), none in a batch that applies cleanly, instead of once per event
+/// of the batch. Together about 6 % more events/s against the statement
+/// before (docs/performance.md).
+///
 /// It returns only what is not the common case, so that a batch that
 /// applies cleanly answers with one row, not two per delivery: the messages
 /// the lease no longer held (`l`), the held events already in the inbox
@@ -133,13 +142,14 @@ macro_rules! apply_batch_postgres {
      WITH ORDINALITY AS u(message_id, event_id, attempt, order_id, item_id, qty, ord)), \
      t AS (SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) AS now), ", $held, "hb AS (SELECT b.* FROM b JOIN held USING (message_id)), \
      ev AS (SELECT DISTINCT ON (event_id) hb.*, COUNT(*) OVER w AS copies, MAX(attempt) OVER w AS attempt_max \
-     FROM hb WINDOW w AS (PARTITION BY event_id) ORDER BY event_id, ord), \
+     FROM hb WINDOW w AS (PARTITION BY event_id ORDER BY ord ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) \
+     ORDER BY event_id, ord), \
      fresh AS (INSERT INTO inbox_processed (event_id, deliveries, duplicates, processed_at_ms) \
      SELECT event_id, attempt_max, copies - 1, (SELECT now FROM t) FROM ev ORDER BY event_id ON CONFLICT (event_id) DO NOTHING RETURNING event_id), \
-     counted AS (UPDATE inbox_processed i SET duplicates = i.duplicates + ev.copies, \
-     deliveries = GREATEST(i.deliveries, ev.attempt_max) FROM ev \
-     WHERE i.event_id = ANY($3) AND i.event_id = ev.event_id \
-     AND NOT EXISTS (SELECT 1 FROM fresh f WHERE f.event_id = ev.event_id) RETURNING i.event_id), \
+     old AS (SELECT event_id, copies, attempt_max FROM ev WHERE NOT EXISTS (SELECT 1 FROM fresh f WHERE f.event_id = ev.event_id)), \
+     counted AS (UPDATE inbox_processed i SET duplicates = i.duplicates + old.copies, \
+     deliveries = GREATEST(i.deliveries, old.attempt_max) FROM old \
+     WHERE i.event_id = ANY(ARRAY(SELECT event_id FROM old)) AND i.event_id = old.event_id RETURNING i.event_id), \
      firsts AS (SELECT ev.* FROM ev JOIN fresh f ON f.event_id = ev.event_id), \
      projection AS (INSERT INTO inventory_projection (item_id, reserved_qty) \
      SELECT item_id, SUM(qty) FROM firsts GROUP BY item_id ORDER BY item_id \
@@ -150,8 +160,7 @@ macro_rules! apply_batch_postgres {
      acked AS (DELETE FROM queue_messages WHERE $9 AND message_id = ANY($2) AND lease_token = $1) \
      SELECT 'l', message_id, CAST(NULL AS BIGINT) FROM b WHERE NOT EXISTS (SELECT 1 FROM held WHERE held.message_id = b.message_id) \
      UNION ALL SELECT 'd', event_id, NULL FROM counted \
-     UNION ALL SELECT 'o', event_id, NULL FROM ev WHERE NOT EXISTS (SELECT 1 FROM fresh WHERE fresh.event_id = ev.event_id) \
-     AND NOT EXISTS (SELECT 1 FROM counted WHERE counted.event_id = ev.event_id) \
+     UNION ALL SELECT 'o', event_id, NULL FROM old WHERE NOT EXISTS (SELECT 1 FROM counted WHERE counted.event_id = old.event_id) \
      UNION ALL SELECT 't', '', now FROM t"
         )
     };
