@@ -264,3 +264,62 @@ async fn a_batch_acked_in_its_apply_transaction_leaves_nothing_to_ack_and_a_zomb
         assert_eq!(store.projection().await.unwrap(), vec![("apple".into(), 3), ("pear".into(), 5)], "{}", db.kind);
     }
 }
+
+/// PostgreSQL's one-statement apply runs on one snapshot. An event whose
+/// inbox row another transaction commits while the statement waits on it is
+/// neither new to the insert (it conflicts) nor visible to the statement's
+/// read of the inbox. It must come out a duplicate, never applied, and the
+/// store counts the copy after the statement. The other transaction is held
+/// open until the apply is seen waiting on its inbox key, so the race is
+/// made, not hoped for.
+#[tokio::test]
+async fn an_event_another_transaction_commits_while_the_apply_waits_is_a_counted_duplicate() {
+    use sqlx::{Connection, Executor};
+
+    let Some(db) = haunt_testkit::TestDb::postgres().await else { return };
+    let store = open(&db).await;
+    store.place_order(&order("o1", "apple", 3)).await.unwrap();
+    let batch = store.lease(100, Duration::from_secs(30), LeaseClock::Database).await.unwrap();
+    assert_eq!(batch.len(), 1);
+    let event_id = batch[0].event_id.clone();
+
+    // Another worker's apply of a copy of the same event, not yet committed.
+    let mut other = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    other.execute("BEGIN").await.unwrap();
+    sqlx::query("INSERT INTO inbox_processed (event_id, deliveries, processed_at_ms) VALUES ($1, 1, 0)")
+        .bind(&event_id)
+        .execute(&mut other)
+        .await
+        .unwrap();
+
+    let applying = {
+        let store = store.clone();
+        let batch = batch.clone();
+        tokio::spawn(async move { store.apply_batch(&events(&batch), "w1").await })
+    };
+    let mut watch = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                   AND wait_event_type = 'Lock' AND query LIKE '%inbox_processed%'";
+    let mut waited = false;
+    for _ in 0..1_000 {
+        if sqlx::query_scalar::<_, i64>(waiting).fetch_one(&mut watch).await.unwrap() == 1 {
+            waited = true;
+            break;
+        }
+        assert!(!applying.is_finished(), "the apply did not wait for the other transaction's inbox row");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(waited, "the apply was never seen waiting on the inbox key");
+    other.execute("COMMIT").await.unwrap();
+
+    let outcomes = applying.await.unwrap().unwrap();
+    assert_eq!(outcomes, vec![Applied::Duplicate], "committed by another transaction: not applied again");
+    assert_eq!(store.projection().await.unwrap(), vec![], "no effect from this apply");
+    let lines = final_lines(&store).await;
+    assert_eq!(count_kind(&lines, "applied"), 0, "no ledger row from this apply");
+    let o1 = lines.iter().find_map(|l| match l {
+        haunt_format::FinalLine::Order(o) if o.order_id == "o1" => Some((o.deliveries, o.duplicates_absorbed)),
+        _ => None,
+    });
+    assert_eq!(o1, Some((Some(1), Some(1))), "the copy is counted on the event's inbox row");
+}
