@@ -18,10 +18,40 @@ pub struct Dialect {
     pub dead_letter_count: &'static str,
     /// Takes the write lock that keeps appliers out while reconcile recomputes.
     pub reconcile_lock: &'static str,
+    /// The stepwise apply and ack. Each takes its batch as one JSON array in
+    /// `$1`, read in the database (`json_each`, `json_array_elements`), never
+    /// one bound parameter per row: SQLite looks a parameter's name up by a
+    /// scan of the statement's list of names, once per bound parameter, and
+    /// a ledger insert of 500 rows binds 3,000 of them (a third of a SQLite
+    /// worker's CPU went to that scan; see docs/performance.md).
+    ///
+    /// The fence: locks and names the rows of the batch (`$1`, its message
+    /// ids) that the lease `$2` still holds. PostgreSQL locks them against a
+    /// new lease; SQLite needs a write first, so that the transaction holds
+    /// the database's write lock before it reads.
+    pub hold: &'static str,
+    /// `$1` `[[event id, delivery count], …]` into the inbox, in that order;
+    /// returns the events that were new and when they were processed.
+    pub insert_inbox: &'static str,
+    /// `$1` `[[item, quantity], …]` added to the projection.
+    pub add_to_projection: &'static str,
+    /// `$1` `[[event id, order id, item, quantity, delivery count], …]` into
+    /// the ledger, applied by worker `$2` now.
+    pub insert_ledger: &'static str,
+    /// Deletes the messages `$1` (their ids) that `$2` holds (any holder when
+    /// NULL).
+    pub delete_held: &'static str,
 }
 
 macro_rules! dialect {
-    ($now:literal, ($batch_open:literal, $batch_close:literal), $skip_locked:literal, $reconcile_lock:literal) => {
+    (
+        $now:literal,
+        ($batch_open:literal, $batch_close:literal),
+        $skip_locked:literal,
+        $reconcile_lock:literal,
+        hold: ($hold_open:literal, $hold_close:literal),
+        json: ($ids:literal, $rows:literal)
+    ) => {
         Dialect {
             now: concat!("SELECT ", $now),
             clock: $now,
@@ -71,6 +101,32 @@ macro_rules! dialect {
             ),
             dead_letter_count: "SELECT CAST(COUNT(*) AS BIGINT) FROM dead_letters",
             reconcile_lock: $reconcile_lock,
+            hold: concat!(
+                $hold_open, " WHERE lease_token = $2 AND message_id IN (SELECT value FROM ", $ids, ")", $hold_close
+            ),
+            insert_inbox: concat!(
+                "INSERT INTO inbox_processed (event_id, deliveries, processed_at_ms) ",
+                "SELECT value ->> 0, CAST(value ->> 1 AS BIGINT), ", $now, " FROM ", $rows, " WHERE true ",
+                "ON CONFLICT (event_id) DO NOTHING RETURNING event_id, processed_at_ms"
+            ),
+            // (`WHERE true`: SQLite would read the `ON` of `ON CONFLICT` after
+            // a bare `FROM` as a join's.)
+            add_to_projection: concat!(
+                "INSERT INTO inventory_projection (item_id, reserved_qty) ",
+                "SELECT value ->> 0, CAST(value ->> 1 AS BIGINT) FROM ", $rows, " WHERE true ",
+                "ON CONFLICT (item_id) DO UPDATE ",
+                "SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty"
+            ),
+            insert_ledger: concat!(
+                "INSERT INTO projection_ledger ",
+                "(event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms) ",
+                "SELECT value ->> 0, value ->> 1, value ->> 2, CAST(value ->> 3 AS BIGINT), ",
+                "CAST(value ->> 4 AS BIGINT), $2, ", $now, " FROM ", $rows
+            ),
+            delete_held: concat!(
+                "DELETE FROM queue_messages WHERE ($2 IS NULL OR lease_token = $2) ",
+                "AND message_id IN (SELECT value FROM ", $ids, ")"
+            ),
         }
     };
 }
@@ -83,7 +139,9 @@ pub const POSTGRES: Dialect = dialect!(
     "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
     ("= ANY(ARRAY(", "))"),
     " FOR UPDATE SKIP LOCKED",
-    "LOCK TABLE inventory_projection IN EXCLUSIVE MODE"
+    "LOCK TABLE inventory_projection IN EXCLUSIVE MODE",
+    hold: ("SELECT message_id FROM queue_messages", " FOR UPDATE"),
+    json: ("json_array_elements_text($1::json)", "json_array_elements($1::json)")
 );
 
 /// PostgreSQL only: the order and its message in one statement (one round trip,
@@ -210,7 +268,9 @@ pub const SQLITE: Dialect = dialect!(
     "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
     ("IN (", ")"),
     "",
-    "UPDATE inventory_projection SET reserved_qty = reserved_qty WHERE 1 = 0"
+    "UPDATE inventory_projection SET reserved_qty = reserved_qty WHERE 1 = 0",
+    hold: ("UPDATE queue_messages SET lease_token = lease_token", " RETURNING message_id"),
+    json: ("json_each($1)", "json_each($1)")
 );
 
 // Statements that read the same on both backends.
@@ -225,22 +285,6 @@ pub const UPSERT_PROJECTION: &str = "INSERT INTO inventory_projection (item_id, 
 pub const SET_PROJECTION: &str = "INSERT INTO inventory_projection (item_id, reserved_qty) VALUES ($1, $2) \
      ON CONFLICT (item_id) DO UPDATE SET reserved_qty = excluded.reserved_qty";
 pub const READ_PROJECTION_ROW: &str = "SELECT reserved_qty FROM inventory_projection WHERE item_id = $1";
-/// Takes the rows of a batch that its lease (`$1`) still holds, found by their
-/// ids (`$2…`, the primary key), and names them. PostgreSQL locks them against
-/// a new lease; SQLite needs a write first, so that the transaction holds the
-/// database's write lock before it reads.
-pub fn hold_lease(backend_postgres: bool, ids: usize) -> String {
-    let list = (0..ids).map(|i| format!("${}", i + 2)).collect::<Vec<_>>().join(", ");
-    if backend_postgres {
-        format!("SELECT message_id FROM queue_messages WHERE lease_token = $1 AND message_id IN ({list}) FOR UPDATE")
-    } else {
-        format!(
-            "UPDATE queue_messages SET lease_token = lease_token WHERE lease_token = $1 AND message_id IN ({list}) \
-             RETURNING message_id"
-        )
-    }
-}
-
 /// `(first, rows, columns)` → `($first, $first+1, …), (…)`: VALUES for a
 /// multi-row statement, with `extra` appended inside each row.
 pub fn values(first: usize, rows: usize, columns: usize, extra: &str) -> String {

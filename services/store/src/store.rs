@@ -20,8 +20,8 @@ use crate::{
 
 use StoreError::{CommitUnknown, NotCommitted};
 
-/// Rows per multi-row statement: 6 binds a ledger row stays far below both
-/// backends' limits on bound parameters (32,766 and 65,535).
+/// Rows per multi-row statement of SQLite's redrive: 6 binds a row stays far
+/// below SQLite's limit on bound parameters (32,766).
 const BATCH_ROWS_MAX: usize = 1000;
 
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -588,40 +588,26 @@ impl Store {
                     .await
                     .map_err(NotCommitted)?;
             }
-        } else {
-            for chunk in items.chunks(BATCH_ROWS_MAX) {
-                let text = format!(
-                    "INSERT INTO inventory_projection (item_id, reserved_qty) VALUES {} ON CONFLICT (item_id) \
-                     DO UPDATE SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty",
-                    sql::values(1, chunk.len(), 2, "")
-                );
-                let mut query = sqlx::query(sqlx::AssertSqlSafe(text));
-                for (item, qty) in chunk {
-                    query = query.bind(*item).bind(*qty);
-                }
-                query.execute(&mut *tx).await.map_err(NotCommitted)?;
-            }
+        } else if !items.is_empty() {
+            sqlx::query(self.dialect.add_to_projection)
+                .bind(json_rows(&items))
+                .execute(&mut *tx)
+                .await
+                .map_err(NotCommitted)?;
         }
 
         // The ledger: one row per application.
-        let clock = self.dialect.clock;
-        for chunk in first_copies.chunks(BATCH_ROWS_MAX) {
-            let text = format!(
-                "INSERT INTO projection_ledger \
-                 (event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms) VALUES {}",
-                sql::values(1, chunk.len(), 6, &format!(", {clock}"))
-            );
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(text));
-            for (leased, event) in chunk {
-                query = query
-                    .bind(event.event_id.as_str())
-                    .bind(event.order_id.as_str())
-                    .bind(event.item_id.as_str())
-                    .bind(event.qty)
-                    .bind(leased.delivery_count)
-                    .bind(worker_id);
-            }
-            query.execute(&mut *tx).await.map_err(NotCommitted)?;
+        if !first_copies.is_empty() {
+            let rows: Vec<(&str, &str, &str, i64, i64)> = first_copies
+                .iter()
+                .map(|(l, e)| (e.event_id.as_str(), e.order_id.as_str(), e.item_id.as_str(), e.qty, l.delivery_count))
+                .collect();
+            sqlx::query(self.dialect.insert_ledger)
+                .bind(json_rows(&rows))
+                .bind(worker_id)
+                .execute(&mut *tx)
+                .await
+                .map_err(NotCommitted)?;
         }
         if ack == AckMode::InApplyTxn {
             let ids: Vec<&str> = held_deliveries.iter().map(|(l, _)| l.message_id.as_str()).collect();
@@ -750,18 +736,13 @@ impl Store {
         deliveries: &[(&Leased, &OrderEvent)],
     ) -> Result<HashSet<String>, StoreError> {
         let ids: Vec<&str> = deliveries.iter().map(|(l, _)| l.message_id.as_str()).collect();
-        let mut held = HashSet::new();
-        for chunk in ids.chunks(BATCH_ROWS_MAX) {
-            let text = sql::hold_lease(self.backend == Backend::Postgres, chunk.len());
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(text)).bind(token);
-            for id in chunk {
-                query = query.bind(*id);
-            }
-            for row in query.fetch_all(&mut *tx).await.map_err(NotCommitted)? {
-                held.insert(row.try_get::<String, _>(0).map_err(corrupt("queue_messages"))?);
-            }
-        }
-        Ok(held)
+        let rows = sqlx::query(self.dialect.hold)
+            .bind(json_rows(&ids))
+            .bind(token)
+            .fetch_all(tx)
+            .await
+            .map_err(NotCommitted)?;
+        rows.iter().map(|row| row.try_get::<String, _>(0).map_err(corrupt("queue_messages"))).collect()
     }
 
     /// Inserts the deliveries' events into the inbox, each with the delivery
@@ -774,7 +755,6 @@ impl Store {
         conn: &mut sqlx::AnyConnection,
         deliveries: &[(&Leased, &OrderEvent)],
     ) -> Result<HashMap<String, i64>, StoreError> {
-        let clock = self.dialect.clock;
         let mut rows: Vec<(&str, i64)> =
             deliveries.iter().map(|(l, e)| (e.event_id.as_str(), l.delivery_count)).collect();
         // Each event once, with the highest delivery count among its copies:
@@ -782,23 +762,19 @@ impl Store {
         // the inbox saw the event (the other copies count as duplicates).
         rows.sort_unstable_by(|a, b| a.0.cmp(b.0).then(b.1.cmp(&a.1)));
         rows.dedup_by(|a, b| a.0 == b.0);
-        let mut fresh = HashMap::new();
-        for chunk in rows.chunks(BATCH_ROWS_MAX) {
-            let text = format!(
-                "INSERT INTO inbox_processed (event_id, deliveries, processed_at_ms) VALUES {} \
-                 ON CONFLICT (event_id) DO NOTHING RETURNING event_id, processed_at_ms",
-                sql::values(1, chunk.len(), 2, &format!(", {clock}"))
-            );
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(text));
-            for (event_id, count) in chunk {
-                query = query.bind(*event_id).bind(*count);
-            }
-            for row in query.fetch_all(&mut *conn).await.map_err(NotCommitted)? {
-                let event_id: String = row.try_get(0).map_err(corrupt("inbox_processed"))?;
-                fresh.insert(event_id, row.try_get::<i64, _>(1).map_err(corrupt("inbox_processed"))?);
-            }
+        if rows.is_empty() {
+            return Ok(HashMap::new());
         }
-        Ok(fresh)
+        let inserted = sqlx::query(self.dialect.insert_inbox)
+            .bind(json_rows(&rows))
+            .fetch_all(conn)
+            .await
+            .map_err(NotCommitted)?;
+        let c = corrupt("inbox_processed");
+        inserted
+            .iter()
+            .map(|row| Ok((row.try_get::<String, _>(0).map_err(&c)?, row.try_get::<i64, _>(1).map_err(&c)?)))
+            .collect()
     }
 
     /// Counts deliveries the inbox refused on their event's row, with the
@@ -841,18 +817,12 @@ impl Store {
         message_ids: &[&str],
         holder: Option<&str>,
     ) -> Result<u64, StoreError> {
-        let mut deleted = 0;
-        for chunk in message_ids.chunks(BATCH_ROWS_MAX) {
-            let list = (0..chunk.len()).map(|i| format!("${}", i + 2)).collect::<Vec<_>>().join(", ");
-            let text =
-                format!("DELETE FROM queue_messages WHERE ($1 IS NULL OR lease_token = $1) AND message_id IN ({list})");
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(text)).bind(holder);
-            for id in chunk {
-                query = query.bind(*id);
-            }
-            deleted += query.execute(&mut *conn).await.map_err(NotCommitted)?.rows_affected();
+        if message_ids.is_empty() {
+            return Ok(0);
         }
-        Ok(deleted)
+        let deleted =
+            sqlx::query(self.dialect.delete_held).bind(json_rows(message_ids)).bind(holder).execute(conn).await;
+        Ok(deleted.map_err(NotCommitted)?.rows_affected())
     }
 
     /// Deletes the message if the caller still holds its lease: an ack batch of
@@ -1268,6 +1238,12 @@ fn sort_out<'a>(
         }
     }
     sorted
+}
+
+/// A batch's rows as the one JSON array the stepwise statements read
+/// ([`Dialect::hold`] and the rest): an id per element, or a row as an array.
+fn json_rows<T: serde::Serialize>(rows: &[T]) -> String {
+    serde_json::to_string(rows).expect("strings and integers serialize")
 }
 
 fn count(n: i64) -> u32 {
