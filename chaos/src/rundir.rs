@@ -57,19 +57,44 @@ pub fn timestamp(ms: i64) -> String {
 }
 
 /// Creates `store/<name>/<timestamp>/` and points `store/latest` at it.
+///
+/// Two runs that start in the same second (two tests of one `cargo test`
+/// process, say) get two directories: each is claimed by `create_dir`, which
+/// fails for all but one claimant, never by a check that it does not exist
+/// yet (two runs once passed that check together and wrote one history).
 pub fn create_run_dir(store: &Path, name: &str, started_at_ms: i64) -> anyhow::Result<PathBuf> {
-    let mut dir = store.join(name).join(timestamp(started_at_ms));
+    let parent = store.join(name);
+    std::fs::create_dir_all(&parent).with_context(|| format!("creating {}", parent.display()))?;
+    let stamp = timestamp(started_at_ms);
+    let mut dir = parent.join(&stamp);
     let mut n = 1;
-    while dir.exists() {
-        n += 1;
-        dir = store.join(name).join(format!("{}-{n}", timestamp(started_at_ms)));
+    loop {
+        match std::fs::create_dir(&dir) {
+            Ok(()) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                n += 1;
+                dir = parent.join(format!("{stamp}-{n}"));
+            }
+            Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
+        }
     }
-    std::fs::create_dir_all(dir.join("logs")).with_context(|| format!("creating {}", dir.display()))?;
-    let latest = store.join("latest");
-    let _ = std::fs::remove_file(&latest);
-    let relative = dir.strip_prefix(store).unwrap_or(&dir);
-    std::os::unix::fs::symlink(relative, &latest).with_context(|| format!("linking {}", latest.display()))?;
+    std::fs::create_dir(dir.join("logs")).with_context(|| format!("creating {}", dir.display()))?;
+    point_latest_at(store, &dir)?;
     Ok(dir)
+}
+
+/// `store/latest` → `dir`, replaced in one step (a link made under a name of
+/// its own, then renamed over the old one), so that runs starting together
+/// never find the name taken between a removal and a creation.
+fn point_latest_at(store: &Path, dir: &Path) -> anyhow::Result<()> {
+    static LINKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = LINKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let latest = store.join("latest");
+    let staged = store.join(format!(".latest.{}.{n}", std::process::id()));
+    let _ = std::fs::remove_file(&staged);
+    let relative = dir.strip_prefix(store).unwrap_or(dir);
+    std::os::unix::fs::symlink(relative, &staged).with_context(|| format!("linking {}", staged.display()))?;
+    std::fs::rename(&staged, &latest).with_context(|| format!("linking {}", latest.display()))
 }
 
 pub fn write_json(path: &Path, value: &impl Serialize) -> anyhow::Result<()> {
@@ -79,7 +104,33 @@ pub fn write_json(path: &Path, value: &impl Serialize) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::timestamp;
+    use super::{create_run_dir, timestamp};
+
+    #[test]
+    fn runs_that_start_in_the_same_millisecond_get_a_directory_each() {
+        let store = tempfile::tempdir().unwrap();
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let store = store.path().to_owned();
+                std::thread::spawn(move || {
+                    (0..10).map(|_| create_run_dir(&store, "shop", 1_795_964_645_123).unwrap()).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut dirs: Vec<_> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+        dirs.sort();
+        dirs.dedup();
+        assert_eq!(dirs.len(), 80, "one directory per run");
+        assert!(dirs.iter().all(|d| d.join("logs").is_dir()));
+        let latest = std::fs::read_link(store.path().join("latest")).unwrap();
+        assert!(dirs.contains(&store.path().join(latest)), "latest points at one of the runs");
+        let left: Vec<_> = std::fs::read_dir(store.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.starts_with(".latest"))
+            .collect();
+        assert!(left.is_empty(), "staged links left behind: {left:?}");
+    }
 
     #[test]
     fn timestamps_are_utc_civil_time() {
