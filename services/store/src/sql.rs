@@ -27,7 +27,8 @@ pub struct Dialect {
     ///
     /// The fence: locks and names the rows of the batch (`$1`, its message
     /// ids) that the lease `$2` still holds. PostgreSQL locks them against a
-    /// new lease; SQLite needs a write first, so that the transaction holds
+    /// new lease, and finds them by primary key (`= ANY(ARRAY(…))`, as the
+    /// lease does); SQLite needs a write first, so that the transaction holds
     /// the database's write lock before it reads.
     pub hold: &'static str,
     /// `$1` `[[event id, delivery count], …]` into the inbox, in that order;
@@ -50,7 +51,7 @@ macro_rules! dialect {
         $skip_locked:literal,
         $reconcile_lock:literal,
         hold: ($hold_open:literal, $hold_close:literal),
-        json: ($ids:literal, $rows:literal)
+        json: (ids: $ids:literal, rows: $rows:literal)
     ) => {
         Dialect {
             now: concat!("SELECT ", $now),
@@ -102,18 +103,20 @@ macro_rules! dialect {
             dead_letter_count: "SELECT CAST(COUNT(*) AS BIGINT) FROM dead_letters",
             reconcile_lock: $reconcile_lock,
             hold: concat!(
-                $hold_open, " WHERE lease_token = $2 AND message_id IN (SELECT value FROM ", $ids, ")", $hold_close
+                $hold_open, " WHERE lease_token = $2 AND message_id ", $ids, $hold_close
             ),
             insert_inbox: concat!(
                 "INSERT INTO inbox_processed (event_id, deliveries, processed_at_ms) ",
-                "SELECT value ->> 0, CAST(value ->> 1 AS BIGINT), ", $now, " FROM ", $rows, " WHERE true ",
+                "SELECT value ->> 0, CAST(value ->> 1 AS BIGINT), ", $now, " FROM ", $rows, " WHERE true ORDER BY key ",
                 "ON CONFLICT (event_id) DO NOTHING RETURNING event_id, processed_at_ms"
             ),
-            // (`WHERE true`: SQLite would read the `ON` of `ON CONFLICT` after
-            // a bare `FROM` as a join's.)
+            // (`ORDER BY key`: in the array's order, which is the caller's, so
+            // that two transactions take the same keys in one order. `WHERE
+            // true`: SQLite would read the `ON` of `ON CONFLICT` after a bare
+            // `FROM` as a join's.)
             add_to_projection: concat!(
                 "INSERT INTO inventory_projection (item_id, reserved_qty) ",
-                "SELECT value ->> 0, CAST(value ->> 1 AS BIGINT) FROM ", $rows, " WHERE true ",
+                "SELECT value ->> 0, CAST(value ->> 1 AS BIGINT) FROM ", $rows, " WHERE true ORDER BY key ",
                 "ON CONFLICT (item_id) DO UPDATE ",
                 "SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty"
             ),
@@ -121,11 +124,10 @@ macro_rules! dialect {
                 "INSERT INTO projection_ledger ",
                 "(event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms) ",
                 "SELECT value ->> 0, value ->> 1, value ->> 2, CAST(value ->> 3 AS BIGINT), ",
-                "CAST(value ->> 4 AS BIGINT), $2, ", $now, " FROM ", $rows
+                "CAST(value ->> 4 AS BIGINT), $2, ", $now, " FROM ", $rows, " ORDER BY key"
             ),
             delete_held: concat!(
-                "DELETE FROM queue_messages WHERE ($2 IS NULL OR lease_token = $2) ",
-                "AND message_id IN (SELECT value FROM ", $ids, ")"
+                "DELETE FROM queue_messages WHERE ($2 IS NULL OR lease_token = $2) AND message_id ", $ids
             ),
         }
     };
@@ -141,7 +143,10 @@ pub const POSTGRES: Dialect = dialect!(
     " FOR UPDATE SKIP LOCKED",
     "LOCK TABLE inventory_projection IN EXCLUSIVE MODE",
     hold: ("SELECT message_id FROM queue_messages", " FOR UPDATE"),
-    json: ("json_array_elements_text($1::json)", "json_array_elements($1::json)")
+    json: (
+        ids: "= ANY(ARRAY(SELECT json_array_elements_text($1::json)))",
+        rows: "json_array_elements($1::json) WITH ORDINALITY AS j (value, key)"
+    )
 );
 
 /// PostgreSQL only: the order and its message in one statement (one round trip,
@@ -270,7 +275,7 @@ pub const SQLITE: Dialect = dialect!(
     "",
     "UPDATE inventory_projection SET reserved_qty = reserved_qty WHERE 1 = 0",
     hold: ("UPDATE queue_messages SET lease_token = lease_token", " RETURNING message_id"),
-    json: ("json_each($1)", "json_each($1)")
+    json: (ids: "IN (SELECT value FROM json_each($1))", rows: "json_each($1)")
 );
 
 // Statements that read the same on both backends.

@@ -323,3 +323,33 @@ async fn an_event_another_transaction_commits_while_the_apply_waits_is_a_counted
     });
     assert_eq!(o1, Some((Some(1), Some(1))), "the copy is counted on the event's inbox row");
 }
+
+/// The stepwise apply (SQLite's, and PostgreSQL's under the bug modes that
+/// need the steps apart) with its ack in the transaction: a redelivered event
+/// is a duplicate (the inbox insert returns only the new events), and every
+/// message the batch held is deleted, whoever holds it under
+/// `no-lease-token`.
+#[tokio::test]
+async fn the_stepwise_apply_acked_in_its_transaction_absorbs_a_redelivery_and_deletes_the_batch() {
+    for db in databases().await {
+        let store = crate::open_with_bug(&db, haunt_store::Bug::NoLeaseToken).await;
+        store.place_order(&order("o1", "apple", 3)).await.unwrap();
+        // o1 is applied and its ack is lost: the lease just expires.
+        let first = store.lease(100, Duration::from_millis(1), LeaseClock::Database).await.unwrap();
+        assert_eq!(store.apply_batch(&events(&first), "w0").await.unwrap().len(), 1, "{}", db.kind);
+        store.place_order(&order("o2", "pear", 5)).await.unwrap();
+
+        let again = lease_all(&store, 2).await;
+        let outcomes = store.apply_batch_with(&events(&again), "w1", AckMode::InApplyTxn).await.unwrap();
+        for (leased, outcome) in again.iter().zip(&outcomes) {
+            match leased.event().unwrap().order_id.as_str() {
+                "o1" => assert_eq!(*outcome, Applied::Duplicate, "{}: o1 was applied before", db.kind),
+                _ => assert!(matches!(outcome, Applied::Applied { .. }), "{}: o2 is new: {outcome:?}", db.kind),
+            }
+        }
+        let lines = final_lines(&store).await;
+        assert_eq!(count_kind(&lines, "pending"), 0, "{}: both deleted with the effect", db.kind);
+        assert_eq!(count_kind(&lines, "applied"), 2, "{}: one ledger row per event", db.kind);
+        assert_eq!(store.projection().await.unwrap(), vec![("apple".into(), 3), ("pear".into(), 5)], "{}", db.kind);
+    }
+}
