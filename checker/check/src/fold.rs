@@ -254,6 +254,11 @@ pub struct Fold {
     /// Invoke time and latency (ns) of every op completed after the first
     /// fault started, to place it inside or outside the fault windows.
     pub latency_timed_ns: Vec<(u64, f64)>,
+    /// Invoke times (ns) of the ops among those that completed `fail`, and
+    /// of those that completed `info`: few, so kept apart rather than as an
+    /// outcome beside every latency.
+    pub failed_timed_ns: Vec<u64>,
+    pub info_timed_ns: Vec<u64>,
     /// Completed client ops over time, in bounded buckets.
     pub ops_series: Timeline<OpsAt>,
     processes: HashMap<Process, ProcessState, hashbrown::DefaultHashBuilder>,
@@ -506,6 +511,13 @@ impl Fold {
                 Outcome::Info
             }
         };
+        if self.first_fault_ns.is_some() {
+            match outcome {
+                Outcome::Fail => self.failed_timed_ns.push(invoke.time_ns),
+                Outcome::Info => self.info_timed_ns.push(invoke.time_ns),
+                _ => {}
+            }
+        }
         self.ops_series.push_op(invoke.time_ns, outcome, op.time_ns - invoke.time_ns);
         if let (Some(i), Some(v)) = (invoke.order, order_fields) {
             let o = &mut self.orders[i as usize];

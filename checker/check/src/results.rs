@@ -306,6 +306,12 @@ pub struct FaultWindow {
     /// Client ops (any outcome) invoked inside the window and completed.
     #[serde(default)]
     pub ops_invoked: u64,
+    /// Of those, the ops that failed (certainly no effect) and the ones whose
+    /// outcome is unknown (`info`: a timeout, a dropped connection).
+    #[serde(default)]
+    pub ops_failed: u64,
+    #[serde(default)]
+    pub ops_indeterminate: u64,
     /// p99 latency of those ops; absent when there are none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_ms_p99: Option<f64>,
@@ -328,8 +334,31 @@ impl FaultWindow {
             duplicates_absorbed: None,
             applied_more_than_once: None,
             ops_invoked: 0,
+            ops_failed: 0,
+            ops_indeterminate: 0,
             latency_ms_p99: None,
             latency_ms_p99_outside: None,
         }
+    }
+
+    /// The ops invoked inside were slow: their p99 more than twice that of
+    /// the ops outside every window.
+    pub fn slower_inside(&self) -> bool {
+        matches!((self.latency_ms_p99, self.latency_ms_p99_outside), (Some(inside), Some(outside)) if inside > outside * 2.0)
+    }
+
+    /// Nothing in the record shows the fault: it was stopped, and inside it
+    /// no op failed or went indeterminate, none was slow, and no event it
+    /// overlapped was delivered again, absorbed as a copy or applied twice. A
+    /// kill or a pause of a worker that held no lease at that moment looks
+    /// like this; so does a fault the pipeline simply withstands (a clock skew).
+    pub fn left_no_trace(&self) -> bool {
+        self.end_ns.is_some()
+            && self.ops_failed == 0
+            && self.ops_indeterminate == 0
+            && !self.slower_inside()
+            && [self.redelivered_events, self.duplicates_absorbed, self.applied_more_than_once]
+                .iter()
+                .all(|n| n.unwrap_or(0) == 0)
     }
 }

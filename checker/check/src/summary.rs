@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use crate::results::{Delivery, Quantiles, Results, Verdict};
+use crate::results::{Delivery, FaultWindow, Quantiles, Results, Verdict};
 
 /// The delivery evidence in one line, when the final state carries it: how
 /// often the queue redelivered, how much of it the inbox absorbed, and whether
@@ -34,6 +34,56 @@ fn delivery_line(d: &Delivery) -> Option<String> {
         (n, _) => format!("one event took {} deliveries", thousands(n)),
     };
     Some(format!("{line}; {most}"))
+}
+
+/// Each fault window and what the record shows of it, by start; the windows
+/// that left no trace are marked and named in the heading.
+fn faults_table(out: &mut String, results: &Results) {
+    if results.faults.is_empty() {
+        return;
+    }
+    let mut windows: Vec<&FaultWindow> = results.faults.iter().collect();
+    windows.sort_by_key(|w| w.start_ns);
+    let quiet: Vec<String> =
+        windows.iter().filter(|w| w.left_no_trace()).map(|w| format!("{} {}", w.fault, w.target)).collect();
+    let _ = match quiet.len() {
+        0 => writeln!(out, "\nfaults: every window left a trace in the record"),
+        n => writeln!(
+            out,
+            "\nfaults: {n} of {} windows left no trace in the record: {}",
+            windows.len(),
+            quiet.join(", ")
+        ),
+    };
+    let _ = writeln!(
+        out,
+        "  {:<28} {:>13} {:>6} {:>6} {:>6} {:>8} {:>7} {:>7} {:>8} {:>5}",
+        "fault target", "from-to (s)", "ops", "failed", "indet", "p99 ms", "events", "redeliv", "absorbed", "twice"
+    );
+    let figure = |n: Option<u64>| n.map_or("-".to_owned(), thousands);
+    for w in windows {
+        let span = match w.end_ns {
+            Some(end) => format!("{:.1}-{:.1}", w.start_ns as f64 / 1e9, end as f64 / 1e9),
+            None => format!("{:.1}-open", w.start_ns as f64 / 1e9),
+        };
+        let _ = writeln!(
+            out,
+            "  {:<28} {span:>13} {:>6} {:>6} {:>6} {:>8} {:>7} {:>7} {:>8} {:>5}{}",
+            format!("{} {}", w.fault, w.target),
+            thousands(w.ops_invoked),
+            thousands(w.ops_failed),
+            thousands(w.ops_indeterminate),
+            w.latency_ms_p99.map_or("-".to_owned(), |ms| format!("{ms:.1}")),
+            figure(w.events),
+            figure(w.redelivered_events),
+            figure(w.duplicates_absorbed),
+            figure(w.applied_more_than_once),
+            if w.left_no_trace() { "  no trace" } else { "" },
+        );
+    }
+    if let Some(outside) = results.faults.iter().find_map(|w| w.latency_ms_p99_outside) {
+        let _ = writeln!(out, "  (p99 of the ops outside every window: {outside:.1} ms)");
+    }
 }
 
 /// `1204` as `1,204`.
@@ -105,6 +155,7 @@ pub fn render(results: &Results) -> String {
     if let Some(line) = delivery_line(&results.delivery) {
         let _ = writeln!(out, "delivery: {line}");
     }
+    faults_table(&mut out, results);
 
     let failing: Vec<_> = results.failing_anomalies().collect();
     if failing.is_empty() {

@@ -109,41 +109,45 @@ fn delivery_table(d: &Delivery) -> String {
 fn faults_table(results: &Results) -> String {
     let mut h = String::from(
         "<table class=\"faults\"><tr><th>fault</th><th>target</th><th>start (s)</th><th>end (s)</th>\
-         <th>ops invoked inside</th><th>events affected</th><th>events redelivered</th>\
-         <th>duplicates absorbed</th><th>applied twice</th><th>op p99 inside (ms)</th><th>op p99 outside (ms)</th></tr>",
+         <th>ops invoked inside</th><th>failed</th><th>indeterminate</th><th>events affected</th>\
+         <th>events redelivered</th><th>duplicates absorbed</th><th>applied twice</th><th>op p99 inside (ms)</th>\
+         <th>op p99 outside (ms)</th><th>trace</th></tr>",
     );
     let mut windows: Vec<&FaultWindow> = results.faults.iter().collect();
     windows.sort_by_key(|w| w.start_ns);
     for w in windows {
         let twice = if w.applied_more_than_once.unwrap_or(0) > 0 { " class=\"bad\"" } else { "" };
-        let slower = match (w.latency_ms_p99, w.latency_ms_p99_outside) {
-            (Some(inside), Some(outside)) if inside > outside * 2.0 => " class=\"slow\"",
-            _ => "",
-        };
+        let slower = if w.slower_inside() { " class=\"slow\"" } else { "" };
         let _ = write!(
             h,
             "<tr><td><span class=\"swatch\" style=\"background:{}\"></span>{}</td><td>{}</td><td>{:.2}</td><td>{}</td>\
-             <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td{twice}>{}</td><td{slower}>{}</td><td>{}</td></tr>",
+             <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td{twice}>{}</td><td{slower}>{}</td>\
+             <td>{}</td><td>{}</td></tr>",
             fault_color(&w.fault),
             esc(&w.fault),
             esc(&w.target),
             w.start_ns as f64 / 1e9,
             w.end_ns.map_or("still open".to_owned(), |e| format!("{:.2}", e as f64 / 1e9)),
             w.ops_invoked,
+            w.ops_failed,
+            w.ops_indeterminate,
             figure_or_dash(w.events),
             figure_or_dash(w.redelivered_events),
             figure_or_dash(w.duplicates_absorbed),
             figure_or_dash(w.applied_more_than_once),
             ms(w.latency_ms_p99),
             ms(w.latency_ms_p99_outside),
+            if w.left_no_trace() { "<span class=\"na\">none</span>" } else { "" },
         );
     }
     h.push_str("</table>");
     h.push_str(
         "<p class=\"note\">An event is affected by a window when its life in the queue (from its order's \
          acknowledgement to its first application) overlaps it; the delivery figures are those of the affected \
-         events. A p99 inside a window more than twice the p99 outside every window is shaded. – : not in \
-         this run directory's results.</p>",
+         events. A p99 inside a window more than twice the p99 outside every window is shaded. A window \
+         left no trace (<em>none</em>) when it ended and nothing inside it failed, went indeterminate, was slow, \
+         or was delivered again: a kill or pause that caught no delivery in flight, or a fault the pipeline \
+         withstood. – : not in this run directory's results.</p>",
     );
     h
 }
