@@ -12,6 +12,7 @@ use haunt_transport::{Consumer, Delivery, Options, Receipt};
 use tokio::sync::watch;
 use tracing::Instrument;
 
+use crate::faults::HoldPoint;
 use crate::trace::BatchTrace;
 use crate::{BrokerSource, Delivered, Worker};
 
@@ -193,6 +194,8 @@ impl Worker {
         // From the batch's start to its apply's commit, as on the database queue.
         let elapsed = started.elapsed().as_secs_f64();
         if !auto_ack {
+            // As on the database queue: applied, not yet acked.
+            self.faults.at_hold_point(HoldPoint::BeforeAck, settled.len()).await;
             let kept = self.kept(settled.iter().map(|&i| (i, ready[i].0)), &trace, rng);
             self.ack_received(consumer, &kept).await;
         }

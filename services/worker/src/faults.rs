@@ -2,9 +2,11 @@
 //! through the admin endpoint.
 
 use std::fmt;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
+
+use tokio::sync::oneshot;
 
 use haunt_store::{InjectedErrors, Rng};
 use serde::{Deserialize, Serialize};
@@ -26,7 +28,42 @@ pub struct Faults {
     /// this long before applying them (0: disarmed). One shot, so that one
     /// fault makes exactly one zombie.
     stall_after_lease_ms: AtomicU64,
+    /// Armed by `POST /admin/hold`: the next batch to reach its hold point
+    /// tells the waiting request, then holds still (see [`Faults::hold_next`]).
+    hold: Mutex<Option<HoldArm>>,
+    /// Whether `hold` is armed: read on every batch, without the lock.
+    hold_armed: AtomicBool,
 }
+
+/// Where a batch holds still for the nemesis: the moment a crash there costs
+/// the most. With the ack sent after the apply, the effect has committed and
+/// the ack is not sent, so a kill makes the queue deliver the batch again and
+/// the inbox must absorb it. With the ack inside the apply's transaction, the
+/// lease is in hand and nothing is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HoldPoint {
+    BeforeAck,
+    AfterLease,
+}
+
+/// A batch at its hold point, as told to the request that armed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Held {
+    pub point: HoldPoint,
+    pub messages: usize,
+}
+
+#[derive(Debug)]
+struct HoldArm {
+    reached: oneshot::Sender<Held>,
+    hold: Duration,
+}
+
+/// The longest a `POST /admin/hold` may wait for a batch, and the longest a
+/// batch may hold still: the nemesis acts within moments of the answer, and a
+/// hold it never acted on must not outlast a fault window.
+pub const HOLD_MS_MAX: u64 = 30_000;
 
 /// A rejected setting, naming its field (the admin endpoint's 422 body).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -151,6 +188,49 @@ impl Faults {
             0 => None,
             ms => Some(Duration::from_millis(ms)),
         }
+    }
+
+    /// Arms the hold point and waits up to `wait` for a batch to reach it;
+    /// that batch then holds still for `hold`, so that
+    /// whatever the caller does next (a SIGKILL, a SIGSTOP) finds it there.
+    /// `None` when no batch came in time: the hold is disarmed, and a later
+    /// batch goes through. A second call while one waits replaces it.
+    pub async fn hold_next(&self, wait: Duration, hold: Duration) -> Option<Held> {
+        let (reached, answer) = oneshot::channel();
+        *self.hold.lock().unwrap_or_else(PoisonError::into_inner) = Some(HoldArm { reached, hold });
+        self.hold_armed.store(true, Ordering::Release);
+        match tokio::time::timeout(wait, answer).await {
+            Ok(Ok(held)) => Some(held),
+            // Replaced by another call, or no batch in time.
+            Ok(Err(_)) => None,
+            Err(_) => {
+                let mut slot = self.hold.lock().unwrap_or_else(PoisonError::into_inner);
+                // Ours if still armed and still waiting: a batch that took it
+                // meanwhile finds this side gone and does not hold.
+                if slot.as_ref().is_some_and(|arm| arm.reached.is_closed()) {
+                    *slot = None;
+                    self.hold_armed.store(false, Ordering::Release);
+                }
+                None
+            }
+        }
+    }
+
+    /// A batch of `messages` at `point`: if a hold is armed and its caller
+    /// still waits, tells it and holds still (a shutdown waits for it: the
+    /// hold is bounded by [`HOLD_MS_MAX`], and in practice the nemesis's kill
+    /// or pause comes within milliseconds). Costs one atomic load otherwise.
+    pub async fn at_hold_point(&self, point: HoldPoint, messages: usize) {
+        if !self.hold_armed.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(arm) = self.hold.lock().unwrap_or_else(PoisonError::into_inner).take() else { return };
+        self.hold_armed.store(false, Ordering::Release);
+        if arm.reached.send(Held { point, messages }).is_err() {
+            return;
+        }
+        tracing::warn!(?point, messages, hold_ms = arm.hold.as_millis() as u64, "holding still for the nemesis");
+        tokio::time::sleep(arm.hold).await;
     }
 
     /// Whether to drop this ack.

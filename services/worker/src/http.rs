@@ -1,7 +1,7 @@
 //! The worker's HTTP side: `/metrics` (queue depth is sampled at scrape time),
 //! `/healthz` (the process is up), `/readyz` (and, with a broker transport,
 //! every consumer is connected to it: 503 until then), and, with
-//! `HAUNT_ADMIN_TOKEN`, `GET`/`POST /admin/faults`.
+//! `HAUNT_ADMIN_TOKEN`, `GET`/`POST /admin/faults` and `POST /admin/hold`.
 
 use std::sync::Arc;
 
@@ -15,7 +15,7 @@ use haunt_telemetry::metrics::{QueueLabels, WorkerMetrics};
 use haunt_transport::Links;
 use serde_json::json;
 
-use crate::faults::{FaultSettings, Faults};
+use crate::faults::{FaultSettings, Faults, HOLD_MS_MAX};
 
 #[derive(Debug)]
 struct HttpState {
@@ -40,7 +40,9 @@ pub fn router(
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(|State(state): State<Arc<HttpState>>| async move { readyz(&state.links) }));
     if admin {
-        app = app.route("/admin/faults", get(get_faults).post(set_faults));
+        app = app
+            .route("/admin/faults", get(get_faults).post(set_faults))
+            .route("/admin/hold", axum::routing::post(hold));
     }
     app.with_state(state)
 }
@@ -102,5 +104,42 @@ async fn set_faults(State(state): State<Arc<HttpState>>, headers: HeaderMap, bod
         }
         Err(e) => (StatusCode::UNPROCESSABLE_ENTITY, axum::Json(json!({"error": e.message, "field": e.field})))
             .into_response(),
+    }
+}
+
+/// `POST /admin/hold`: how long to wait for a batch to reach its hold point,
+/// and how long that batch then holds still.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HoldRequest {
+    wait_ms: u64,
+    hold_ms: u64,
+}
+
+/// Arms the hold point and answers once a batch holds still there
+/// (`{"held": true, "point": "before-ack", "messages": 3}`), or after
+/// `wait_ms` without one (`{"held": false}`, and the hold is disarmed). The
+/// nemesis kills or pauses the worker on a `true`, so that the fault finds a
+/// batch in flight rather than an idle loop.
+async fn hold(State(state): State<Arc<HttpState>>, headers: HeaderMap, body: axum::body::Bytes) -> Response {
+    if !authorized(&state, &headers) {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    let unprocessable = |field: Option<&str>, error: String| {
+        (StatusCode::UNPROCESSABLE_ENTITY, axum::Json(json!({"error": error, "field": field}))).into_response()
+    };
+    let request: HoldRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return unprocessable(None, e.to_string()),
+    };
+    for (field, ms) in [("wait_ms", request.wait_ms), ("hold_ms", request.hold_ms)] {
+        if !(1..=HOLD_MS_MAX).contains(&ms) {
+            return unprocessable(Some(field), format!("{field} must be within 1..={HOLD_MS_MAX}, got {ms}"));
+        }
+    }
+    let wait = std::time::Duration::from_millis(request.wait_ms);
+    match state.faults.hold_next(wait, std::time::Duration::from_millis(request.hold_ms)).await {
+        Some(held) => axum::Json(json!({"held": true, "point": held.point, "messages": held.messages})).into_response(),
+        None => axum::Json(json!({"held": false})).into_response(),
     }
 }

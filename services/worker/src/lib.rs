@@ -40,7 +40,7 @@ use tokio::sync::watch;
 use trace::BatchTrace;
 use tracing::Instrument;
 
-pub use faults::Faults;
+pub use faults::{Faults, Held, HoldPoint};
 pub use run::{RunConfig, RunError, run};
 
 #[derive(Debug, Clone)]
@@ -264,6 +264,11 @@ impl Worker {
                             _ = shutdown.changed() => continue,
                         }
                     }
+                    if self.config.ack == AckMode::InApplyTxn {
+                        // The ack commits with the apply: the costly crash is
+                        // with the lease in hand, before it.
+                        self.faults.at_hold_point(HoldPoint::AfterLease, batch.len()).await;
+                    }
                     self.process_batch(&batch, &mut rng, &mut ack).await;
                     Duration::ZERO
                 }
@@ -361,6 +366,9 @@ impl Worker {
         // From the batch's start to its apply's commit (its ack is in flight after).
         let elapsed = started.elapsed().as_secs_f64();
         if !auto_ack && self.config.ack == AckMode::Separate {
+            // The effect committed and the ack is not sent: a crash here
+            // makes the queue deliver the batch again.
+            self.faults.at_hold_point(HoldPoint::BeforeAck, settled.len()).await;
             let kept = self.kept(settled.iter().map(|&i| (i, ready[i].0)), &trace, rng);
             let acks: Vec<String> = kept.into_iter().map(|l| l.message_id.clone()).collect();
             in_flight.send(self, acks, token.to_owned()).await;

@@ -4,12 +4,12 @@
 
 use std::time::Duration;
 
-use haunt_store::Backoff;
+use haunt_store::{AckMode, Backoff};
 use haunt_testkit::TestDb;
 use haunt_worker::faults::FaultSettings;
 use haunt_worker::{RunConfig, RunError, WorkerConfig};
 
-use crate::{counter, order, spawn, start, store, wait_until};
+use crate::{TOKEN, counter, order, spawn, start, store, wait_until};
 
 const FAILED: &str = "haunt_deliveries_total{outcome=\"failed\"}";
 const APPLIED: &str = "haunt_deliveries_total{outcome=\"applied\"}";
@@ -102,5 +102,109 @@ async fn without_an_admin_token_there_is_no_fault_endpoint() {
     assert_eq!(faults.status(), 404);
     assert_eq!(client.get(format!("{}/healthz", w.base)).send().await.unwrap().status(), 200);
     assert!(w.metrics().await.ends_with("# EOF\n"));
+    w.stop().await;
+}
+
+/// Asks the worker to hold its next batch, as the kill and pause nemeses do
+/// before they act; returns the status and the JSON answer.
+async fn hold(base: String, body: serde_json::Value) -> (u16, serde_json::Value) {
+    let r = reqwest::Client::new().post(format!("{base}/admin/hold")).bearer_auth(TOKEN).json(&body).send().await;
+    let r = r.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+fn holding_config(ack: AckMode) -> WorkerConfig {
+    WorkerConfig {
+        concurrency: 1,
+        poll_interval: Duration::from_millis(10),
+        visibility_timeout: Duration::from_secs(30),
+        ack,
+        ..WorkerConfig::default()
+    }
+}
+
+/// With the ack sent after the apply, a batch holds still with its effect
+/// committed and its message still leased: the moment a kill leaves the
+/// queue to deliver it again. Released, it is acked as usual.
+#[tokio::test]
+async fn a_held_batch_has_applied_and_not_acked() {
+    let db = TestDb::sqlite();
+    let writer = store(&db.url).await;
+    let w = spawn(store(&db.url).await, holding_config(AckMode::Separate), 0.0).await;
+    let held = tokio::spawn(hold(w.base.clone(), serde_json::json!({"wait_ms": 10_000, "hold_ms": 2_000})));
+    // The hold is armed before the order exists, so the first batch holds.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    writer.place_order(&order(1, "a", 2)).await.unwrap();
+    let (status, answer) = held.await.unwrap();
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer, serde_json::json!({"held": true, "point": "before-ack", "messages": 1}));
+    // Holding: applied, and its message still leased.
+    assert_eq!(writer.projection().await.unwrap(), vec![("a".to_string(), 2)]);
+    let s = writer.queue_stats().await.unwrap();
+    assert_eq!((s.visible, s.leased), (0, 1), "the held batch's message is leased, not acked: {s:?}");
+    let acked = wait_until(Duration::from_secs(10), async || writer.queue_stats().await.unwrap().leased == 0).await;
+    assert!(acked, "released after its hold, the batch is acked: {:?}", writer.queue_stats().await.unwrap());
+    w.stop().await;
+}
+
+/// With the ack in the apply's transaction, the batch holds with its lease in
+/// hand and nothing written.
+#[tokio::test]
+async fn with_the_ack_in_the_transaction_a_held_batch_has_written_nothing() {
+    let db = TestDb::sqlite();
+    let writer = store(&db.url).await;
+    let w = spawn(store(&db.url).await, holding_config(AckMode::InApplyTxn), 0.0).await;
+    writer.place_order(&order(1, "a", 2)).await.unwrap();
+    // Drained first, so that the hold below meets the second order.
+    assert!(wait_until(Duration::from_secs(10), async || writer.queue_stats().await.unwrap().visible == 0).await);
+    let held = tokio::spawn(hold(w.base.clone(), serde_json::json!({"wait_ms": 10_000, "hold_ms": 2_000})));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    writer.place_order(&order(2, "b", 5)).await.unwrap();
+    let (_, answer) = held.await.unwrap();
+    assert_eq!(answer, serde_json::json!({"held": true, "point": "after-lease", "messages": 1}));
+    assert_eq!(writer.projection().await.unwrap(), vec![("a".to_string(), 2)], "nothing of b applied yet");
+    assert_eq!(writer.queue_stats().await.unwrap().leased, 1);
+    let done = wait_until(Duration::from_secs(10), async || writer.queue_stats().await.unwrap().leased == 0).await;
+    assert!(done);
+    assert_eq!(writer.projection().await.unwrap(), vec![("a".to_string(), 2), ("b".to_string(), 5)]);
+    w.stop().await;
+}
+
+/// A hold no batch meets in time answers `held: false` and disarms: the next
+/// batch goes straight through (with a hold of 30 s armed, it would not
+/// drain within the 10 s allowed). Bad requests are refused, naming the field.
+#[tokio::test]
+async fn a_hold_no_batch_meets_is_disarmed_and_bad_requests_name_their_field() {
+    let db = TestDb::sqlite();
+    let writer = store(&db.url).await;
+    let w = spawn(store(&db.url).await, holding_config(AckMode::Separate), 0.0).await;
+    let (status, answer) = hold(w.base.clone(), serde_json::json!({"wait_ms": 100, "hold_ms": 30_000})).await;
+    assert_eq!((status, answer), (200, serde_json::json!({"held": false})));
+    writer.place_order(&order(1, "a", 1)).await.unwrap();
+    let drained = wait_until(Duration::from_secs(10), async || {
+        let s = writer.queue_stats().await.unwrap();
+        s.visible + s.leased == 0
+    })
+    .await;
+    assert!(drained, "a disarmed hold must not stop the next batch: {:?}", writer.queue_stats().await.unwrap());
+
+    for (body, field) in [
+        (serde_json::json!({"wait_ms": 0, "hold_ms": 10}), serde_json::json!("wait_ms")),
+        (serde_json::json!({"wait_ms": 10, "hold_ms": 30_001}), serde_json::json!("hold_ms")),
+        (serde_json::json!({"wait_ms": 10}), serde_json::Value::Null),
+        (serde_json::json!({"wait_ms": 10, "hold_ms": 10, "kill": true}), serde_json::Value::Null),
+    ] {
+        let (status, answer) = hold(w.base.clone(), body.clone()).await;
+        assert_eq!(status, 422, "{body}: {answer}");
+        assert_eq!(answer["field"], field, "{body}: {answer}");
+        assert!(answer["error"].as_str().is_some_and(|e| !e.is_empty()), "{answer}");
+    }
+    let r = reqwest::Client::new()
+        .post(format!("{}/admin/hold", w.base))
+        .json(&serde_json::json!({"wait_ms": 10, "hold_ms": 10}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401, "no token, no hold");
     w.stop().await;
 }
