@@ -129,11 +129,17 @@ impl Fault {
                 .as_ref()
                 .ok_or_else(|| anyhow::anyhow!("--nemesis {}: this system has no fault switches to flip", self.name()))
         };
+        // Kills and pauses of workers are aimed at a batch in flight where the
+        // workers have admin endpoints.
+        let aim = || on.switches.as_ref().map(|s| s.workers.clone());
         let nemesis: Box<dyn Nemesis> = match self {
-            Fault::Kill => Box::new(KillNemesis::new(on.backend.clone(), on.nodes_for(Fault::Kill))),
-            Fault::Pause => {
-                Box::new(PauseNemesis::new(on.backend.clone(), on.nodes_for(Fault::Pause), settings.visibility_timeout))
-            }
+            Fault::Kill => Box::new(KillNemesis::new(on.backend.clone(), on.nodes_for(Fault::Kill), aim())),
+            Fault::Pause => Box::new(PauseNemesis::new(
+                on.backend.clone(),
+                on.nodes_for(Fault::Pause),
+                settings.visibility_timeout,
+                aim(),
+            )),
             Fault::Partition => Box::new(PartitionNemesis::new(on.links.clone())),
             // Past the client's timeout: answers arrive after the client gave up.
             Fault::Delay => {

@@ -88,18 +88,33 @@ fn the_fault_table_gives_each_windows_figures() {
     let (_tmp, dir) = checked_case(WINDOWS_CASE, None);
     let html = render(&dir);
     let rows = table_rows(&html, "faults");
-    // fault, target, start, end, ops invoked, events affected, events
-    // redelivered, duplicates absorbed, applied twice, p99 inside, p99 outside:
-    // the figures of the checker's expect.json for this case.
+    // fault, target, start, end, ops invoked, of them failed and
+    // indeterminate, events affected, events redelivered, duplicates absorbed,
+    // applied twice, p99 inside, p99 outside, trace: the figures of the
+    // checker's expect.json for this case (both windows left one).
     assert_eq!(
         rows,
         [
-            ["kill", "worker-1", "0.01", "0.04", "2", "2", "1", "2", "0", "5.0", "5.0"],
-            ["pause", "worker-2", "0.06", "0.08", "1", "1", "1", "0", "1", "13.0", "5.0"],
+            ["kill", "worker-1", "0.01", "0.04", "2", "0", "0", "2", "1", "2", "0", "5.0", "5.0", ""],
+            ["pause", "worker-2", "0.06", "0.08", "1", "0", "1", "1", "1", "0", "1", "13.0", "5.0", ""],
         ]
     );
     // The double application is marked, and the slow p99 inside the pause.
     assert!(html.contains(r#"<td class="bad">1</td><td class="slow">13.0</td>"#), "{html}");
+}
+
+/// The checker's case with a kill that caught nothing in flight, a kill of
+/// the API that failed an op, a pause that made a redelivery, and a pause
+/// still open at the end: only the first is marked as leaving no trace.
+#[test]
+fn a_window_that_left_no_trace_is_marked() {
+    let (_tmp, dir) = checked_case("fault-windows-traces", None);
+    let rows = table_rows(&render(&dir), "faults");
+    let traces: Vec<[&str; 3]> = rows.iter().map(|r| [r[0].as_str(), r[1].as_str(), r[13].as_str()]).collect();
+    assert_eq!(
+        traces,
+        [["kill", "worker-1", "none"], ["kill", "api", ""], ["pause", "worker-2", ""], ["pause", "worker-3", ""]]
+    );
 }
 
 #[test]
@@ -165,7 +180,7 @@ fn a_foreign_run_directory_without_the_new_fields_still_renders() {
     // Its windows are listed; the evidence-based figures are unknown, not 0.
     let rows = table_rows(&html, "faults");
     assert_eq!(rows.len(), 2);
-    assert_eq!(rows[0][..7], ["kill", "worker-1", "0.01", "0.04", "2", "2", "–"]);
+    assert_eq!(rows[0][..9], ["kill", "worker-1", "0.01", "0.04", "2", "0", "0", "2", "–"]);
     assert!(html.ends_with("</body></html>\n"));
 
     // And without a meta line there is no clock to place the applications on.

@@ -105,6 +105,45 @@ fn a_run_whose_faults_caused_no_redelivery_says_so() {
         stdout.contains("warning: the faults fired but caused no redelivery, so this run did not test the inbox"),
         "{stdout}"
     );
+    // And the window itself is named as one that left no trace.
+    assert!(stdout.contains("faults: 1 of 1 windows left no trace in the record: clock-skew worker-"), "{stdout}");
+}
+
+/// The first kill and the first pause of a worker are aimed at a batch in
+/// flight (its effect committed, its ack not sent): each makes the queue
+/// deliver that batch again, and the inbox absorbs the copies. Blind, at 100
+/// orders a second, none of the nine kills and pauses of workers in five runs
+/// of the main job caught anything.
+#[test]
+fn an_aimed_kill_and_pause_of_workers_each_make_redeliveries_the_inbox_absorbs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let args = [
+        "--time-limit-s",
+        "12",
+        "--nemesis",
+        "kill,pause",
+        "--fault-targets",
+        "worker-1,worker-2",
+        "--workers",
+        "2",
+        "--visibility-timeout-ms",
+        "1000",
+        "--seed",
+        "7",
+    ];
+    let out = haunt_run(tmp.path(), &args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let results = read_json(&latest(tmp.path()).join("results.json"));
+    let windows = results["faults"].as_array().unwrap();
+    for fault in ["kill", "pause"] {
+        let first = windows.iter().find(|w| w["fault"] == fault).unwrap_or_else(|| panic!("no {fault}: {results}"));
+        assert!(first["target"].as_str().unwrap().starts_with("worker-"), "{first}");
+        assert!(first["redelivered_events"].as_u64().unwrap() >= 1, "the aimed {fault} made no redelivery: {first}");
+        assert!(first["duplicates_absorbed"].as_u64().unwrap() >= 1, "nothing absorbed after the {fault}: {first}");
+        assert_eq!(first["applied_more_than_once"], 0, "{first}");
+    }
+    assert!(stdout.contains("faults: every window left a trace in the record"), "{stdout}");
 }
 
 #[test]

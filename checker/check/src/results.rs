@@ -307,11 +307,12 @@ pub struct FaultWindow {
     #[serde(default)]
     pub ops_invoked: u64,
     /// Of those, the ops that failed (certainly no effect) and the ones whose
-    /// outcome is unknown (`info`: a timeout, a dropped connection).
-    #[serde(default)]
-    pub ops_failed: u64,
-    #[serde(default)]
-    pub ops_indeterminate: u64,
+    /// outcome is unknown (`info`: a timeout, a dropped connection); absent
+    /// from the results of a checker before they were counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ops_failed: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ops_indeterminate: Option<u64>,
     /// p99 latency of those ops; absent when there are none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_ms_p99: Option<f64>,
@@ -334,8 +335,8 @@ impl FaultWindow {
             duplicates_absorbed: None,
             applied_more_than_once: None,
             ops_invoked: 0,
-            ops_failed: 0,
-            ops_indeterminate: 0,
+            ops_failed: None,
+            ops_indeterminate: None,
             latency_ms_p99: None,
             latency_ms_p99_outside: None,
         }
@@ -348,14 +349,14 @@ impl FaultWindow {
     }
 
     /// Nothing in the record shows the fault: it was stopped, and inside it
-    /// no op failed or went indeterminate, none was slow, and no event it
+    /// no op failed or went indeterminate (both counted), none was slow, and no event it
     /// overlapped was delivered again, absorbed as a copy or applied twice. A
     /// kill or a pause of a worker that held no lease at that moment looks
     /// like this; so does a fault the pipeline simply withstands (a clock skew).
     pub fn left_no_trace(&self) -> bool {
         self.end_ns.is_some()
-            && self.ops_failed == 0
-            && self.ops_indeterminate == 0
+            && self.ops_failed == Some(0)
+            && self.ops_indeterminate == Some(0)
             && !self.slower_inside()
             && [self.redelivered_events, self.duplicates_absorbed, self.applied_more_than_once]
                 .iter()

@@ -213,8 +213,8 @@ fn op_latencies(fold: &Fold, index: &WindowIndex, windows: &mut [FaultWindow]) -
     let outside = quantiles(&mut outside);
     for (w, mut latencies) in windows.iter_mut().zip(inside) {
         w.ops_invoked = latencies.len() as u64;
-        w.ops_failed = 0;
-        w.ops_indeterminate = 0;
+        w.ops_failed = Some(0);
+        w.ops_indeterminate = Some(0);
         w.latency_ms_p99 = quantile(&mut latencies, 0.99);
         w.latency_ms_p99_outside = (outside.count > 0).then_some(outside.p99);
     }
@@ -223,7 +223,8 @@ fn op_latencies(fold: &Fold, index: &WindowIndex, windows: &mut [FaultWindow]) -
         for &invoked_ns in times {
             index.overlapping(invoked_ns, invoked_ns, &mut hint, |w| {
                 let w = &mut windows[w];
-                *(if failed { &mut w.ops_failed } else { &mut w.ops_indeterminate }) += 1;
+                let count = if failed { &mut w.ops_failed } else { &mut w.ops_indeterminate };
+                *count = Some(count.unwrap_or(0) + 1);
             });
         }
     }
