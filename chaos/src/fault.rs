@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use crate::docker::LossNemesis;
 use crate::nemesis::{
-    AckLossNemesis, ClockSkewNemesis, DbErrorNemesis, DelayNemesis, HOLD_MIN_DEFAULT, KillNemesis, PartitionNemesis,
-    PauseNemesis, StallNemesis,
+    AckLossNemesis, Aim, ClockSkewNemesis, DbErrorNemesis, DelayNemesis, HOLD_MIN_DEFAULT, KillNemesis,
+    PartitionNemesis, PauseNemesis, StallNemesis,
 };
 use crate::roles::Nemesis;
 use crate::system::Surfaces;
@@ -131,7 +131,7 @@ impl Fault {
         };
         // Kills and pauses of workers are aimed at a batch in flight where the
         // workers have admin endpoints.
-        let aim = || on.switches.as_ref().map(|s| s.workers.clone());
+        let aim = || on.switches.as_ref().map(|s| Aim::new(s.workers.clone(), settings.visibility_timeout));
         let nemesis: Box<dyn Nemesis> = match self {
             Fault::Kill => Box::new(KillNemesis::new(on.backend.clone(), on.nodes_for(Fault::Kill), aim())),
             Fault::Pause => Box::new(PauseNemesis::new(

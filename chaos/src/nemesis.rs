@@ -72,42 +72,64 @@ fn clear<T>(slot: &Mutex<Option<T>>) {
 /// Aims a kill or a pause of a worker at a batch in flight. A worker is idle
 /// most of the time at a modest rate, and a blind SIGKILL then finds no lease
 /// in hand and leaves no trace: in five runs of the main job, none of its nine
-/// kills and pauses of workers left one. So every other such fault, starting with the
-/// first, first asks the worker to hold its next batch at its hold point (its
-/// effect committed and its ack not sent, or with the ack in the apply's
-/// transaction its lease in hand), waits for it, then acts. The others stay
-/// blind, to land wherever the worker happens to be (inside a transaction,
-/// between batches). A worker without an admin endpoint (a user's system) is
-/// always hit blind, as is one that has no batch within [`Aim::WAIT`].
+/// kills and pauses of workers left one. So every other such fault of a kind
+/// (the kill's count and the pause's are their own, whichever worker they hit),
+/// starting with the first, first asks the worker to hold its next batch at its
+/// hold point (its effect committed and its ack not sent; with the ack in the
+/// apply's transaction, its lease in hand; with the ack sent on receipt, acked
+/// and not applied), waits for it, then acts. The others stay blind, to land
+/// wherever the worker happens to be (inside a transaction, between batches).
+/// A worker without an admin endpoint (a user's system) is always hit blind, as
+/// is one that has no batch within [`Aim::WAIT`].
 #[derive(Debug)]
 pub struct Aim {
     admin: Admin,
+    /// How long the batch holds still (see [`Aim::hold`]).
+    hold: Duration,
     shots: std::sync::atomic::AtomicU64,
 }
 
 impl Aim {
-    /// How long a fault waits for a batch before it acts anyway.
-    const WAIT: Duration = Duration::from_secs(2);
-    /// How long the batch holds still: the kill or pause comes within
-    /// moments (a `docker kill` within a second); a hold never acted on ends
-    /// by itself.
-    const HOLD: Duration = Duration::from_secs(5);
+    /// How long a fault waits for a batch before it acts anyway. With the
+    /// answer's margin it stays within [`ACT_ALLOWANCE`], so an aimed fault
+    /// fits the schedule a blind one fits: a worker polls an empty queue every
+    /// 50 ms, and at the default rate one of its loops has a batch within a
+    /// few polls.
+    const WAIT: Duration = Duration::from_millis(250);
+    /// How late the answer may come after [`Aim::WAIT`] on a worker that
+    /// answers at all (one paused by another fault does not).
+    const ANSWER_MARGIN: Duration = Duration::from_millis(150);
 
-    pub fn new(admin: Admin) -> Self {
-        Aim { admin, shots: Default::default() }
+    /// `visibility_timeout`: the lease the held batch has in hand. The hold
+    /// only bridges the moments between the worker's answer and the signal,
+    /// and lasts a third of the lease (at most a second), so that a hold no
+    /// fault follows (a kill that failed) ends with the lease still valid: the
+    /// batch then acks as usual, and any redelivery in the window is the
+    /// fault's doing, not the hold's.
+    pub fn new(admin: Admin, visibility_timeout: Duration) -> Self {
+        let hold = (visibility_timeout / 3).clamp(Duration::from_millis(1), Duration::from_secs(1));
+        Aim { admin, hold, shots: Default::default() }
+    }
+
+    /// Whether this shot is aimed: the first of each kind and every other after it.
+    fn takes_aim(&self) -> bool {
+        self.shots.fetch_add(1, Ordering::Relaxed).is_multiple_of(2)
     }
 
     /// Before a fault on `target`: whether a batch of it now holds still.
     async fn at_batch(aim: Option<&Aim>, target: &str) -> bool {
         let Some(aim) = aim.filter(|a| a.admin.has(target)) else { return false };
-        if aim.shots.fetch_add(1, Ordering::Relaxed) % 2 == 1 {
+        if !aim.takes_aim() {
             return false;
         }
-        match aim.admin.hold(target, Aim::WAIT, Aim::HOLD).await {
-            Ok(held) => held,
-            // A worker that does not answer (already down) is hit blind.
+        match aim.admin.hold(target, Aim::WAIT, Aim::ANSWER_MARGIN, aim.hold).await {
+            Ok(held) => {
+                tracing::info!(target, held, "aimed at a batch in flight");
+                held
+            }
+            // A worker that does not answer (already down, paused) is hit blind.
             Err(e) => {
-                tracing::debug!(target, error = %e, "no hold; the fault lands blind");
+                tracing::info!(target, error = %e, "no hold; the fault lands blind");
                 false
             }
         }
@@ -125,10 +147,9 @@ pub struct KillNemesis {
 }
 
 impl KillNemesis {
-    /// `aim`: the workers' admin endpoints, to aim kills of workers at a batch
-    /// in flight (see [`Aim`]).
-    pub fn new(backend: Arc<dyn Backend>, targets: Vec<Node>, aim: Option<Admin>) -> Self {
-        KillNemesis { aim: aim.map(Aim::new), ..KillNemesis::named("kill", backend, targets) }
+    /// `aim`: to aim kills of workers at a batch in flight (see [`Aim`]).
+    pub fn new(backend: Arc<dyn Backend>, targets: Vec<Node>, aim: Option<Aim>) -> Self {
+        KillNemesis { aim, ..KillNemesis::named("kill", backend, targets) }
     }
 
     /// The same fault under another `--nemesis` name: `db-restart` is a kill
@@ -189,14 +210,9 @@ impl PauseNemesis {
     /// `aim`: as for [`KillNemesis::new`]. An aimed pause stops a worker
     /// whose batch has applied and not acked; it resumes a zombie, its lease
     /// long expired and its messages delivered again elsewhere.
-    pub fn new(
-        backend: Arc<dyn Backend>,
-        targets: Vec<Node>,
-        visibility_timeout: Duration,
-        aim: Option<Admin>,
-    ) -> Self {
+    pub fn new(backend: Arc<dyn Backend>, targets: Vec<Node>, visibility_timeout: Duration, aim: Option<Aim>) -> Self {
         let hold_min = Fault::Pause.hold_min(visibility_timeout);
-        PauseNemesis { backend, targets, hold_min, aim: aim.map(Aim::new), paused: Mutex::new(None) }
+        PauseNemesis { backend, targets, hold_min, aim, paused: Mutex::new(None) }
     }
 }
 
@@ -318,8 +334,8 @@ impl Admin {
     /// Asks `worker` to hold its next batch at its hold point (`POST
     /// /admin/hold`, see `haunt_worker::Faults::hold_next`) and waits: true
     /// once a batch holds still there for `hold`, false when none came
-    /// within `wait`.
-    pub async fn hold(&self, worker: &str, wait: Duration, hold: Duration) -> anyhow::Result<bool> {
+    /// within `wait`; an error when no answer came within `wait + margin`.
+    pub async fn hold(&self, worker: &str, wait: Duration, margin: Duration, hold: Duration) -> anyhow::Result<bool> {
         let base = self.base(worker)?;
         let body = json!({"wait_ms": wait.as_millis() as u64, "hold_ms": hold.as_millis() as u64});
         let r = self
@@ -328,7 +344,7 @@ impl Admin {
             .bearer_auth(&self.token)
             .json(&body)
             // The answer comes after up to `wait`: past the client's usual bound.
-            .timeout(wait + Duration::from_secs(2))
+            .timeout(wait + margin)
             .send()
             .await
             .with_context(|| format!("asking {worker} to hold a batch"))?;
@@ -595,7 +611,8 @@ pub const HOLD_MIN_DEFAULT: Duration = Duration::from_millis(500);
 
 /// Time allowed for starting and stopping one fault, in [`check_fit`] and in
 /// the first round's plan. Locally a signal, a proxy switch or an admin call
-/// takes milliseconds, restarting a killed node a few; a PostgreSQL restart
+/// takes milliseconds, an aimed kill or pause waits up to 0.4 s for a batch
+/// ([`Aim`]), restarting a killed node a few; a PostgreSQL restart
 /// (crash recovery) takes longer and borrows from the round's slack.
 pub const ACT_ALLOWANCE: Duration = Duration::from_millis(500);
 
@@ -1295,6 +1312,36 @@ mod tests {
         assert_eq!(backend.starts.load(Ordering::Relaxed), 2, "the second stop restarted the node again");
         kill.stop().await.unwrap();
         assert_eq!(backend.starts.load(Ordering::Relaxed), 2, "and a healed fault has nothing left to stop");
+    }
+
+    #[test]
+    fn the_first_shot_of_a_kind_and_every_other_after_it_is_aimed() {
+        let admin = Admin::new("t".into(), vec![("worker-1".into(), "http://127.0.0.1:9".into())]).unwrap();
+        let aim = Aim::new(admin, Duration::from_secs(2));
+        let shots: Vec<bool> = (0..5).map(|_| aim.takes_aim()).collect();
+        assert_eq!(shots, [true, false, true, false, true]);
+    }
+
+    #[test]
+    fn an_aimed_batch_holds_for_a_third_of_its_lease_at_most_a_second() {
+        let admin = || Admin::new("t".into(), Vec::new()).unwrap();
+        for (lease_ms, hold_ms) in [(300, 100), (1_500, 500), (2_000, 666), (30_000, 1_000), (1, 1)] {
+            let aim = Aim::new(admin(), Duration::from_millis(lease_ms));
+            assert_eq!(aim.hold.as_millis(), hold_ms, "lease {lease_ms} ms");
+        }
+        // The wait and the answer's margin stay within what the schedule allows.
+        assert!(Aim::WAIT + Aim::ANSWER_MARGIN < ACT_ALLOWANCE);
+    }
+
+    /// A worker that does not answer (here, no one listens) is hit blind.
+    #[tokio::test]
+    async fn a_worker_that_does_not_answer_a_hold_is_hit_blind() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        drop(listener);
+        let aim = Aim::new(Admin::new("t".into(), vec![("worker-1".into(), base)]).unwrap(), Duration::from_secs(2));
+        assert!(!Aim::at_batch(Some(&aim), "worker-1").await);
+        assert!(!Aim::at_batch(Some(&aim), "worker-2").await, "not one of the workers: blind");
     }
 
     fn hold(name: &str, visibility_timeout: Duration) -> Duration {

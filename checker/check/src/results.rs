@@ -353,6 +353,9 @@ impl FaultWindow {
     /// overlapped was delivered again, absorbed as a copy or applied twice. A
     /// kill or a pause of a worker that held no lease at that moment looks
     /// like this; so does a fault the pipeline simply withstands (a clock skew).
+    /// Delivery figures the record does not hold (a final state without
+    /// delivery counts, as without an inbox) show nothing, so count as none:
+    /// the record has no trace of the fault, whatever happened outside it.
     pub fn left_no_trace(&self) -> bool {
         self.end_ns.is_some()
             && self.ops_failed == Some(0)
@@ -361,5 +364,44 @@ impl FaultWindow {
             && [self.redelivered_events, self.duplicates_absorbed, self.applied_more_than_once]
                 .iter()
                 .all(|n| n.unwrap_or(0) == 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FaultWindow;
+
+    /// A window that ended with every figure known and zero.
+    fn quiet() -> FaultWindow {
+        FaultWindow {
+            ops_failed: Some(0),
+            ops_indeterminate: Some(0),
+            redelivered_events: Some(0),
+            duplicates_absorbed: Some(0),
+            applied_more_than_once: Some(0),
+            latency_ms_p99: Some(10.0),
+            latency_ms_p99_outside: Some(8.0),
+            ..FaultWindow::new("kill", "worker-1", 1, Some(2))
+        }
+    }
+
+    #[test]
+    fn a_window_leaves_no_trace_only_when_every_known_figure_is_quiet() {
+        assert!(quiet().left_no_trace());
+        let traced: [(&str, FaultWindow); 8] = [
+            ("still on", FaultWindow { end_ns: None, ..quiet() }),
+            ("a failed op", FaultWindow { ops_failed: Some(1), ..quiet() }),
+            ("an indeterminate op", FaultWindow { ops_indeterminate: Some(2), ..quiet() }),
+            ("op counts unknown", FaultWindow { ops_failed: None, ops_indeterminate: None, ..quiet() }),
+            ("slow inside", FaultWindow { latency_ms_p99: Some(17.0), ..quiet() }),
+            ("a redelivery", FaultWindow { redelivered_events: Some(1), ..quiet() }),
+            ("a copy absorbed", FaultWindow { duplicates_absorbed: Some(1), ..quiet() }),
+            ("applied twice", FaultWindow { applied_more_than_once: Some(1), ..quiet() }),
+        ];
+        for (why, w) in traced {
+            assert!(!w.left_no_trace(), "{why}");
+        }
+        let no_deliveries = FaultWindow { redelivered_events: None, duplicates_absorbed: None, ..quiet() };
+        assert!(no_deliveries.left_no_trace(), "delivery figures the record lacks show nothing");
     }
 }

@@ -70,7 +70,9 @@ async fn set_faults(State(state): State<Shared>, body: axum::body::Bytes) -> Res
     let faults: ApiFaults = match serde_json::from_slice(&body) {
         Ok(f) => f,
         Err(e) => {
-            return (StatusCode::UNPROCESSABLE_ENTITY, axum::Json(json!({"error": e.to_string(), "field": null})))
+            let error = e.to_string();
+            let field = haunt_telemetry::admin::field_named_in(&error);
+            return (StatusCode::UNPROCESSABLE_ENTITY, axum::Json(json!({"error": error, "field": field})))
                 .into_response();
         }
     };

@@ -181,6 +181,7 @@ impl Worker {
             // BUG MODE ack-before-process: acked on receipt, before the effect.
             let kept = self.kept(ready.iter().map(|(r, _)| *r).enumerate(), &trace, rng);
             self.ack_received(consumer, &kept).await;
+            self.faults.at_hold_point(HoldPoint::AckedNotApplied, ready.len()).await;
         }
         let batch: Vec<(&Leased, OrderEvent)> = ready.iter().map(|(r, e)| (&r.leased, e.clone())).collect();
         let outcomes = match self.store.apply_deliveries(&batch, &self.config.worker_id).await {

@@ -33,18 +33,23 @@ pub struct Faults {
     hold: Mutex<Option<HoldArm>>,
     /// Whether `hold` is armed: read on every batch, without the lock.
     hold_armed: AtomicBool,
+    /// Numbers the arms, so that a call ending clears its own arm only.
+    hold_calls: AtomicU64,
 }
 
 /// Where a batch holds still for the nemesis: the moment a crash there costs
 /// the most. With the ack sent after the apply, the effect has committed and
 /// the ack is not sent, so a kill makes the queue deliver the batch again and
 /// the inbox must absorb it. With the ack inside the apply's transaction, the
-/// lease is in hand and nothing is written.
+/// lease is in hand and nothing is written. With the ack sent on receipt (bug
+/// mode `ack-before-process`), the batch is acked and not applied, so a kill
+/// loses it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum HoldPoint {
     BeforeAck,
     AfterLease,
+    AckedNotApplied,
 }
 
 /// A batch at its hold point, as told to the request that armed it.
@@ -56,8 +61,28 @@ pub struct Held {
 
 #[derive(Debug)]
 struct HoldArm {
+    call: u64,
     reached: oneshot::Sender<Held>,
     hold: Duration,
+}
+
+/// Ends a [`Faults::hold_next`] however it ends (answered, timed out, its
+/// request dropped): its arm, if still in the slot, is cleared, so that no
+/// batch finds it later. One that a batch took is gone already; one a newer
+/// call put there is that call's.
+struct Disarm<'a> {
+    faults: &'a Faults,
+    call: u64,
+}
+
+impl Drop for Disarm<'_> {
+    fn drop(&mut self) {
+        let mut slot = self.faults.hold.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.as_ref().is_some_and(|arm| arm.call == self.call) {
+            *slot = None;
+            self.faults.hold_armed.store(false, Ordering::Release);
+        }
+    }
 }
 
 /// The longest a `POST /admin/hold` may wait for a batch, and the longest a
@@ -194,38 +219,38 @@ impl Faults {
     /// that batch then holds still for `hold`, so that
     /// whatever the caller does next (a SIGKILL, a SIGSTOP) finds it there.
     /// `None` when no batch came in time: the hold is disarmed, and a later
-    /// batch goes through. A second call while one waits replaces it.
+    /// batch goes through. So it is when the caller gives up (its request
+    /// dropped). A second call while one waits replaces it.
     pub async fn hold_next(&self, wait: Duration, hold: Duration) -> Option<Held> {
         let (reached, answer) = oneshot::channel();
-        *self.hold.lock().unwrap_or_else(PoisonError::into_inner) = Some(HoldArm { reached, hold });
-        self.hold_armed.store(true, Ordering::Release);
+        let call = self.hold_calls.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut slot = self.hold.lock().unwrap_or_else(PoisonError::into_inner);
+            *slot = Some(HoldArm { call, reached, hold });
+            self.hold_armed.store(true, Ordering::Release);
+        }
+        let _disarm = Disarm { faults: self, call };
         match tokio::time::timeout(wait, answer).await {
             Ok(Ok(held)) => Some(held),
             // Replaced by another call, or no batch in time.
-            Ok(Err(_)) => None,
-            Err(_) => {
-                let mut slot = self.hold.lock().unwrap_or_else(PoisonError::into_inner);
-                // Ours if still armed and still waiting: a batch that took it
-                // meanwhile finds this side gone and does not hold.
-                if slot.as_ref().is_some_and(|arm| arm.reached.is_closed()) {
-                    *slot = None;
-                    self.hold_armed.store(false, Ordering::Release);
-                }
-                None
-            }
+            Ok(Err(_)) | Err(_) => None,
         }
     }
 
     /// A batch of `messages` at `point`: if a hold is armed and its caller
     /// still waits, tells it and holds still (a shutdown waits for it: the
-    /// hold is bounded by [`HOLD_MS_MAX`], and in practice the nemesis's kill
-    /// or pause comes within milliseconds). Costs one atomic load otherwise.
+    /// hold is bounded by [`HOLD_MS_MAX`], and the nemesis asks for a third
+    /// of the lease at most, a second). Costs one atomic load otherwise.
     pub async fn at_hold_point(&self, point: HoldPoint, messages: usize) {
         if !self.hold_armed.load(Ordering::Acquire) {
             return;
         }
-        let Some(arm) = self.hold.lock().unwrap_or_else(PoisonError::into_inner).take() else { return };
-        self.hold_armed.store(false, Ordering::Release);
+        let arm = {
+            let mut slot = self.hold.lock().unwrap_or_else(PoisonError::into_inner);
+            self.hold_armed.store(false, Ordering::Release);
+            slot.take()
+        };
+        let Some(arm) = arm else { return };
         if arm.reached.send(Held { point, messages }).is_err() {
             return;
         }

@@ -92,19 +92,22 @@ async fn set_faults(State(state): State<Arc<HttpState>>, headers: HeaderMap, bod
     }
     let settings: FaultSettings = match serde_json::from_slice(&body) {
         Ok(s) => s,
-        Err(e) => {
-            return (StatusCode::UNPROCESSABLE_ENTITY, axum::Json(json!({"error": e.to_string(), "field": null})))
-                .into_response();
-        }
+        Err(e) => return unprocessable(None, e.to_string()),
     };
     match state.faults.set(&settings) {
         Ok(()) => {
             tracing::info!(?settings, "fault switches changed");
             axum::Json(state.faults.get()).into_response()
         }
-        Err(e) => (StatusCode::UNPROCESSABLE_ENTITY, axum::Json(json!({"error": e.message, "field": e.field})))
-            .into_response(),
+        Err(e) => unprocessable(Some(e.field), e.message),
     }
+}
+
+/// A 422 naming the field the body was wrong about: `field` when the caller
+/// knows it, else the one serde's message names, if any.
+fn unprocessable(field: Option<&str>, error: String) -> Response {
+    let field = field.or_else(|| haunt_telemetry::admin::field_named_in(&error)).map(str::to_owned);
+    (StatusCode::UNPROCESSABLE_ENTITY, axum::Json(json!({"error": error, "field": field}))).into_response()
 }
 
 /// `POST /admin/hold`: how long to wait for a batch to reach its hold point,
@@ -125,9 +128,6 @@ async fn hold(State(state): State<Arc<HttpState>>, headers: HeaderMap, body: axu
     if !authorized(&state, &headers) {
         return StatusCode::UNAUTHORIZED.into_response();
     }
-    let unprocessable = |field: Option<&str>, error: String| {
-        (StatusCode::UNPROCESSABLE_ENTITY, axum::Json(json!({"error": error, "field": field}))).into_response()
-    };
     let request: HoldRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => return unprocessable(None, e.to_string()),

@@ -354,6 +354,7 @@ impl Worker {
             let kept = self.kept(ready.iter().map(|(l, _)| *l).enumerate(), &trace, rng);
             let acks: Vec<&str> = kept.into_iter().map(|l| l.message_id.as_str()).collect();
             self.ack_all(&acks, token).await;
+            self.faults.at_hold_point(HoldPoint::AckedNotApplied, ready.len()).await;
         }
         let outcomes = match self.store.apply_batch_with(ready, &self.config.worker_id, self.config.ack).await {
             Ok(outcomes) => outcomes,

@@ -44,3 +44,25 @@ async fn admin_endpoints_require_the_token() {
         .unwrap();
     assert_eq!(r.status(), 200);
 }
+
+/// The API's fault switch refuses a bad body with a 422 naming the field, and
+/// changes nothing.
+#[tokio::test]
+async fn a_bad_fault_setting_is_refused_naming_its_field() {
+    let db = TestDb::sqlite();
+    let api = start(&db, ApiConfig { admin_token: Some("s3cret".into()) }).await;
+    let url = format!("{}/admin/faults", api.base);
+    for (body, field) in [
+        (r#"{"db_error_rate":1.5}"#, json!("db_error_rate")),
+        (r#"{"db_eror_rate":0.5}"#, json!("db_eror_rate")),
+        (r#"{"db_error_rate":"half"}"#, serde_json::Value::Null),
+    ] {
+        let r = api.client.post(&url).bearer_auth("s3cret").body(body).send().await.unwrap();
+        assert_eq!(r.status(), 422, "{body}");
+        let answer: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(answer["field"], field, "{body}: {answer}");
+        let now: serde_json::Value =
+            api.client.get(&url).bearer_auth("s3cret").send().await.unwrap().json().await.unwrap();
+        assert_eq!(now["db_error_rate"], 0.0, "{body} changed nothing");
+    }
+}

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use haunt_store::{AckMode, Backoff};
+use haunt_store::{AckMode, Backoff, Bug, Store, StoreOptions};
 use haunt_testkit::TestDb;
 use haunt_worker::faults::FaultSettings;
 use haunt_worker::{RunConfig, RunError, WorkerConfig};
@@ -170,6 +170,30 @@ async fn with_the_ack_in_the_transaction_a_held_batch_has_written_nothing() {
     w.stop().await;
 }
 
+/// Bug mode `ack-before-process` acks on receipt: its batch holds acked and
+/// not applied, the moment a kill loses it.
+#[tokio::test]
+async fn acking_before_processing_a_held_batch_is_acked_and_not_applied() {
+    let db = TestDb::sqlite();
+    let writer = store(&db.url).await;
+    let bug = Some(Bug::AckBeforeProcess);
+    let buggy = Store::connect(&db.url, StoreOptions { bug, ..StoreOptions::default() }).await.unwrap();
+    let w = spawn(buggy, WorkerConfig { bug, ..holding_config(AckMode::Separate) }, 0.0).await;
+    let held = tokio::spawn(hold(w.base.clone(), serde_json::json!({"wait_ms": 10_000, "hold_ms": 2_000})));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    writer.place_order(&order(1, "a", 2)).await.unwrap();
+    let (_, answer) = held.await.unwrap();
+    assert_eq!(answer, serde_json::json!({"held": true, "point": "acked-not-applied", "messages": 1}));
+    let s = writer.queue_stats().await.unwrap();
+    assert_eq!((s.visible, s.leased), (0, 0), "acked: gone from the queue: {s:?}");
+    assert_eq!(writer.projection().await.unwrap(), vec![], "and not applied yet");
+    let applied =
+        wait_until(Duration::from_secs(10), async || writer.projection().await.unwrap() == [("a".to_string(), 2)])
+            .await;
+    assert!(applied, "released, it applies");
+    w.stop().await;
+}
+
 /// A hold no batch meets in time answers `held: false` and disarms: the next
 /// batch goes straight through (with a hold of 30 s armed, it would not
 /// drain within the 10 s allowed). Bad requests are refused, naming the field.
@@ -191,8 +215,9 @@ async fn a_hold_no_batch_meets_is_disarmed_and_bad_requests_name_their_field() {
     for (body, field) in [
         (serde_json::json!({"wait_ms": 0, "hold_ms": 10}), serde_json::json!("wait_ms")),
         (serde_json::json!({"wait_ms": 10, "hold_ms": 30_001}), serde_json::json!("hold_ms")),
-        (serde_json::json!({"wait_ms": 10}), serde_json::Value::Null),
-        (serde_json::json!({"wait_ms": 10, "hold_ms": 10, "kill": true}), serde_json::Value::Null),
+        (serde_json::json!({"wait_ms": 10}), serde_json::json!("hold_ms")),
+        (serde_json::json!({"wait_ms": 10, "hold_ms": 10, "kill": true}), serde_json::json!("kill")),
+        (serde_json::json!({"wait_ms": "soon", "hold_ms": 10}), serde_json::Value::Null),
     ] {
         let (status, answer) = hold(w.base.clone(), body.clone()).await;
         assert_eq!(status, 422, "{body}: {answer}");

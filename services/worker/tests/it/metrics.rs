@@ -95,6 +95,8 @@ async fn metrics_are_openmetrics_with_exemplars_on_delivery_attempt() {
     }
     let unknown = client.post(&faults).bearer_auth(TOKEN).body(r#"{"ack_rate":0.5}"#).send().await.unwrap();
     assert_eq!(unknown.status(), 422);
+    let answer: serde_json::Value = unknown.json().await.unwrap();
+    assert_eq!(answer["field"], "ack_rate", "the unknown field is named: {answer}");
     let ok = client
         .post(&faults)
         .bearer_auth(TOKEN)
