@@ -84,9 +84,11 @@ fn clear<T>(slot: &Mutex<Option<T>>) {
 #[derive(Debug)]
 pub struct Aim {
     admin: Admin,
-    /// How long the batch holds still (see [`Aim::hold`]).
+    /// How long the batch holds still (see [`Aim::new`]).
     hold: Duration,
     shots: std::sync::atomic::AtomicU64,
+    /// The last aimed shot's answer, until the history takes it.
+    last: Mutex<Option<serde_json::Value>>,
 }
 
 impl Aim {
@@ -108,7 +110,7 @@ impl Aim {
     /// fault's doing, not the hold's.
     pub fn new(admin: Admin, visibility_timeout: Duration) -> Self {
         let hold = (visibility_timeout / 3).clamp(Duration::from_millis(1), Duration::from_secs(1));
-        Aim { admin, hold, shots: Default::default() }
+        Aim { admin, hold, shots: Default::default(), last: Mutex::new(None) }
     }
 
     /// Whether this shot is aimed: the first of each kind and every other after it.
@@ -117,22 +119,27 @@ impl Aim {
     }
 
     /// Before a fault on `target`: whether a batch of it now holds still.
+    /// An aimed shot's answer is kept for [`Nemesis::take_aim`].
     async fn at_batch(aim: Option<&Aim>, target: &str) -> bool {
         let Some(aim) = aim.filter(|a| a.admin.has(target)) else { return false };
         if !aim.takes_aim() {
             return false;
         }
-        match aim.admin.hold(target, Aim::WAIT, Aim::ANSWER_MARGIN, aim.hold).await {
-            Ok(held) => {
-                tracing::info!(target, held, "aimed at a batch in flight");
-                held
-            }
+        let answer = match aim.admin.hold(target, Aim::WAIT, Aim::ANSWER_MARGIN, aim.hold).await {
+            Ok(answer) => answer,
             // A worker that does not answer (already down, paused) is hit blind.
             Err(e) => {
                 tracing::info!(target, error = %e, "no hold; the fault lands blind");
-                false
+                json!({"held": false})
             }
-        }
+        };
+        let held = answer["held"] == json!(true);
+        put(&aim.last, answer);
+        held
+    }
+
+    fn take(aim: Option<&Aim>) -> Option<serde_json::Value> {
+        aim.and_then(|a| a.last.lock().unwrap_or_else(|p| p.into_inner()).take())
     }
 }
 
@@ -168,6 +175,9 @@ impl Nemesis for KillNemesis {
     }
     fn targets(&self) -> Vec<String> {
         self.targets.iter().map(|n| n.name.clone()).collect()
+    }
+    fn take_aim(&self) -> Option<serde_json::Value> {
+        Aim::take(self.aim.as_ref())
     }
     fn start<'a>(&'a self, target: &'a str) -> BoxFuture<'a, anyhow::Result<()>> {
         Box::pin(async move {
@@ -228,6 +238,9 @@ impl Nemesis for PauseNemesis {
     }
     fn hold_min(&self) -> Duration {
         self.hold_min
+    }
+    fn take_aim(&self) -> Option<serde_json::Value> {
+        Aim::take(self.aim.as_ref())
     }
     fn start<'a>(&'a self, target: &'a str) -> BoxFuture<'a, anyhow::Result<()>> {
         Box::pin(async move {
@@ -333,9 +346,16 @@ impl Admin {
 
     /// Asks `worker` to hold its next batch at its hold point (`POST
     /// /admin/hold`, see `haunt_worker::Faults::hold_next`) and waits: true
-    /// once a batch holds still there for `hold`, false when none came
-    /// within `wait`; an error when no answer came within `wait + margin`.
-    pub async fn hold(&self, worker: &str, wait: Duration, margin: Duration, hold: Duration) -> anyhow::Result<bool> {
+    /// for the worker's answer: `{"held": true, "point": …, "messages": …}`
+    /// once a batch holds still there for `hold`, `{"held": false}` when none
+    /// came within `wait`; an error when no answer came within `wait + margin`.
+    pub async fn hold(
+        &self,
+        worker: &str,
+        wait: Duration,
+        margin: Duration,
+        hold: Duration,
+    ) -> anyhow::Result<serde_json::Value> {
         let base = self.base(worker)?;
         let body = json!({"wait_ms": wait.as_millis() as u64, "hold_ms": hold.as_millis() as u64});
         let r = self
@@ -349,8 +369,7 @@ impl Admin {
             .await
             .with_context(|| format!("asking {worker} to hold a batch"))?;
         anyhow::ensure!(r.status().is_success(), "{worker} refused the hold: {}", r.status());
-        let answer: serde_json::Value = r.json().await.with_context(|| format!("{worker}'s answer to a hold"))?;
-        Ok(answer["held"] == json!(true))
+        r.json().await.with_context(|| format!("{worker}'s answer to a hold"))
     }
 
     pub async fn set(&self, worker: &str, settings: serde_json::Value) -> anyhow::Result<()> {
@@ -600,6 +619,9 @@ impl Nemesis for OnlyTargets {
     fn hold_min(&self) -> Duration {
         self.inner.hold_min()
     }
+    fn take_aim(&self) -> Option<serde_json::Value> {
+        self.inner.take_aim()
+    }
     fn heal_blocking(&self) {
         self.inner.heal_blocking()
     }
@@ -789,7 +811,13 @@ impl Coverage {
 
 /// Records one nemesis action as two ops (before and after), the value naming
 /// the target and, after, the result: `ok`, or `error: …`.
-async fn act(recorder: &Recorder, f: &str, target: &str, action: impl Future<Output = anyhow::Result<()>>) -> bool {
+async fn act(
+    recorder: &Recorder,
+    f: &str,
+    target: &str,
+    action: impl Future<Output = anyhow::Result<()>>,
+    aim: impl FnOnce() -> Option<serde_json::Value>,
+) -> bool {
     recorder.nemesis(f, json!({"target": target}));
     let result = action.await;
     let (ok, outcome) = match &result {
@@ -799,7 +827,11 @@ async fn act(recorder: &Recorder, f: &str, target: &str, action: impl Future<Out
     if !ok {
         tracing::warn!(f, target, %outcome, "nemesis action failed");
     }
-    recorder.nemesis(f, json!({"target": target, "result": outcome}));
+    let mut value = json!({"target": target, "result": outcome});
+    if let Some(aim) = aim() {
+        value["aim"] = aim;
+    }
+    recorder.nemesis(f, value);
     ok
 }
 
@@ -817,7 +849,7 @@ async fn stop_until_healed(
     let give_up_at = Instant::now() + retry_for;
     let mut wait = STOP_RETRY_WAIT_MIN;
     loop {
-        if act(recorder, nemesis.ops().1, target, nemesis.stop()).await {
+        if act(recorder, nemesis.ops().1, target, nemesis.stop(), || None).await {
             active.set(nemesis.name(), target, false);
             return true;
         }
@@ -937,7 +969,7 @@ async fn one_schedule(
         let target = targets[rng.below(targets.len() as u64) as usize].clone();
         let (start_f, _) = nemesis.ops();
         active.set(nemesis.name(), &target, true);
-        if act(recorder, start_f, &target, nemesis.start(&target)).await {
+        if act(recorder, start_f, &target, nemesis.start(&target), || nemesis.take_aim()).await {
             fired[k] += 1;
         }
         sleep_until(Instant::now() + hold, stop).await;
@@ -1341,6 +1373,8 @@ mod tests {
         drop(listener);
         let aim = Aim::new(Admin::new("t".into(), vec![("worker-1".into(), base)]).unwrap(), Duration::from_secs(2));
         assert!(!Aim::at_batch(Some(&aim), "worker-1").await);
+        assert_eq!(Aim::take(Some(&aim)), Some(json!({"held": false})), "the history says the aim missed");
+        assert_eq!(Aim::take(Some(&aim)), None, "once");
         assert!(!Aim::at_batch(Some(&aim), "worker-2").await, "not one of the workers: blind");
     }
 

@@ -199,6 +199,14 @@ pub trait Nemesis: Send + Sync {
     fn hold_min(&self) -> std::time::Duration {
         crate::nemesis::HOLD_MIN_DEFAULT
     }
+    /// What the last `start` aimed at, for its result op in the history
+    /// (`value.aim`): the worker's answer to the hold (`{"held": true,
+    /// "point": …, "messages": …}` or `{"held": false}`); `None` for a shot
+    /// that was not aimed, and for every fault that never aims. Taken: a
+    /// second call answers `None`.
+    fn take_aim(&self) -> Option<serde_json::Value> {
+        None
+    }
     /// The last resort when a run unwinds (a panic, an error before the heal):
     /// undoes, without a runtime, whatever of this fault is still in place and
     /// would outlive the harness. Called on every path out of a run, so it must

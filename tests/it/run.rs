@@ -144,6 +144,19 @@ fn an_aimed_kill_and_pause_of_workers_each_make_redeliveries_the_inbox_absorbs()
         assert_eq!(first["applied_more_than_once"], 0, "{first}");
     }
     assert!(stdout.contains("faults: every window left a trace in the record"), "{stdout}");
+    // The history says where each aimed fault struck: the first kill and the
+    // first pause held a batch with its effect committed and its ack not sent.
+    let history = std::fs::read_to_string(latest(tmp.path()).join("history.jsonl")).unwrap();
+    let ops: Vec<serde_json::Value> = history.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    for fault in ["kill", "pause"] {
+        let first = ops
+            .iter()
+            .find(|op| op["f"] == fault && op["value"].get("result").is_some())
+            .unwrap_or_else(|| panic!("no {fault} result in the history"));
+        assert_eq!(first["value"]["aim"]["held"], true, "{first}");
+        assert_eq!(first["value"]["aim"]["point"], "before-ack", "{first}");
+        assert!(first["value"]["aim"]["messages"].as_u64().unwrap() >= 1, "{first}");
+    }
 }
 
 #[test]
