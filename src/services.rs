@@ -113,7 +113,7 @@ pub struct WorkerArgs {
     /// line at debug. Either way every delivery is in its order's trace.
     #[arg(long, default_value = "delivery")]
     pub spans: haunt_worker::Spans,
-    /// Serve /metrics, /healthz (and /admin/faults with HAUNT_ADMIN_TOKEN) here.
+    /// Serve /metrics, /healthz, /readyz (and /admin/faults and /admin/hold with HAUNT_ADMIN_TOKEN; see docs/admin.md) here.
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
     /// Fault: the chance (0..=1) that an ack is dropped after the effect committed.
