@@ -345,8 +345,8 @@ impl Admin {
     }
 
     /// Asks `worker` to hold its next batch at its hold point (`POST
-    /// /admin/hold`, see `haunt_worker::Faults::hold_next`) and waits: true
-    /// for the worker's answer: `{"held": true, "point": …, "messages": …}`
+    /// /admin/hold`, see `haunt_worker::Faults::hold_next`) and waits for
+    /// the worker's answer: `{"held": true, "point": …, "messages": …}`
     /// once a batch holds still there for `hold`, `{"held": false}` when none
     /// came within `wait`; an error when no answer came within `wait + margin`.
     pub async fn hold(

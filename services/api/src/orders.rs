@@ -1,5 +1,7 @@
 //! `POST /orders` and `GET /orders/{id}`.
 
+use std::borrow::Cow;
+
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -20,12 +22,12 @@ const QTY_MAX: i64 = 1_000_000;
 pub(crate) struct Rejection {
     status: StatusCode,
     error: String,
-    field: Option<&'static str>,
+    field: Option<Cow<'static, str>>,
 }
 
 impl Rejection {
     fn new(status: StatusCode, field: Option<&'static str>, error: impl Into<String>) -> Self {
-        Rejection { status, error: error.into(), field }
+        Rejection { status, error: error.into(), field: field.map(Cow::Borrowed) }
     }
 
     fn field(field: &'static str, error: impl Into<String>) -> Self {
@@ -91,7 +93,8 @@ fn parse(headers: &HeaderMap, body: &[u8]) -> Result<(NewOrder, bool), Rejection
     };
     if let Some(unknown) = body.keys().find(|k| !matches!(k.as_str(), "order_id" | "item_id" | "qty")) {
         let error = format!("unknown field {unknown:?}; expected order_id, item_id, qty");
-        return Err(Rejection::new(StatusCode::UNPROCESSABLE_ENTITY, None, error));
+        let field = Some(Cow::Owned(unknown.clone()));
+        return Err(Rejection { status: StatusCode::UNPROCESSABLE_ENTITY, error, field });
     }
     let order_id = id_field(&body, "order_id")?.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let item_id = id_field(&body, "item_id")?.ok_or_else(|| Rejection::field("item_id", "item_id is required"))?;
