@@ -153,14 +153,14 @@ fn run_async_code(name: &str, fut: impl std::future::Future<Output = anyhow::Res
 
 fn clean(args: CleanArgs) -> i32 {
     let result = if args.dry_run {
-        haunt_chaos::docker::leftovers().map(|names| {
+        haunt_chaos::backends::docker::leftovers().map(|names| {
             for name in &names {
                 println!("{name}");
             }
             println!("{} to remove", names.len());
         })
     } else {
-        haunt_chaos::docker::clean()
+        haunt_chaos::backends::docker::clean()
             .map(|(containers, networks)| println!("removed {containers} containers and {networks} networks"))
     };
     match result {

@@ -1,11 +1,11 @@
 //! `haunt guarantees`: its arguments, and the call of
-//! [`haunt_chaos::guarantees::run`], which measures each transport's delivery
+//! [`haunt_chaos::suites::guarantees::run`], which measures each transport's delivery
 //! guarantee under one seeded fault schedule, with and without the inbox.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
-use haunt_chaos::guarantees::GuaranteesOptions;
+use haunt_chaos::suites::guarantees::GuaranteesOptions;
 use haunt_transport::TransportSpec;
 
 #[derive(Debug, clap::Args)]
@@ -41,7 +41,7 @@ pub async fn guarantees(args: GuaranteesArgs) -> anyhow::Result<i32> {
         time_limit_s: args.time_limit_s,
         throughput_time_limit_s: args.throughput_time_limit_s,
     };
-    let outcome = haunt_chaos::guarantees::run(&options, |line| eprintln!("{line}")).await?;
+    let outcome = haunt_chaos::suites::guarantees::run(&options, |line| eprintln!("{line}")).await?;
     println!("{}", outcome.table);
     println!("guarantees: {}", outcome.dir.join("guarantees.html").display());
     Ok(outcome.exit_code())

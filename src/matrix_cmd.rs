@@ -1,11 +1,11 @@
-//! `haunt matrix`: its arguments, and the call of [`haunt_chaos::matrix::run`],
+//! `haunt matrix`: its arguments, and the call of [`haunt_chaos::suites::matrix::run`],
 //! which runs `haunt run` once per bug mode and seed, and the correct build, and
 //! tabulates what the checker caught.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
-use haunt_chaos::matrix::MatrixOptions;
+use haunt_chaos::suites::matrix::MatrixOptions;
 
 #[derive(Debug, clap::Args)]
 pub struct MatrixArgs {
@@ -69,7 +69,7 @@ pub async fn matrix(args: MatrixArgs) -> anyhow::Result<i32> {
     // Each run is a child of this very executable.
     let haunt = std::env::current_exe().context("finding the haunt executable")?;
     let options = args.into_options(haunt);
-    let outcome = haunt_chaos::matrix::run(&options, |line| eprintln!("{line}")).await?;
+    let outcome = haunt_chaos::suites::matrix::run(&options, |line| eprintln!("{line}")).await?;
     println!("{}", outcome.table);
     println!("matrix: {}", outcome.dir.join("matrix.md").display());
     eprintln!("matrix: {}", outcome.verdict.summary());

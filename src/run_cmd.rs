@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use haunt_chaos::fault::Fault;
-use haunt_chaos::run::{BackendKind, DockerOptions, RunOptions};
+use haunt_chaos::core::fault::Fault;
+use haunt_chaos::core::run::{BackendKind, DockerOptions, RunOptions};
 use haunt_store::Bug;
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -233,13 +233,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         // Children die with us: they carry a parent-death signal. Containers
         // do not, so they go first, and a database the run crashed (not a
         // child either) starts again.
-        haunt_chaos::docker::remove_live();
-        haunt_chaos::postgres::restart_crashed();
+        haunt_chaos::backends::docker::remove_live();
+        haunt_chaos::backends::postgres::restart_crashed();
         std::process::exit(130);
     });
     let quiet = options.quiet;
     let enabled = options.faults.len();
-    let outcome = haunt_chaos::run::run(options, abort).await?;
+    let outcome = haunt_chaos::core::run::run(options, abort).await?;
     if outcome.aborted {
         eprintln!("aborted: {}", outcome.run_dir.display());
         return Ok(130);

@@ -60,7 +60,7 @@ pub fn check(options: CheckOptions, mut progress: impl FnMut(&str)) -> anyhow::R
     };
     progress(&format!("writing a synthetic run of {} client ops to {}", options.ops, dir.display()));
     let t = Instant::now();
-    let written = haunt_chaos::synthetic::write_run(&dir, options.ops, options.clients, 1)?;
+    let written = haunt_chaos::suites::synthetic::write_run(&dir, options.ops, options.clients, 1)?;
     let generate_s = t.elapsed().as_secs_f64();
     let bytes = std::fs::metadata(dir.join(haunt_format::HISTORY_FILE))?.len()
         + std::fs::metadata(dir.join(haunt_format::FINAL_STATE_FILE))?.len();

@@ -62,9 +62,10 @@ pub async fn harness(options: HarnessOptions) -> anyhow::Result<serde_json::Valu
     // The harness: paced clients (pacing far above what can be reached), Jepsen
     // outcomes, every op recorded in a history file.
     let tmp = tempfile::tempdir()?;
-    let recorder = Arc::new(haunt_chaos::history::Recorder::create(&tmp.path().join("history.jsonl"))?);
-    let client = Arc::new(haunt_chaos::workload::HttpClient::new(&format!("http://{addr}"), Duration::from_secs(2))?);
-    let workload = haunt_chaos::workload::WorkloadOptions {
+    let recorder = Arc::new(haunt_chaos::core::history::Recorder::create(&tmp.path().join("history.jsonl"))?);
+    let client =
+        Arc::new(haunt_chaos::core::workload::HttpClient::new(&format!("http://{addr}"), Duration::from_secs(2))?);
+    let workload = haunt_chaos::core::workload::WorkloadOptions {
         concurrency: options.concurrency,
         rate: 1e9,
         items: 5,
@@ -73,7 +74,7 @@ pub async fn harness(options: HarnessOptions) -> anyhow::Result<serde_json::Valu
         deadline: tokio::time::Instant::now() + duration,
         metrics: None,
     };
-    haunt_chaos::workload::run(client, recorder.clone(), workload, Arc::new(AtomicBool::new(false))).await;
+    haunt_chaos::core::workload::run(client, recorder.clone(), workload, Arc::new(AtomicBool::new(false))).await;
     recorder.finish()?;
     let t = recorder.tally();
     let recorded = (t.ok + t.fail + t.info) as f64 / duration.as_secs_f64();

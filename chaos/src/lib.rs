@@ -1,52 +1,29 @@
-//! The harness: it runs the reference pipeline, breaks it on a seeded schedule
-//! while clients record a Jepsen-style history, heals, reads the final state,
-//! checks, and reports.
+//! The harness: it runs a system under test (the reference pipeline, or one a
+//! system file describes), breaks it on a seeded schedule while clients record
+//! a Jepsen-style history, heals, reads the final state, checks, and reports.
 //!
 //! # Layout
 //!
-//! - [`roles`]: the small traits of a run (`Client`, `Nemesis`, `Backend`,
-//!   `Checker`), each with a no-op implementation.
-//! - [`system`]: what the harness needs from a system under test (`System`).
-//! - [`pipeline`]: the reference pipeline as a `System`, local or in containers.
-//! - [`system_file`]: a system described by a file (`haunt run --system`).
-//! - [`test`]: haunt as a library in a `#[tokio::test]`: `ChaosTest`, `Outcome::assert_valid`.
-//! - [`fault`]: the faults as data (`Fault`), each building its nemesis.
-//! - [`options`]: a run's options, typed and validated once.
-//! - [`rundir`]: the run directory and `run.json`.
-//! - [`progress`]: the progress line, the harness's metrics, the scrape targets.
-//! - [`history`]: the recorder of `history.jsonl`.
-//! - [`workload`]: the HTTP client and the concurrent client loops.
-//! - [`local`]: the local backend (child processes, signals).
-//! - [`docker`]: the Docker backend (containers, docker kill/pause, iptables).
-//! - [`matrix`]: the bug modes, the faults that expose them, and the table.
-//! - [`proxy`]: the TCP fault proxy (partitions, delay).
-//! - [`nemesis`]: the faults and their seeded schedule.
-//! - [`postgres`]: a PostgreSQL server the harness crashes and restarts.
-//! - [`run`]: one run as a sequence of phases, assembled from roles.
-//! - [`synthetic`]: large synthetic run directories, for benchmarking the checker.
-//! - [`worker_metrics`]: the workers' delivery counters, scraped live for the
-//!   progress line.
+//! Four rooms, each allowed to use only the rooms before it (a test,
+//! `tests/it/invariants.rs`, reads every `crate::` path and fails on one that
+//! points back up):
+//!
+//! - [`core`]: a run as phases over roles, and everything a run is made of
+//!   that knows no system: the roles and the system seam, the faults as data
+//!   and their nemeses, the schedule, the history, the workload, the options,
+//!   the run directory, the progress line.
+//! - [`backends`]: what runs nodes and cuts links: local processes, Docker
+//!   containers, a PostgreSQL server, the TCP fault proxy.
+//! - [`systems`]: the systems under test: the reference pipeline, the broker
+//!   servers it can run over, and a system described by a file.
+//! - [`suites`]: commands built on runs: the bug matrix, the guarantees table,
+//!   synthetic run directories for the checker's bench.
+//!
+//! Beside them, [`test`]: haunt as a library in a `#[tokio::test]`
+//! (`ChaosTest`, `Outcome::assert_valid`).
 
-pub mod brokers;
-pub mod docker;
-pub mod fault;
-pub mod guarantees;
-pub mod guarantees_page;
-pub mod history;
-pub mod local;
-pub mod matrix;
-pub mod nemesis;
-pub mod options;
-pub mod pipeline;
-pub mod postgres;
-pub mod progress;
-pub mod proxy;
-pub mod roles;
-pub mod run;
-pub mod rundir;
-pub mod synthetic;
-pub mod system;
-pub mod system_file;
+pub mod backends;
+pub mod core;
+pub mod suites;
+pub mod systems;
 pub mod test;
-pub mod worker_metrics;
-pub mod workload;

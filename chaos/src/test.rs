@@ -28,12 +28,12 @@ use std::time::Duration;
 use haunt_checker::{Results, Verdict};
 use haunt_store::Bug;
 
-use crate::fault::Fault;
-use crate::options::RunOptions;
-use crate::run::{Roles, execute};
-use crate::rundir::{create_run_dir, now_ms};
-use crate::system::System;
-use crate::system_file::spec::SystemSpec;
+use crate::core::fault::Fault;
+use crate::core::options::RunOptions;
+use crate::core::run::{Roles, execute};
+use crate::core::rundir::{create_run_dir, now_ms};
+use crate::core::system::System;
+use crate::systems::system_file::spec::SystemSpec;
 
 /// Which system a test drives.
 enum Target {
@@ -179,7 +179,7 @@ impl ChaosTest {
     /// Runs the reference pipeline's nodes, or a system file's `image` nodes,
     /// as containers the backend starts and removes (`--backend docker`).
     pub fn in_containers(mut self) -> ChaosTest {
-        self.options.backend = crate::options::BackendKind::Docker;
+        self.options.backend = crate::core::options::BackendKind::Docker;
         self
     }
 
@@ -196,14 +196,14 @@ impl ChaosTest {
         let ChaosTest { target, mut options, faults_given } = self;
         let abort = Arc::new(AtomicBool::new(false));
         let outcome = match target {
-            Target::Pipeline => crate::run::run(options.clone(), abort).await?,
+            Target::Pipeline => crate::core::run::run(options.clone(), abort).await?,
             Target::File(path) => {
-                let spec = crate::system_file::spec::load(&path)?;
+                let spec = crate::systems::system_file::spec::load(&path)?;
                 options.system = Some(path);
                 run_spec(&mut options, spec, faults_given, &abort).await?
             }
             Target::Text(text) => {
-                let mut spec = crate::system_file::spec::parse(Path::new("(system given in code)"), &text)?;
+                let mut spec = crate::systems::system_file::spec::parse(Path::new("(system given in code)"), &text)?;
                 spec.system_dir = std::env::current_dir()?;
                 run_spec(&mut options, spec, faults_given, &abort).await?
             }
@@ -227,16 +227,16 @@ async fn run_spec(
     spec: SystemSpec,
     faults_given: bool,
     abort: &Arc<AtomicBool>,
-) -> anyhow::Result<crate::run::RunOutcome> {
+) -> anyhow::Result<crate::core::run::RunOutcome> {
     if spec.nodes.iter().any(|n| n.container.is_some()) {
-        options.backend = crate::options::BackendKind::Docker;
+        options.backend = crate::core::options::BackendKind::Docker;
     }
     if !faults_given {
-        options.faults = crate::system_file::faults_allowed(&spec);
+        options.faults = crate::systems::system_file::faults_allowed(&spec);
     }
     options.validate()?;
     options.check_system(&spec)?;
-    crate::run::run_spec(options, spec, abort).await
+    crate::core::run::run_spec(options, spec, abort).await
 }
 
 /// A finished test: its results and where its run directory is.

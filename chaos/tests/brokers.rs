@@ -9,9 +9,9 @@
 
 use std::time::Duration;
 
-use haunt_chaos::brokers::{Broker, Ready, free_ports};
-use haunt_chaos::local::LocalBackend;
-use haunt_chaos::roles::Backend;
+use haunt_chaos::backends::local::LocalBackend;
+use haunt_chaos::core::roles::Backend;
+use haunt_chaos::systems::brokers::{Broker, Ready, free_ports};
 
 async fn lifecycle(broker: Broker) {
     for opt_out in ["HAUNT_SKIP_BROKERS"].into_iter().chain((broker == Broker::Tansu).then_some("HAUNT_SKIP_KAFKA")) {

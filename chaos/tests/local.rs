@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use haunt_chaos::local::{LocalBackend, NodeSpec};
-use haunt_chaos::roles::{Backend, Node, Role};
+use haunt_chaos::backends::local::{LocalBackend, NodeSpec};
+use haunt_chaos::core::roles::{Backend, Node, Role};
 
 /// The state letter of a process (`S`, `T`, `Z`, …), or `None` once it is gone.
 fn state(pid: u32) -> Option<char> {

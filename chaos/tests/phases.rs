@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use haunt_chaos::nemesis::Faults;
-use haunt_chaos::options::RunOptions;
-use haunt_chaos::roles::{BoxFuture, Client, Completion, Nemesis, NoopBackend, RunDirChecker};
-use haunt_chaos::run::{Roles, RunOutcome, execute};
-use haunt_chaos::system::{FinalSink, Surfaces, System};
+use haunt_chaos::core::nemesis::Faults;
+use haunt_chaos::core::options::RunOptions;
+use haunt_chaos::core::roles::{BoxFuture, Client, Completion, Nemesis, NoopBackend, RunDirChecker};
+use haunt_chaos::core::run::{Roles, RunOutcome, execute};
+use haunt_chaos::core::system::{FinalSink, Surfaces, System};
 use haunt_format::{Applied, FinalLine, OrderRow, OrderValue, ProjectionRow};
 use serde_json::Value;
 

@@ -7,17 +7,17 @@
 
 use std::time::{Duration, Instant};
 
-use haunt_chaos::brokers::{Broker, free_ports};
-use haunt_chaos::local::LocalBackend;
-use haunt_chaos::roles::Backend;
+use haunt_chaos::backends::local::LocalBackend;
+use haunt_chaos::core::roles::Backend;
+use haunt_chaos::systems::brokers::{Broker, free_ports};
 use haunt_relay::RelayConfig;
 use haunt_store::{Applied, Bug, LeaseClock, Leased, NewOrder, Store, StoreOptions};
 use haunt_transport::{Consumer, Delivery, Envelope, Options, TransportSpec};
 
 struct Redis {
     backend: LocalBackend,
-    node: haunt_chaos::roles::Node,
-    ready: haunt_chaos::brokers::Ready,
+    node: haunt_chaos::core::roles::Node,
+    ready: haunt_chaos::systems::brokers::Ready,
     url: String,
 }
 

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use haunt_chaos::system_file::spec;
+use haunt_chaos::systems::system_file::spec;
 
 fn files(kind: &str) -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/system_files").join(kind);
@@ -59,20 +59,23 @@ fn instances_of_a_counted_node_fill_their_number() {
 
 #[test]
 fn the_faults_a_file_allows_follow_its_nodes_and_links() {
-    use haunt_chaos::fault::Fault;
+    use haunt_chaos::core::fault::Fault;
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/system_files/good");
     let minimal = spec::load(&dir.join("minimal.toml")).unwrap();
-    assert_eq!(haunt_chaos::system_file::faults_allowed(&minimal), [Fault::Kill, Fault::Partition, Fault::Delay]);
+    assert_eq!(
+        haunt_chaos::systems::system_file::faults_allowed(&minimal),
+        [Fault::Kill, Fault::Partition, Fault::Delay]
+    );
     let counted = spec::load(&dir.join("counted-workers.toml")).unwrap();
     assert_eq!(
-        haunt_chaos::system_file::faults_allowed(&counted),
+        haunt_chaos::systems::system_file::faults_allowed(&counted),
         [Fault::Kill, Fault::Pause, Fault::Partition, Fault::Delay]
     );
     let adopted = spec::load(&dir.join("adopted.toml")).unwrap();
     assert_eq!(adopted.nodes[0].container.as_deref(), Some("shop-db-1"));
     assert_eq!((adopted.nodes[1].port, adopted.nodes[1].links.as_slice()), (Some(8080), &["db".to_owned()][..]));
     assert_eq!(
-        haunt_chaos::system_file::faults_allowed(&adopted),
+        haunt_chaos::systems::system_file::faults_allowed(&adopted),
         [Fault::Kill, Fault::Pause, Fault::Partition, Fault::Delay, Fault::Loss]
     );
 }

@@ -12,9 +12,9 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use haunt_chaos::brokers::{Broker, BrokerNode, free_ports};
-use haunt_chaos::local::LocalBackend;
-use haunt_chaos::roles::Backend;
+use haunt_chaos::backends::local::LocalBackend;
+use haunt_chaos::core::roles::Backend;
+use haunt_chaos::systems::brokers::{Broker, BrokerNode, free_ports};
 use haunt_transport::{Consumer, Delivery, Depth, Envelope, Options, TransportSpec};
 
 struct Server {

@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use haunt_chaos::postgres::PgServer;
+use haunt_chaos::backends::postgres::PgServer;
 use haunt_store::{Applied, Baseline, LeaseClock, Leased, OrderEvent, Store, StoreOptions};
 
 use crate::run::PrivatePostgres;

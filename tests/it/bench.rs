@@ -56,7 +56,7 @@ fn the_pipeline_bench_measures_the_server_side_limits_and_baselines_on_postgres(
     let Some(admin) = haunt_testkit::postgres_admin_url() else { return };
     let rt = tokio::runtime::Runtime::new().unwrap();
     let name = format!("haunt_bench_test_{}", std::process::id());
-    let db = rt.block_on(haunt_chaos::matrix::ScratchDb::create(&admin, &name)).unwrap();
+    let db = rt.block_on(haunt_chaos::suites::matrix::ScratchDb::create(&admin, &name)).unwrap();
     let out = bench(&db.url);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     rt.block_on(db.drop_now());

@@ -11,9 +11,9 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use haunt_chaos::docker::{self, ContainerSpec, DockerBackend, IptablesLink, Peer, postgres_node};
-use haunt_chaos::local::api_node;
-use haunt_chaos::roles::Backend;
+use haunt_chaos::backends::docker::{self, ContainerSpec, DockerBackend, IptablesLink, Peer, postgres_node};
+use haunt_chaos::backends::local::api_node;
+use haunt_chaos::core::roles::Backend;
 
 use crate::run::{haunt_run, latest, read_json};
 

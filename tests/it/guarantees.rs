@@ -88,7 +88,7 @@ fn reconcile_repairs_what_a_run_lost_and_the_repaired_state_is_checked_again() {
         store.close().await;
     });
     let haunt = std::path::Path::new(env!("CARGO_BIN_EXE_haunt"));
-    let repair = runtime.block_on(haunt_chaos::guarantees::repair(haunt, &run)).unwrap();
+    let repair = runtime.block_on(haunt_chaos::suites::guarantees::repair(haunt, &run)).unwrap();
     assert_eq!(repair.requeued, 10, "{repair:?}");
     assert!(repair.projection_corrected > 0, "{repair:?}");
     assert_eq!((repair.lost_after, repair.projection_mismatch_after), (0, 0), "{repair:?}");

@@ -154,24 +154,24 @@ fn the_dependency_rule_refuses_a_service_in_the_checker() {
 const MAY_SPAWN: [&str; 8] = [
     // The backends (the `Backend` role): the cluster's nodes as child
     // processes with a parent-death signal, ...
-    "chaos/src/local.rs",
+    "chaos/src/backends/local.rs",
     // ... as containers through the Docker API (bollard, as re-exported by
     // testcontainers: create, kill, pause, logs, networks, the helpers that
     // cut links, removal by label), ...
-    "chaos/src/docker.rs",
+    "chaos/src/backends/docker.rs",
     // ... and a PostgreSQL server crashed and restarted by its data
     // directory through `pg_ctl` (under `runuser` when run as root).
-    "chaos/src/postgres.rs",
+    "chaos/src/backends/postgres.rs",
     // The matrix (`haunt matrix`) runs each bug mode and seed as a child
     // `haunt run`, which starts its own cluster through a backend: a row is a
     // whole run, not a node of a system under test, and each row's processes
     // die with that child.
-    "chaos/src/matrix.rs",
+    "chaos/src/suites/matrix.rs",
     // `haunt guarantees` does the same for each transport and seed, and after
     // a run starts one `haunt worker` on that run's (stopped) database to
     // apply what `reconcile` re-enqueued: no fault touches it, it is killed
     // once the queue is empty, and on drop.
-    "chaos/src/guarantees.rs",
+    "chaos/src/suites/guarantees.rs",
     // `haunt bench pipeline` measures one `haunt worker` process from outside
     // (its throughput, peak resident set and CPU time from /proc), optionally
     // under a profiler wrapper that it stops with `kill -INT` so the profile
@@ -273,7 +273,7 @@ fn no_process_or_container_is_started_outside_a_backend() {
         "build.rs",
         "src/cli.rs",
         "chaos/src/lib.rs",
-        "chaos/src/run.rs",
+        "chaos/src/core/run.rs",
         "services/worker/src/lib.rs",
         "checker/check/src/lib.rs",
     ] {
@@ -299,7 +299,7 @@ fn no_process_or_container_is_started_outside_a_backend() {
     assert!(
         hits.is_empty(),
         "only a backend starts processes or containers (ARCHITECTURE.md); start these through \
-         a backend (chaos/src/local.rs, docker.rs, postgres.rs), or add the file to MAY_SPAWN \
+         a backend (chaos/src/backends/: local.rs, docker.rs, postgres.rs), or add the file to MAY_SPAWN \
          in tests/it/invariants.rs with the reason it may:\n{}",
         hits.join("\n")
     );
@@ -358,7 +358,7 @@ fn docker_is_spoken_to_one_way_through_its_api_never_the_command_line() {
         .collect();
     assert!(
         hits.is_empty(),
-        "talk to Docker through haunt_chaos::docker (bollard, testcontainers), not the CLI:\n{}",
+        "talk to Docker through haunt_chaos::backends::docker (bollard, testcontainers), not the CLI:\n{}",
         hits.join("\n")
     );
     assert_eq!(docker_cli("let x = 1;\nstd::process::Command::new(\"docker\").arg(\"ps\");"), [2]);

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use haunt_chaos::fault::Fault;
+use haunt_chaos::core::fault::Fault;
 use haunt_chaos::test::ChaosTest;
 
 fn haunt() -> &'static str {
@@ -73,8 +73,8 @@ use shop::{Shop, ShopOptions};
 /// What the engine says of a container: its status, and how many helper
 /// containers in its network namespace still exist.
 async fn state_of(container: &str) -> (String, usize) {
-    use haunt_chaos::docker::bollard::query_parameters::ListContainersOptions;
-    let docker = haunt_chaos::docker::connect().await.unwrap();
+    use haunt_chaos::backends::docker::bollard::query_parameters::ListContainersOptions;
+    let docker = haunt_chaos::backends::docker::connect().await.unwrap();
     let inspect = docker.inspect_container(container, None).await.expect("the test's container still exists");
     let status = inspect.state.and_then(|s| s.status).map(|s| s.to_string()).unwrap_or_default();
     let all = docker.list_containers(Some(ListContainersOptions { all: true, ..Default::default() })).await.unwrap();
@@ -122,7 +122,7 @@ async fn a_chaos_test_faults_containers_the_test_started_with_testcontainers() {
 /// What of haunt's is left in the engine with `marker` in its name, with the
 /// network of the run whose container names carry it.
 fn left_with(marker: &str, networks: &[String]) -> Vec<String> {
-    haunt_chaos::docker::leftovers()
+    haunt_chaos::backends::docker::leftovers()
         .unwrap()
         .into_iter()
         .filter(|n| n.contains(marker) || networks.iter().any(|net| n == &format!("network {net}")))

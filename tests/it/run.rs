@@ -364,17 +364,17 @@ fn is_start(op: &Value) -> bool {
 #[test]
 fn a_panic_while_the_database_is_crashed_restarts_it_on_postgres() {
     let Some(pg) = PrivatePostgres::start() else { return };
-    let server = haunt_chaos::postgres::PgServer::new(&pg.dir).unwrap();
+    let server = haunt_chaos::backends::postgres::PgServer::new(&pg.dir).unwrap();
     let before = server.pid().expect("the test's server runs");
     let task_server = server.clone();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let run = runtime.spawn(async move {
         // The one db-restart fault, built as a run builds it: a kill of the
         // database node, here the server itself.
-        let surfaces = haunt_chaos::system::Surfaces::nodes_only(Arc::new(task_server.clone()));
-        let settings = haunt_chaos::options::RunOptions::default().fault_settings();
-        let nemesis = haunt_chaos::fault::Fault::DbRestart.build(&surfaces, &settings).unwrap();
-        let faults = haunt_chaos::nemesis::Faults::new(vec![nemesis]);
+        let surfaces = haunt_chaos::core::system::Surfaces::nodes_only(Arc::new(task_server.clone()));
+        let settings = haunt_chaos::core::options::RunOptions::default().fault_settings();
+        let nemesis = haunt_chaos::core::fault::Fault::DbRestart.build(&surfaces, &settings).unwrap();
+        let faults = haunt_chaos::core::nemesis::Faults::new(vec![nemesis]);
         faults[0].start("postgres").await.unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
         while task_server.pid().is_some() {
@@ -527,7 +527,7 @@ fn a_run_with_ack_loss_records_redeliveries_and_absorbed_duplicates_and_the_resu
 #[test]
 fn a_crash_kills_every_process_of_the_server_and_the_restart_succeeds_on_postgres() {
     let Some(pg) = PrivatePostgres::start() else { return };
-    let server = haunt_chaos::postgres::PgServer::new(&pg.dir).unwrap();
+    let server = haunt_chaos::backends::postgres::PgServer::new(&pg.dir).unwrap();
     // A stand-in for the escaped backend: named postgres, working in the data
     // directory, but no child of the postmaster.
     let tmp = tempfile::tempdir().unwrap();

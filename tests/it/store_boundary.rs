@@ -108,7 +108,7 @@ fn only_the_store_names_the_pipeline_tables_in_sql() {
     // The walk reached every part the invariant is about.
     for must in [
         "bench/src/pipeline.rs",
-        "chaos/src/run.rs",
+        "chaos/src/core/run.rs",
         "services/api/src/orders.rs",
         "services/worker/src/lib.rs",
         "services/telemetry/src/lib.rs",

@@ -62,8 +62,10 @@ fn the_reference_pipeline_through_its_system_file_matches_haunt_run_on_postgres(
     let Some(admin) = haunt_testkit::postgres_admin_url() else { return };
     let rt = tokio::runtime::Runtime::new().unwrap();
     let pid = std::process::id();
-    let by_file = rt.block_on(haunt_chaos::matrix::ScratchDb::create(&admin, &format!("haunt_sysfile_{pid}"))).unwrap();
-    let by_run = rt.block_on(haunt_chaos::matrix::ScratchDb::create(&admin, &format!("haunt_sysrun_{pid}"))).unwrap();
+    let by_file =
+        rt.block_on(haunt_chaos::suites::matrix::ScratchDb::create(&admin, &format!("haunt_sysfile_{pid}"))).unwrap();
+    let by_run =
+        rt.block_on(haunt_chaos::suites::matrix::ScratchDb::create(&admin, &format!("haunt_sysrun_{pid}"))).unwrap();
     // The example, on PostgreSQL: both URLs replaced, as its comment says.
     let text = std::fs::read_to_string(example("haunt.toml")).unwrap().replace("sqlite://{dir}/haunt.db", &by_file.url);
     let tmp = tempfile::tempdir().unwrap();

@@ -10,7 +10,7 @@ mod shop;
 
 use std::time::Duration;
 
-use haunt_chaos::fault::Fault;
+use haunt_chaos::core::fault::Fault;
 use haunt_chaos::test::{ChaosTest, Outcome};
 
 use shop::{Shop, ShopOptions};

@@ -194,7 +194,7 @@ impl TransportSpec {
         self.kind != Kind::Db
     }
 
-    /// The broker's server this transport needs, named as `haunt_chaos::brokers`
+    /// The broker's server this transport needs, named as `haunt_chaos::systems::brokers`
     /// names it: both Redis transports run on one `redis-server`; MQTT runs
     /// on mosquitto and SQS on moto's emulator.
     pub fn server(&self) -> Option<&'static str> {

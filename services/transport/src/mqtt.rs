@@ -59,7 +59,7 @@
 //!
 //! Durability (mosquitto 2.0.11, measured): mosquitto keeps its store in
 //! memory and writes it on autosave (after every change, as
-//! `haunt_chaos::brokers` configures it), and a PUBACK or PUBCOMP can go
+//! `haunt_chaos::systems::brokers` configures it), and a PUBACK or PUBCOMP can go
 //! out before that write: of 22 SIGKILLs right after the last confirm, 3
 //! (under load) came back one message of ten short (once a message never
 //! delivered again, twice a count of 9). Killed a second after the last

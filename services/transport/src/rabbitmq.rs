@@ -24,7 +24,7 @@
 //! nothing while the first one's channel is open (the broker there keeps
 //! the default); a run sets `consumer_timeout` to its visibility timeout
 //! and checks the channel's deliveries four times as often
-//! (`channel_tick_interval`, `haunt_chaos::brokers`), so a lost ack comes
+//! (`channel_tick_interval`, `haunt_chaos::systems::brokers`), so a lost ack comes
 //! back as it would from a broker with a visibility timeout.
 //!
 //! Delivery count: a quorum queue sets `x-delivery-count` on a requeued

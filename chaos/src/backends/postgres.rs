@@ -12,8 +12,8 @@ use anyhow::Context;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::docker::postgres_node;
-use crate::roles::{Backend, BoxFuture, Node};
+use crate::backends::docker::postgres_node;
+use crate::core::roles::{Backend, BoxFuture, Node};
 
 #[derive(Debug, Clone)]
 pub struct PgServer {

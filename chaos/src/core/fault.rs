@@ -4,13 +4,13 @@
 
 use std::time::Duration;
 
-use crate::docker::LossNemesis;
-use crate::nemesis::{
+use crate::backends::docker::LossNemesis;
+use crate::core::nemesis::{
     AckLossNemesis, Aim, ClockSkewNemesis, DbErrorNemesis, DelayNemesis, HOLD_MIN_DEFAULT, KillNemesis,
     PartitionNemesis, PauseNemesis, StallNemesis,
 };
-use crate::roles::Nemesis;
-use crate::system::Surfaces;
+use crate::core::roles::Nemesis;
+use crate::core::system::Surfaces;
 
 /// One kind of fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -191,7 +191,7 @@ impl Fault {
             self.name()
         );
         let targets = &settings.fault_targets;
-        Ok(if targets.is_empty() { nemesis } else { crate::nemesis::OnlyTargets::wrap(nemesis, targets) })
+        Ok(if targets.is_empty() { nemesis } else { crate::core::nemesis::OnlyTargets::wrap(nemesis, targets) })
     }
 }
 

@@ -2,7 +2,7 @@
 //! against the system, a [`Nemesis`] starts and stops one kind of fault, a
 //! [`Backend`] starts, stops, kills and pauses the nodes of a cluster, and a
 //! [`Checker`] turns a run directory into results. A run takes each as a value
-//! (a trait object: `crate::run::Roles`), so a test can swap any of them; each
+//! (a trait object: `crate::core::run::Roles`), so a test can swap any of them; each
 //! has a no-op implementation, so any one can be switched off.
 
 use std::future::Future;
@@ -75,7 +75,7 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn pause<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>>;
     fn resume<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>>;
     /// [`Backend::resume`] without a runtime: the last-resort heal of a paused
-    /// node when a run unwinds (see [`crate::nemesis::Faults`]).
+    /// node when a run unwinds (see [`crate::core::nemesis::Faults`]).
     fn resume_blocking(&self, node: &Node) -> anyhow::Result<()>;
     /// Brings back, without a runtime, a killed node that outlives the run (a
     /// database server the harness does not own): the last-resort heal of a
@@ -197,7 +197,7 @@ pub trait Nemesis: Send + Sync {
     /// The shortest time the fault must last to mean anything (a pause must
     /// outlast the visibility timeout).
     fn hold_min(&self) -> std::time::Duration {
-        crate::nemesis::HOLD_MIN_DEFAULT
+        crate::core::nemesis::HOLD_MIN_DEFAULT
     }
     /// What the last `start` aimed at, for its result op in the history
     /// (`value.aim`): the worker's answer to the hold (`{"held": true,

@@ -9,8 +9,8 @@ use haunt_store::Bug;
 use haunt_transport::TransportSpec;
 use serde::Serialize;
 
-use crate::fault::{Fault, FaultSettings};
-use crate::nemesis::ACT_ALLOWANCE;
+use crate::core::fault::{Fault, FaultSettings};
+use crate::core::nemesis::ACT_ALLOWANCE;
 
 /// Where the pipeline runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
@@ -208,10 +208,10 @@ impl RunOptions {
     /// [`RunOptions::validate`] says why).
     pub fn all_faults(&self) -> Vec<Fault> {
         match &self.system {
-            Some(path) => crate::system_file::spec::load(path)
-                .map(|spec| crate::system_file::faults_allowed(&spec))
+            Some(path) => crate::systems::system_file::spec::load(path)
+                .map(|spec| crate::systems::system_file::faults_allowed(&spec))
                 .unwrap_or_default(),
-            None => crate::fault::all_possible(
+            None => crate::core::fault::all_possible(
                 self.db_is_node(),
                 self.backend == BackendKind::Docker,
                 self.transport.is_broker(),
@@ -224,7 +224,7 @@ impl RunOptions {
     /// reference pipeline, everything a system file allows.
     /// What [`validate`](RunOptions::validate) checks of a system file: every
     /// node can run on the backend, and the faults are ones it can take.
-    pub fn check_system(&self, spec: &crate::system_file::spec::SystemSpec) -> anyhow::Result<()> {
+    pub fn check_system(&self, spec: &crate::systems::system_file::spec::SystemSpec) -> anyhow::Result<()> {
         for node in &spec.nodes {
             match (&node.image, self.backend) {
                 // A running container is adopted whatever the backend.
@@ -242,7 +242,7 @@ impl RunOptions {
                 _ => {}
             }
         }
-        let allowed = crate::system_file::faults_allowed(spec);
+        let allowed = crate::systems::system_file::faults_allowed(spec);
         if let Some(f) = self.faults.iter().find(|f| !allowed.contains(f)) {
             let allowed: Vec<&str> = allowed.iter().map(|f| f.name()).collect();
             anyhow::bail!(
@@ -303,7 +303,7 @@ impl RunOptions {
                 self.db.is_none() && self.pg_data.is_none() && self.bug.is_none(),
                 "--system runs the file's own nodes on their own database; leave out --db, --pg-data and --bug"
             );
-            self.check_system(&crate::system_file::spec::load(path)?)?;
+            self.check_system(&crate::systems::system_file::spec::load(path)?)?;
         }
         let docker = self.backend == BackendKind::Docker;
         let broker = self.transport.is_broker();
@@ -378,7 +378,7 @@ fn check_fault_fit(options: &RunOptions) -> anyhow::Result<()> {
     let kinds: Vec<(&str, Duration)> =
         options.faults.iter().map(|f| (f.name(), f.hold_min(options.visibility_timeout))).collect();
     let (interval, limit) = (options.nemesis_interval, options.time_limit);
-    let Err(unfit) = crate::nemesis::check_fit(&kinds, interval, options.faults_at_once, limit) else {
+    let Err(unfit) = crate::core::nemesis::check_fit(&kinds, interval, options.faults_at_once, limit) else {
         return Ok(());
     };
     let holds: Vec<String> = kinds.iter().map(|(n, h)| format!("{n} {}", secs((*h).max(interval / 2)))).collect();

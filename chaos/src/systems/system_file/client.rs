@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use haunt_format::OrderValue;
 
-use crate::roles::{BoxFuture, Client, Completion};
-use crate::system_file::spec::ClientDecl;
+use crate::core::roles::{BoxFuture, Client, Completion};
+use crate::systems::system_file::spec::ClientDecl;
 
 /// A client whose URL and body still hold `{order_id}`, `{item_id}` and
 /// `{qty}`, every other placeholder filled.

@@ -10,7 +10,7 @@ use haunt_checker::Results;
 use haunt_report::page::esc;
 use haunt_report::plots::{self, TimeAxis};
 
-use crate::guarantees::{FaultRun, Row};
+use crate::suites::guarantees::{FaultRun, Row};
 
 fn row_name(r: &Row) -> String {
     format!("{} {}", r.transport, if r.inbox { "inbox" } else { "no inbox" })

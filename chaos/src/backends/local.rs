@@ -16,7 +16,7 @@ use anyhow::Context;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
-use crate::roles::{Backend, BoxFuture, Node, Role};
+use crate::core::roles::{Backend, BoxFuture, Node, Role};
 
 /// How a node is started.
 #[derive(Debug, Clone)]

@@ -1,7 +1,7 @@
 //! The seam between the harness and a system under test: what a run needs from
-//! a system, whoever built it. The reference pipeline (`crate::pipeline`) is
+//! a system, whoever built it. The reference pipeline (`crate::systems::pipeline`) is
 //! one implementation; a system described by a file and the broker transports
-//! are the next, and the run's sequence (`crate::run`) does not change for them.
+//! are the next, and the run's sequence (`crate::core::run`) does not change for them.
 //!
 //! A system offers:
 //! - its nodes, through a [`Backend`] (start, stop, kill, pause);
@@ -16,11 +16,11 @@ use std::time::Duration;
 
 use haunt_format::FinalLine;
 
-use crate::docker::IptablesLink;
-use crate::fault::Fault;
-use crate::nemesis::{Admin, SharedLink};
-use crate::proxy::SharedProxy;
-use crate::roles::{Backend, BoxFuture, Client, Node, Role};
+use crate::backends::docker::IptablesLink;
+use crate::backends::proxy::SharedProxy;
+use crate::core::fault::Fault;
+use crate::core::nemesis::{Admin, SharedLink};
+use crate::core::roles::{Backend, BoxFuture, Client, Node, Role};
 
 /// What faults can reach in a system.
 #[derive(Debug)]

@@ -6,8 +6,8 @@
 //! A run is assembled from roles ([`Roles`]): the system under test, its
 //! client, the nemeses and the checker, each a trait object, so a test can
 //! swap any of them ([`execute`]). [`run`] assembles the reference pipeline's.
-//! Nothing here knows how a system is laid out (`crate::pipeline`), how a fault
-//! is built (`crate::fault`) or what the options allow (`crate::options`).
+//! Nothing here knows how a system is laid out (`crate::systems::pipeline`), how a fault
+//! is built (`crate::core::fault`) or what the options allow (`crate::core::options`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,17 +20,17 @@ use haunt_format::{FINAL_STATE_FILE, FinalLine, HISTORY_FILE, JsonlWriter, Meta,
 use haunt_telemetry::metrics::{AnomalyLabels, HarnessMetrics};
 use tokio::time::Instant;
 
-use crate::history::Recorder;
-use crate::nemesis::{ActiveFaults, Coverage, Faults, ScheduleOptions};
-pub use crate::options::{BackendKind, DockerOptions, RunOptions};
-use crate::pipeline::Pipeline;
-use crate::progress::say;
-use crate::roles::{Checker, Client, Role, RunDirChecker};
-use crate::rundir::{RunFile, create_run_dir, now_ms, write_json};
-use crate::system::System;
-use crate::system_file::Foreign;
-use crate::system_file::spec::SystemSpec;
-use crate::workload::WorkloadOptions;
+use crate::core::history::Recorder;
+use crate::core::nemesis::{ActiveFaults, Coverage, Faults, ScheduleOptions};
+pub use crate::core::options::{BackendKind, DockerOptions, RunOptions};
+use crate::core::progress::say;
+use crate::core::roles::{Checker, Client, Role, RunDirChecker};
+use crate::core::rundir::{RunFile, create_run_dir, now_ms, write_json};
+use crate::core::system::System;
+use crate::core::workload::WorkloadOptions;
+use crate::systems::pipeline::Pipeline;
+use crate::systems::system_file::Foreign;
+use crate::systems::system_file::spec::SystemSpec;
 
 /// How a run ended.
 #[derive(Debug)]
@@ -58,7 +58,7 @@ impl Roles {
     /// what the system exposes, and the checker of the run directory.
     pub fn for_system(system: Arc<dyn System>, options: &RunOptions) -> anyhow::Result<Roles> {
         let settings = options.fault_settings();
-        let nemeses = Faults::new(crate::fault::build_all(&options.faults, system.surfaces(), &settings)?);
+        let nemeses = Faults::new(crate::core::fault::build_all(&options.faults, system.surfaces(), &settings)?);
         Ok(Roles { client: system.client(), system, nemeses, checker: Box::new(RunDirChecker) })
     }
 }
@@ -75,7 +75,7 @@ pub async fn run(options: RunOptions, abort: Arc<AtomicBool>) -> anyhow::Result<
     // Before anything exists: a refused run leaves nothing behind.
     options.validate()?;
     if let Some(path) = &options.system {
-        return run_spec(&options, crate::system_file::spec::load(path)?, &abort).await;
+        return run_spec(&options, crate::systems::system_file::spec::load(path)?, &abort).await;
     }
     let started_at_ms = now_ms();
     let prepared = Pipeline::prepare(&options).await?;
@@ -137,7 +137,7 @@ pub async fn execute(
     );
     let metrics = Arc::new(HarnessMetrics::default());
     let _metrics_server = match options.metrics_listen {
-        Some(addr) => Some(crate::progress::serve_metrics(addr, metrics.clone()).await?),
+        Some(addr) => Some(crate::core::progress::serve_metrics(addr, metrics.clone()).await?),
         None => None,
     };
 
@@ -215,7 +215,7 @@ async fn drive(
     system.ready().await?;
     if let Some(path) = &options.prometheus_sd {
         let (backend, harness) = (options.backend.name(), options.metrics_listen);
-        crate::progress::write_scrape_targets(path, backend, &system.metrics(), harness, run_dir)?;
+        crate::core::progress::write_scrape_targets(path, backend, &system.metrics(), harness, run_dir)?;
     }
 
     let recorder = Arc::new(Recorder::create(&run_dir.join(HISTORY_FILE))?);
@@ -230,18 +230,18 @@ async fn drive(
         deadline,
         metrics: Some(metrics.clone()),
     };
-    let workload = tokio::spawn(crate::workload::run(client, recorder.clone(), workload, abort.clone()));
+    let workload = tokio::spawn(crate::core::workload::run(client, recorder.clone(), workload, abort.clone()));
     let progress = (!options.quiet).then(|| {
         let (recorder, active, endpoints) = (recorder.clone(), active.clone(), system.metrics());
-        tokio::spawn(crate::progress::progress(recorder, active, endpoints, deadline, abort.clone()))
+        tokio::spawn(crate::core::progress::progress(recorder, active, endpoints, deadline, abort.clone()))
     });
     let schedule = ScheduleOptions { interval: options.nemesis_interval, seed: options.seed.rotate_left(17), deadline };
     let coverage =
-        crate::nemesis::run_schedule(nemeses, &recorder, &active, schedule, options.faults_at_once, abort).await;
+        crate::core::nemesis::run_schedule(nemeses, &recorder, &active, schedule, options.faults_at_once, abort).await;
     let workload = workload.await;
 
-    let retry_for = crate::nemesis::stop_retry_for(nemeses, options.nemesis_interval);
-    let heal = crate::nemesis::heal_all(nemeses, &recorder, &active, retry_for).await;
+    let retry_for = crate::core::nemesis::stop_retry_for(nemeses, options.nemesis_interval);
+    let heal = crate::core::nemesis::heal_all(nemeses, &recorder, &active, retry_for).await;
     if let Some(progress) = progress {
         progress.abort();
     }

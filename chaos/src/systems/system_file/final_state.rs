@@ -9,8 +9,8 @@ use serde_json::{Map, Value};
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Column, Row};
 
-use crate::system::FinalSink;
-use crate::system_file::spec::FinalDecl;
+use crate::core::system::FinalSink;
+use crate::systems::system_file::spec::FinalDecl;
 
 /// The system's database, connected on first use: a SQLite file does not
 /// exist until the system has created it.

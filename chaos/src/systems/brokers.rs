@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::local::NodeSpec;
-use crate::roles::{Node, Role};
+use crate::backends::local::NodeSpec;
+use crate::core::roles::{Node, Role};
 
 /// A broker server haunt can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

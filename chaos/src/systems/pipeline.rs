@@ -18,17 +18,17 @@ use haunt_store::{Rng, Store, StoreOptions};
 use haunt_format::{FinalLine, Pending};
 use haunt_transport::{Depth, TransportSpec};
 
-use crate::brokers::{Broker, BrokerNode};
-use crate::docker::{ContainerSpec, DockerBackend, IptablesLink, Peer, postgres_node};
-use crate::local::{LocalBackend, NodeSpec, api_node, relay_node, worker_node};
-use crate::nemesis::{Admin, SharedLink};
-use crate::options::{BackendKind, RunOptions};
-use crate::postgres::PgServer;
-use crate::progress::say;
-use crate::proxy::FaultProxy;
-use crate::roles::{Backend, BoxFuture, Client, Joined, Node};
-use crate::system::{FinalSink, Surfaces, Switches, System};
-use crate::workload::HttpClient;
+use crate::backends::docker::{ContainerSpec, DockerBackend, IptablesLink, Peer, postgres_node};
+use crate::backends::local::{LocalBackend, NodeSpec, api_node, relay_node, worker_node};
+use crate::backends::postgres::PgServer;
+use crate::backends::proxy::FaultProxy;
+use crate::core::nemesis::{Admin, SharedLink};
+use crate::core::options::{BackendKind, RunOptions};
+use crate::core::progress::say;
+use crate::core::roles::{Backend, BoxFuture, Client, Joined, Node};
+use crate::core::system::{FinalSink, Surfaces, Switches, System};
+use crate::core::workload::HttpClient;
+use crate::systems::brokers::{Broker, BrokerNode};
 
 /// The reference pipeline of one run, its nodes created (a Docker run's
 /// database started) but not started.
@@ -84,11 +84,11 @@ pub struct Prepared {
 impl Pipeline {
     pub async fn prepare(options: &RunOptions) -> anyhow::Result<Prepared> {
         if options.backend == BackendKind::Docker {
-            crate::docker::ensure_engine().await?;
-            crate::docker::ensure_image(&options.docker.image).await?;
-            crate::docker::ensure_image(&options.docker.postgres_image).await?;
+            crate::backends::docker::ensure_engine().await?;
+            crate::backends::docker::ensure_image(&options.docker.image).await?;
+            crate::backends::docker::ensure_image(&options.docker.postgres_image).await?;
             if options.transport.is_broker() {
-                crate::docker::ensure_image(&options.docker.brokers_image).await?;
+                crate::backends::docker::ensure_image(&options.docker.brokers_image).await?;
             }
         }
         let given = match &options.db {
@@ -165,7 +165,7 @@ impl System for Pipeline {
             for (_, url) in &self.endpoints {
                 let url = format!("{url}/readyz");
                 let limit = Duration::from_secs(30);
-                crate::system::wait_ready(&url, limit, || true).await.map_err(|last| {
+                crate::core::system::wait_ready(&url, limit, || true).await.map_err(|last| {
                     anyhow::anyhow!(
                         "{url} did not answer within {limit:?} (last: {last}; the service's log is in the run's logs/)"
                     )
@@ -238,7 +238,7 @@ impl System for Pipeline {
 
 /// The fault switches of the API and the workers, behind `token`.
 fn switches(token: &str, endpoints: &[(Node, String)]) -> anyhow::Result<Switches> {
-    use crate::roles::Role;
+    use crate::core::roles::Role;
     let named = |e: &[(Node, String)]| e.iter().map(|(n, url)| (n.name.clone(), url.clone())).collect();
     let workers: Vec<_> = endpoints.iter().filter(|(n, _)| n.role == Role::Worker).cloned().collect();
     // The relay has no fault switches of its own.
@@ -336,7 +336,7 @@ async fn local_pipeline(
     let mut broker_proxies: Vec<(String, Arc<FaultProxy>)> = Vec::new();
     if let Some(server) = transport.server() {
         let server = Broker::from_name(server).with_context(|| format!("no broker server for {transport}"))?;
-        let (port, http_port) = crate::brokers::free_ports()?;
+        let (port, http_port) = crate::systems::brokers::free_ports()?;
         let laid = server.layout(port, http_port, &run_dir.join("broker"), Some(options.visibility_timeout))?;
         specs.insert(0, laid.spec.clone());
         for name in names.iter().filter(|n| **n != api_node().name) {
@@ -393,7 +393,7 @@ async fn local_pipeline(
     all.extend(proxies.into_iter().map(|(link, proxy, _)| (link, proxy)));
     all.extend(broker_proxies);
     let surfaces = Surfaces {
-        node_faults: crate::system::by_role(&backend.nodes()),
+        node_faults: crate::core::system::by_role(&backend.nodes()),
         backend,
         links: all.iter().map(|(n, p)| (n.clone(), p.clone() as SharedLink)).collect(),
         proxies: all,
@@ -581,7 +581,7 @@ async fn docker_pipeline(options: &RunOptions, run_id: &str, token: &str, run_di
     let api_addr: SocketAddr = ([127, 0, 0, 1], api_port).into();
     let client_proxy = Arc::new(FaultProxy::start(api_addr).await?);
     let surfaces = Surfaces {
-        node_faults: crate::system::by_role(&docker.nodes()),
+        node_faults: crate::core::system::by_role(&docker.nodes()),
         backend: docker,
         proxies: vec![("client<->api".into(), client_proxy.clone())],
         links: lossy.iter().map(|(n, l)| (n.clone(), l.clone() as SharedLink)).collect(),

@@ -41,7 +41,7 @@ use testcontainers::bollard::query_parameters::{
 };
 use tokio::time::Instant;
 
-use crate::roles::{Backend, BoxFuture, Nemesis, Node, Role};
+use crate::core::roles::{Backend, BoxFuture, Nemesis, Node, Role};
 
 /// The label on every container and network of a run; its value is the run id.
 pub const RUN_LABEL: &str = "io.haunt.run";
@@ -726,7 +726,7 @@ impl IptablesLink {
     }
 }
 
-impl crate::nemesis::Link for IptablesLink {
+impl crate::core::nemesis::Link for IptablesLink {
     fn cut(&self) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(IptablesLink::cut(self))
     }

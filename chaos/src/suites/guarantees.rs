@@ -34,7 +34,7 @@ use haunt_store::{Store, StoreOptions};
 use haunt_transport::{Guarantee, TransportSpec};
 use serde::Serialize;
 
-use crate::matrix::child_run;
+use crate::suites::matrix::child_run;
 
 /// What `haunt guarantees` runs.
 #[derive(Debug, Clone)]
@@ -358,7 +358,7 @@ async fn drain(haunt: &Path, url: &str, store: &Store) -> anyhow::Result<()> {
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true);
     // Stopped with this process, however it ends.
-    crate::local::interrupt_when_parent_dies(command.as_std_mut());
+    crate::backends::local::interrupt_when_parent_dies(command.as_std_mut());
     let mut worker = command.spawn().context("starting a worker to drain what reconcile re-enqueued")?;
     let deadline = tokio::time::Instant::now() + REPAIR_DRAIN_MAX;
     let result = loop {
@@ -505,7 +505,7 @@ pub async fn run(options: &GuaranteesOptions, mut progress: impl FnMut(&str)) ->
     anyhow::ensure!(!options.transports.is_empty(), "--transports names no transport");
     for spec in &options.transports {
         if let Some(server) = spec.server() {
-            let broker = crate::brokers::Broker::from_name(server).context("a broker server")?;
+            let broker = crate::systems::brokers::Broker::from_name(server).context("a broker server")?;
             broker.program().with_context(|| format!("{spec}"))?;
         }
     }
@@ -582,7 +582,7 @@ fn write_outputs(dir: &Path, rows: &mut [Row], options: &GuaranteesOptions, comp
         "rows": rows,
     });
     std::fs::write(dir.join("guarantees.json"), serde_json::to_string_pretty(&json)? + "\n")?;
-    std::fs::write(dir.join("guarantees.html"), crate::guarantees_page::render(rows, &command))?;
+    std::fs::write(dir.join("guarantees.html"), crate::suites::guarantees_page::render(rows, &command))?;
     Ok(table)
 }
 

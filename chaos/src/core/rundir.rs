@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde::Serialize;
 
-use crate::options::RunOptions;
+use crate::core::options::RunOptions;
 
 /// `run.json`: what ran, how, and how it ended (see docs/run-format.md).
 #[derive(Debug, Serialize)]

@@ -20,10 +20,10 @@ use haunt_store::Rng;
 use serde_json::json;
 use tokio::time::Instant;
 
-use crate::fault::Fault;
-use crate::history::Recorder;
-use crate::proxy::{ProxyMode, SharedProxy};
-use crate::roles::{Backend, BoxFuture, Nemesis, Node};
+use crate::backends::proxy::{ProxyMode, SharedProxy};
+use crate::core::fault::Fault;
+use crate::core::history::Recorder;
+use crate::core::roles::{Backend, BoxFuture, Nemesis, Node};
 
 /// A network link the partition nemesis can cut: a fault proxy (local backend)
 /// or iptables rules in a container's network namespace (Docker backend).
@@ -37,7 +37,7 @@ pub trait Link: Send + Sync + std::fmt::Debug {
 
 pub type SharedLink = Arc<dyn Link>;
 
-impl Link for crate::proxy::FaultProxy {
+impl Link for crate::backends::proxy::FaultProxy {
     fn cut(&self) -> BoxFuture<'_, anyhow::Result<()>> {
         self.set(ProxyMode::Partition);
         Box::pin(async { Ok(()) })
@@ -1119,7 +1119,7 @@ mod tests {
     use std::sync::atomic::AtomicU32;
 
     use super::*;
-    use crate::local::{LocalBackend, NodeSpec, worker_node};
+    use crate::backends::local::{LocalBackend, NodeSpec, worker_node};
 
     /// A fault that only counts. Its stop fails `stop_failures` times before
     /// it takes effect, and notes at each attempt whether the fault was still

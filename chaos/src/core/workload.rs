@@ -10,8 +10,8 @@ use haunt_store::Rng;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-use crate::history::Recorder;
-use crate::roles::{BoxFuture, Client, Completion};
+use crate::core::history::Recorder;
+use crate::core::roles::{BoxFuture, Client, Completion};
 
 /// Talks to the API over HTTP.
 #[derive(Debug, Clone)]

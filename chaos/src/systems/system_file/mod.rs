@@ -17,13 +17,13 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::time::Instant;
 
-use crate::docker::{ContainerSpec, DockerBackend, IptablesLink, Peer};
-use crate::fault::Fault;
-use crate::local::{LocalBackend, NodeSpec};
-use crate::nemesis::SharedLink;
-use crate::proxy::FaultProxy;
-use crate::roles::{Backend, BoxFuture, Client, Node, Role};
-use crate::system::{FinalSink, Surfaces, System};
+use crate::backends::docker::{ContainerSpec, DockerBackend, IptablesLink, Peer};
+use crate::backends::local::{LocalBackend, NodeSpec};
+use crate::backends::proxy::FaultProxy;
+use crate::core::fault::Fault;
+use crate::core::nemesis::SharedLink;
+use crate::core::roles::{Backend, BoxFuture, Client, Node, Role};
+use crate::core::system::{FinalSink, Surfaces, System};
 use client::TemplateClient;
 use final_state::Database;
 use spec::{NodeFault, Placeholder, SystemSpec};
@@ -218,16 +218,16 @@ impl Foreign {
         run_dir: &Path,
         haunt: &Path,
         request_timeout: Duration,
-        docker: Option<&crate::options::DockerOptions>,
+        docker: Option<&crate::core::options::DockerOptions>,
     ) -> anyhow::Result<Foreign> {
         // Containers someone else started: haunt faults them where they are.
         let adopted = spec.nodes.iter().all(|n| n.container.is_some());
-        let tools_image = docker.map_or(crate::docker::TOOLS_IMAGE, |d| d.image.as_str());
+        let tools_image = docker.map_or(crate::backends::docker::TOOLS_IMAGE, |d| d.image.as_str());
         if docker.is_some() || adopted {
-            crate::docker::ensure_engine().await?;
+            crate::backends::docker::ensure_engine().await?;
             // The tools image cuts the links between containers.
             for image in spec.nodes.iter().filter_map(|n| n.image.as_deref()).chain([tools_image]) {
-                crate::docker::ensure_image(image).await?;
+                crate::backends::docker::ensure_image(image).await?;
             }
         }
         let mut rng = haunt_store::Rng::from_entropy();
@@ -250,7 +250,7 @@ impl Foreign {
                 })?;
                 ports.insert(
                     name.clone(),
-                    crate::docker::host_port(decl.container.as_deref().unwrap_or(""), inner).await?,
+                    crate::backends::docker::host_port(decl.container.as_deref().unwrap_or(""), inner).await?,
                 );
                 continue;
             }
@@ -422,7 +422,7 @@ impl System for Foreign {
         Box::pin(async move {
             for (node, url) in &self.ready {
                 let alive = || self.surfaces.backend.is_running(node);
-                if let Err(last) = crate::system::wait_ready(url, READY_WAIT, alive).await {
+                if let Err(last) = crate::core::system::wait_ready(url, READY_WAIT, alive).await {
                     return Err(self.not_ready(node, url, &last));
                 }
             }

@@ -10,10 +10,10 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::time::Instant;
 
-use crate::history::Recorder;
-use crate::nemesis::ActiveFaults;
-use crate::roles::{Node, Role};
-use crate::rundir::write_json;
+use crate::core::history::Recorder;
+use crate::core::nemesis::ActiveFaults;
+use crate::core::roles::{Node, Role};
+use crate::core::rundir::write_json;
 
 /// A line on stderr, unless the run is quiet.
 pub fn say(quiet: bool, line: &str) {
@@ -99,7 +99,7 @@ pub async fn progress(
     // A system without workers' metrics has no delivery figures to show.
     let scraped = !workers.is_empty();
     // Stops scraping when this task is aborted (it is dropped with it).
-    let deliveries = crate::worker_metrics::Watch::spawn(workers);
+    let deliveries = crate::core::worker_metrics::Watch::spawn(workers);
     let terminal = std::io::stderr().is_terminal();
     let started = Instant::now();
     let total_s = deadline.saturating_duration_since(started).as_secs().max(1);

@@ -576,8 +576,8 @@ pub fn transport_cases(transport: TransportSpec) -> Vec<Case> {
 /// The rows of `haunt matrix --system FILE`: each fault the file allows, then
 /// all of them at once; every run must be valid.
 pub fn system_cases(path: &Path) -> anyhow::Result<Vec<Case>> {
-    let spec = crate::system_file::spec::load(path)?;
-    let faults = crate::system_file::faults_allowed(&spec);
+    let spec = crate::systems::system_file::spec::load(path)?;
+    let faults = crate::systems::system_file::faults_allowed(&spec);
     anyhow::ensure!(
         !faults.is_empty(),
         "{}: it allows no fault (no node takes kill or pause, no link)",
@@ -690,7 +690,7 @@ async fn one_run(case: &Case, seed: u64, options: &MatrixOptions, runs_dir: &Pat
 /// reads back its run directory and results; an exit other than a verdict's
 /// (0, 1 or 2), or a run without results, is the error.
 pub(crate) async fn child_run(mut command: Command, runs_dir: &Path) -> Result<(PathBuf, Results), String> {
-    crate::local::interrupt_when_parent_dies(&mut command);
+    crate::backends::local::interrupt_when_parent_dies(&mut command);
     let out = match tokio::task::spawn_blocking(move || command.output()).await {
         Ok(Ok(out)) => out,
         Ok(Err(e)) => return Err(e.to_string()),

@@ -1,0 +1,11 @@
+//! What runs a system's nodes and cuts its links.
+//!
+//! - [`local`]: child processes, signalled as process groups.
+//! - [`docker`]: containers through the Docker API (kill, pause, iptables).
+//! - [`postgres`]: a PostgreSQL server the harness crashes and restarts.
+//! - [`proxy`]: the TCP fault proxy (partitions, delay).
+
+pub mod docker;
+pub mod local;
+pub mod postgres;
+pub mod proxy;
