@@ -198,9 +198,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         pg_data: args.pg_data,
     };
     // `all` depends on the rest: db-restart with a database node, loss in containers.
+    let target = haunt_chaos::assemble::Target::of(&options)?;
     options.faults = match &args.nemesis {
-        Some(list) => Fault::parse_list(list, &options.all_faults())?,
-        None => options.default_faults(),
+        Some(list) => Fault::parse_list(list, &target.all_faults(&options))?,
+        None => target.default_faults(&options),
     };
     // Every other check is the run's own (`RunOptions::validate`), before it creates anything.
     let abort = Arc::new(AtomicBool::new(false));
@@ -239,7 +240,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
     });
     let quiet = options.quiet;
     let enabled = options.faults.len();
-    let outcome = haunt_chaos::core::run::run(options, abort).await?;
+    let outcome = haunt_chaos::assemble::run_target(target, &options, &abort).await?;
     if outcome.aborted {
         eprintln!("aborted: {}", outcome.run_dir.display());
         return Ok(130);

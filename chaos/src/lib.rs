@@ -19,9 +19,13 @@
 //! - [`suites`]: commands built on runs: the bug matrix, the guarantees table,
 //!   synthetic run directories for the checker's bench.
 //!
-//! Beside them, [`test`]: haunt as a library in a `#[tokio::test]`
-//! (`ChaosTest`, `Outcome::assert_valid`).
+//! Beside them, above all four:
+//! - [`assemble`]: one way to assemble a run of any system, for every caller;
+//!   the one module that knows the systems by name.
+//! - [`test`]: haunt as a library in a `#[tokio::test]` (`ChaosTest`,
+//!   `Outcome::assert_valid`).
 
+pub mod assemble;
 pub mod backends;
 pub mod core;
 pub mod suites;

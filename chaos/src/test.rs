@@ -26,14 +26,16 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use haunt_checker::{Results, Verdict};
-use haunt_store::Bug;
 
-use crate::core::fault::Fault;
-use crate::core::options::RunOptions;
-use crate::core::run::{Roles, execute};
-use crate::core::rundir::{create_run_dir, now_ms};
-use crate::core::system::System;
 use crate::systems::system_file::spec::SystemSpec;
+
+// What a test names besides the builder, under the one path a user imports
+// from (wherever the harness keeps it).
+pub use crate::backends::docker::bollard;
+pub use crate::core::fault::Fault;
+pub use crate::core::options::RunOptions;
+pub use crate::core::system::System;
+pub use haunt_store::Bug;
 
 /// Which system a test drives.
 enum Target {
@@ -196,7 +198,7 @@ impl ChaosTest {
         let ChaosTest { target, mut options, faults_given } = self;
         let abort = Arc::new(AtomicBool::new(false));
         let outcome = match target {
-            Target::Pipeline => crate::core::run::run(options.clone(), abort).await?,
+            Target::Pipeline => crate::assemble::run(options.clone(), abort).await?,
             Target::File(path) => {
                 let spec = crate::systems::system_file::spec::load(&path)?;
                 options.system = Some(path);
@@ -208,11 +210,8 @@ impl ChaosTest {
                 run_spec(&mut options, spec, faults_given, &abort).await?
             }
             Target::Given(name, system) => {
-                options.validate()?;
-                let started_at_ms = now_ms();
-                let run_dir = create_run_dir(&options.store, &name, started_at_ms)?;
-                let roles = Roles::for_system(system, &options)?;
-                execute(&options, roles, run_dir, started_at_ms, &abort).await?
+                let target = crate::assemble::Target::Given { name, system };
+                crate::assemble::run_target(target, &options, &abort).await?
             }
         };
         let results = outcome.results.ok_or_else(|| anyhow::anyhow!("the run was aborted"))?;
@@ -231,12 +230,11 @@ async fn run_spec(
     if spec.nodes.iter().any(|n| n.container.is_some()) {
         options.backend = crate::core::options::BackendKind::Docker;
     }
+    let target = crate::assemble::Target::System(Box::new(spec));
     if !faults_given {
-        options.faults = crate::systems::system_file::faults_allowed(&spec);
+        options.faults = target.all_faults(options);
     }
-    options.validate()?;
-    options.check_system(&spec)?;
-    crate::core::run::run_spec(options, spec, abort).await
+    crate::assemble::run_target(target, options, abort).await
 }
 
 /// A finished test: its results and where its run directory is.

@@ -171,7 +171,7 @@ const MAY_SPAWN: [&str; 8] = [
     // a run starts one `haunt worker` on that run's (stopped) database to
     // apply what `reconcile` re-enqueued: no fault touches it, it is killed
     // once the queue is empty, and on drop.
-    "chaos/src/suites/guarantees.rs",
+    "chaos/src/suites/guarantees/mod.rs",
     // `haunt bench pipeline` measures one `haunt worker` process from outside
     // (its throughput, peak resident set and CPU time from /proc), optionally
     // under a profiler wrapper that it stops with `kill -INT` so the profile

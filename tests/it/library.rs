@@ -3,8 +3,7 @@
 
 use std::time::Duration;
 
-use haunt_chaos::core::fault::Fault;
-use haunt_chaos::test::ChaosTest;
+use haunt_chaos::test::{ChaosTest, Fault};
 
 fn haunt() -> &'static str {
     env!("CARGO_BIN_EXE_haunt")

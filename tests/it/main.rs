@@ -6,6 +6,7 @@ mod check;
 mod docker;
 mod guarantees;
 mod invariants;
+mod layers;
 mod library;
 mod matrix;
 mod observability;

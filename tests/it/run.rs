@@ -373,7 +373,9 @@ fn a_panic_while_the_database_is_crashed_restarts_it_on_postgres() {
         // database node, here the server itself.
         let surfaces = haunt_chaos::core::system::Surfaces::nodes_only(Arc::new(task_server.clone()));
         let settings = haunt_chaos::core::options::RunOptions::default().fault_settings();
-        let nemesis = haunt_chaos::core::fault::Fault::DbRestart.build(&surfaces, &settings).unwrap();
+        let nemesis =
+            haunt_chaos::core::nemesis::build(haunt_chaos::core::fault::Fault::DbRestart, &surfaces, &settings)
+                .unwrap();
         let faults = haunt_chaos::core::nemesis::Faults::new(vec![nemesis]);
         faults[0].start("postgres").await.unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);

@@ -268,7 +268,7 @@ fn sqs_standard_without_an_inbox_double_applies() {
 /// 2.0.11 drops what is published before the workers' sessions reconnect
 /// (their shared subscription is gone until then), so a restart loses
 /// messages it confirmed (`haunt guarantees` measured it:
-/// `docs/guarantees.md`; `chaos/tests/transports.rs` shows it alone).
+/// `docs/guarantees.md`; `chaos/tests/it/transports.rs` shows it alone).
 #[test]
 fn mqtt_qos1_is_valid_under_consumer_faults() {
     at_least_once_is_valid("mqtt", false);

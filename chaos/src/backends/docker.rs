@@ -41,7 +41,7 @@ use testcontainers::bollard::query_parameters::{
 };
 use tokio::time::Instant;
 
-use crate::core::roles::{Backend, BoxFuture, Nemesis, Node, Role};
+use crate::core::roles::{Backend, BoxFuture, Node, Role};
 
 /// The label on every container and network of a run; its value is the run id.
 pub const RUN_LABEL: &str = "io.haunt.run";
@@ -726,7 +726,7 @@ impl IptablesLink {
     }
 }
 
-impl crate::core::nemesis::Link for IptablesLink {
+impl crate::core::link::Link for IptablesLink {
     fn cut(&self) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(IptablesLink::cut(self))
     }
@@ -751,43 +751,12 @@ impl crate::core::nemesis::Link for IptablesLink {
     }
 }
 
-/// Random packet loss on a link (iptables `statistic` match): TCP retransmits,
-/// so requests slow down and some time out, without a clean cut.
-#[derive(Debug)]
-pub struct LossNemesis {
-    links: Vec<(String, Arc<IptablesLink>)>,
-    probability: f64,
-}
-
-impl LossNemesis {
-    pub fn new(links: Vec<(String, Arc<IptablesLink>)>, probability: f64) -> Self {
-        LossNemesis { links, probability }
+impl crate::core::link::Lossy for IptablesLink {
+    fn lose(&self, probability: f64) -> BoxFuture<'_, anyhow::Result<()>> {
+        Box::pin(IptablesLink::lose(self, probability))
     }
-}
-
-impl Nemesis for LossNemesis {
-    fn name(&self) -> &'static str {
-        "loss"
-    }
-    fn ops(&self) -> (&'static str, &'static str) {
-        ("start-loss", "stop-loss")
-    }
-    fn targets(&self) -> Vec<String> {
-        self.links.iter().map(|(n, _)| n.clone()).collect()
-    }
-    fn start<'a>(&'a self, target: &'a str) -> BoxFuture<'a, anyhow::Result<()>> {
-        Box::pin(async move {
-            let (_, link) = self.links.iter().find(|(n, _)| n == target).context("unknown link")?;
-            link.lose(self.probability).await
-        })
-    }
-    fn stop(&self) -> BoxFuture<'_, anyhow::Result<()>> {
-        Box::pin(async move {
-            for (_, link) in &self.links {
-                link.heal_loss().await?;
-            }
-            Ok(())
-        })
+    fn heal_loss(&self) -> BoxFuture<'_, anyhow::Result<()>> {
+        Box::pin(IptablesLink::heal_loss(self))
     }
 }
 

@@ -14,6 +14,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use crate::core::roles::BoxFuture;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ProxyMode {
     #[default]
@@ -138,6 +140,35 @@ async fn pump(
 
 /// A shared handle, for nemeses.
 pub type SharedProxy = Arc<FaultProxy>;
+
+impl crate::core::link::Link for FaultProxy {
+    fn cut(&self) -> BoxFuture<'_, anyhow::Result<()>> {
+        self.set(ProxyMode::Partition);
+        Box::pin(async { Ok(()) })
+    }
+    fn heal(&self) -> BoxFuture<'_, anyhow::Result<()>> {
+        crate::core::link::Link::heal_blocking(self);
+        Box::pin(async { Ok(()) })
+    }
+    fn heal_blocking(&self) {
+        // A delay on the same proxy is another nemesis's to heal.
+        if self.mode() == ProxyMode::Partition {
+            self.set(ProxyMode::Pass);
+        }
+    }
+}
+
+impl crate::core::link::Slow for FaultProxy {
+    fn slow(&self, by: Duration) {
+        self.set(ProxyMode::Delay(by));
+    }
+    fn unslow(&self) {
+        // A partition on the same proxy is another nemesis's to heal.
+        if self.mode() != ProxyMode::Partition {
+            self.set(ProxyMode::Pass);
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -1,16 +1,10 @@
-//! The faults as data: one enum with the names `--nemesis` takes, each kind
-//! building its nemesis from what the system under test exposes
-//! ([`Surfaces`]), as bug modes are a `haunt_store::Bug`.
+//! The faults as data: one enum with the names `--nemesis` takes, as bug
+//! modes are a `haunt_store::Bug`. Each kind's nemesis is built from what the
+//! system under test exposes by `crate::core::nemesis::build`.
 
 use std::time::Duration;
 
-use crate::backends::docker::LossNemesis;
-use crate::core::nemesis::{
-    AckLossNemesis, Aim, ClockSkewNemesis, DbErrorNemesis, DelayNemesis, HOLD_MIN_DEFAULT, KillNemesis,
-    PartitionNemesis, PauseNemesis, StallNemesis,
-};
-use crate::core::roles::Nemesis;
-use crate::core::system::Surfaces;
+use crate::core::roles::HOLD_MIN_DEFAULT;
 
 /// One kind of fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -108,9 +102,19 @@ impl Fault {
         Ok(out)
     }
 
+    /// The fault window its ops open and close in the history
+    /// (`haunt_format::fault_ops`): every fault that a kill starts and a
+    /// restart ends is a `kill`.
+    pub fn family(self) -> &'static str {
+        match self {
+            Fault::Kill | Fault::DbRestart | Fault::BrokerRestart | Fault::RelayKill => "kill",
+            other => other.name(),
+        }
+    }
+
     /// The shortest time the fault must last to mean anything, known before
     /// its nemesis exists (for the fit check). The nemesis reports the same
-    /// through [`Nemesis::hold_min`]; [`Fault::build`] checks that they agree.
+    /// through [`Nemesis::hold_min`]; `crate::core::nemesis::build` checks that they agree.
     pub fn hold_min(self, visibility_timeout: Duration) -> Duration {
         match self {
             // Twice the lease, so another worker has time to take the message over.
@@ -119,79 +123,6 @@ impl Fault {
             Fault::Stall => visibility_timeout * 2 + HOLD_MIN_DEFAULT,
             _ => HOLD_MIN_DEFAULT,
         }
-    }
-
-    /// The nemesis of this kind over what the system exposes. A system that
-    /// lacks what the fault needs gets an error naming it.
-    pub fn build(self, on: &Surfaces, settings: &FaultSettings) -> anyhow::Result<Box<dyn Nemesis>> {
-        let switches = || {
-            on.switches
-                .as_ref()
-                .ok_or_else(|| anyhow::anyhow!("--nemesis {}: this system has no fault switches to flip", self.name()))
-        };
-        // Kills and pauses of workers are aimed at a batch in flight where the
-        // workers have admin endpoints.
-        let aim = || on.switches.as_ref().map(|s| Aim::new(s.workers.clone(), settings.visibility_timeout));
-        let nemesis: Box<dyn Nemesis> = match self {
-            Fault::Kill => Box::new(KillNemesis::new(on.backend.clone(), on.nodes_for(Fault::Kill), aim())),
-            Fault::Pause => Box::new(PauseNemesis::new(
-                on.backend.clone(),
-                on.nodes_for(Fault::Pause),
-                settings.visibility_timeout,
-                aim(),
-            )),
-            Fault::Partition => Box::new(PartitionNemesis::new(on.links.clone())),
-            // Past the client's timeout: answers arrive after the client gave up.
-            Fault::Delay => {
-                Box::new(DelayNemesis::new(on.proxies.clone(), settings.request_timeout + settings.request_timeout / 4))
-            }
-            // One statement in three fails: enough to hit most multi-step paths,
-            // few enough that retries get through.
-            Fault::DbError => Box::new(DbErrorNemesis::new(switches()?.services.clone(), 0.3)),
-            // Half the acks lost: most messages come back at least once.
-            Fault::AckLoss => Box::new(AckLossNemesis::new(switches()?.workers.clone(), 0.5, settings.ack_fail_rate)),
-            Fault::Stall => Box::new(StallNemesis::new(switches()?.workers.clone(), settings.visibility_timeout)),
-            // Ten minutes ahead, as after a bad NTP step: a worker that trusts its
-            // clock leases for ten minutes, past any quiesce timeout.
-            Fault::ClockSkew => Box::new(ClockSkewNemesis::new(switches()?.workers.clone(), 10 * 60 * 1000)),
-            // One packet in four lost: TCP gets through, slowly, and some
-            // requests outlast their timeout.
-            Fault::Loss => {
-                anyhow::ensure!(
-                    !on.lossy.is_empty(),
-                    "--nemesis loss drops packets with iptables in containers: it needs --backend docker"
-                );
-                Box::new(LossNemesis::new(on.lossy.clone(), 0.25))
-            }
-            Fault::DbRestart => {
-                let db = on.nodes_for(Fault::DbRestart);
-                anyhow::ensure!(
-                    !db.is_empty(),
-                    "--nemesis db-restart needs the database as a node: --pg-data DIR (the data directory of the \
-                     PostgreSQL server behind --db), or --backend docker"
-                );
-                Box::new(KillNemesis::named("db-restart", on.backend.clone(), db))
-            }
-            Fault::BrokerRestart => {
-                let broker = on.nodes_for(Fault::BrokerRestart);
-                anyhow::ensure!(!broker.is_empty(), "--nemesis broker-restart needs a broker: --transport NAME");
-                Box::new(KillNemesis::named("broker-restart", on.backend.clone(), broker))
-            }
-            Fault::RelayKill => {
-                let relay = on.nodes_for(Fault::RelayKill);
-                anyhow::ensure!(!relay.is_empty(), "--nemesis relay-kill needs a relay: --transport NAME");
-                Box::new(KillNemesis::named("relay-kill", on.backend.clone(), relay))
-            }
-        };
-        assert_eq!(nemesis.name(), self.name(), "a fault builds its own nemesis");
-        assert_eq!(
-            nemesis.hold_min(),
-            self.hold_min(settings.visibility_timeout),
-            "Fault::hold_min must know the hold of {}",
-            self.name()
-        );
-        let targets = &settings.fault_targets;
-        Ok(if targets.is_empty() { nemesis } else { crate::core::nemesis::OnlyTargets::wrap(nemesis, targets) })
     }
 }
 
@@ -216,11 +147,6 @@ pub struct FaultSettings {
     pub ack_fail_rate: f64,
     /// Faults that can hit any of these targets hit only these (empty: all).
     pub fault_targets: Vec<String>,
-}
-
-/// Builds the nemesis of every kind in `faults`.
-pub fn build_all(faults: &[Fault], on: &Surfaces, settings: &FaultSettings) -> anyhow::Result<Vec<Box<dyn Nemesis>>> {
-    faults.iter().map(|f| f.build(on, settings)).collect()
 }
 
 /// The kinds `all` means where the database is a node ([`Fault::DbRestart`]),

@@ -4,6 +4,10 @@
 //!   `Checker`), each with a no-op implementation.
 //! - [`system`]: what the harness needs from a system under test (`System`).
 //! - [`fault`]: the faults as data (`Fault`), each building its nemesis.
+//! - [`link`]: what link faults can do to a link (`Link`, `Slow`, `Lossy`),
+//!   which the backends implement.
+//! - [`admin`]: the client of the services' admin endpoints (fault switches,
+//!   hold points).
 //! - [`nemesis`]: the nemeses and their seeded schedule.
 //! - [`options`]: a run's options, typed and validated once.
 //! - [`run`]: one run as a sequence of phases, assembled from roles.
@@ -14,8 +18,10 @@
 //! - [`worker_metrics`]: the workers' delivery counters, scraped live for the
 //!   progress line.
 
+pub mod admin;
 pub mod fault;
 pub mod history;
+pub mod link;
 pub mod nemesis;
 pub mod options;
 pub mod progress;

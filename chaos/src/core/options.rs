@@ -203,70 +203,28 @@ impl RunOptions {
         self.backend == BackendKind::Docker || (self.db_kind() == DbKind::Postgres && self.pg_data.is_some())
     }
 
-    /// What `--nemesis all` means for this run: for a system file, what its
-    /// nodes and links allow (nothing, for a file that does not load:
-    /// [`RunOptions::validate`] says why).
-    pub fn all_faults(&self) -> Vec<Fault> {
-        match &self.system {
-            Some(path) => crate::systems::system_file::spec::load(path)
-                .map(|spec| crate::systems::system_file::faults_allowed(&spec))
-                .unwrap_or_default(),
-            None => crate::core::fault::all_possible(
-                self.db_is_node(),
-                self.backend == BackendKind::Docker,
-                self.transport.is_broker(),
-                self.transport.is_broker() && self.transport.server_is_durable(),
-            ),
-        }
+    /// What `--nemesis all` means for the reference pipeline: the faults its
+    /// layout can take (a system file's are its own: `crate::assemble::Target`).
+    pub fn pipeline_faults(&self) -> Vec<Fault> {
+        crate::core::fault::all_possible(
+            self.db_is_node(),
+            self.backend == BackendKind::Docker,
+            self.transport.is_broker(),
+            self.transport.is_broker() && self.transport.server_is_durable(),
+        )
     }
 
-    /// The faults of a run that names none: the seven local defaults for the
-    /// reference pipeline, everything a system file allows.
-    /// What [`validate`](RunOptions::validate) checks of a system file: every
-    /// node can run on the backend, and the faults are ones it can take.
-    pub fn check_system(&self, spec: &crate::systems::system_file::spec::SystemSpec) -> anyhow::Result<()> {
-        for node in &spec.nodes {
-            match (&node.image, self.backend) {
-                // A running container is adopted whatever the backend.
-                _ if node.container.is_some() => {}
-                (None, BackendKind::Docker) => anyhow::bail!(
-                    "{}: node {} has no image: with --backend docker every node runs as a container (image = …)",
-                    spec.file.display(),
-                    node.name
-                ),
-                (Some(_), BackendKind::Local) => anyhow::bail!(
-                    "{}: node {} runs from an image: give --backend docker, or a command instead",
-                    spec.file.display(),
-                    node.name
-                ),
-                _ => {}
-            }
-        }
-        let allowed = crate::systems::system_file::faults_allowed(spec);
-        if let Some(f) = self.faults.iter().find(|f| !allowed.contains(f)) {
-            let allowed: Vec<&str> = allowed.iter().map(|f| f.name()).collect();
-            anyhow::bail!(
-                "--nemesis {f}: {} cannot take it (it allows: {}; kill and pause are given per node in `faults`, \
-                 partition and delay need a link through {{addr:NAME}}, other faults need the system's help)",
-                spec.file.display(),
-                if allowed.is_empty() { "none".to_owned() } else { allowed.join(", ") }
-            );
-        }
-        Ok(())
-    }
-
-    /// With a broker transport the broker and the relay take faults too:
-    /// the broker's restart (where its server keeps data through one), the
-    /// relay's kill, and the broker's links (relay<->broker, worker-N<->broker)
-    /// join the links a partition picks from.
-    pub fn default_faults(&self) -> Vec<Fault> {
-        match &self.system {
-            Some(_) => self.all_faults(),
-            None if self.transport.is_broker() => {
-                let restart = self.transport.server_is_durable().then_some(Fault::BrokerRestart);
-                DEFAULT_FAULTS.iter().copied().chain(restart).chain([Fault::RelayKill]).collect()
-            }
-            None => DEFAULT_FAULTS.to_vec(),
+    /// The faults of a pipeline run that names none: the seven local
+    /// defaults; with a broker transport the broker and the relay take faults
+    /// too: the broker's restart (where its server keeps data through one),
+    /// the relay's kill, and the broker's links (relay<->broker,
+    /// worker-N<->broker) join the links a partition picks from.
+    pub fn pipeline_default_faults(&self) -> Vec<Fault> {
+        if self.transport.is_broker() {
+            let restart = self.transport.server_is_durable().then_some(Fault::BrokerRestart);
+            DEFAULT_FAULTS.iter().copied().chain(restart).chain([Fault::RelayKill]).collect()
+        } else {
+            DEFAULT_FAULTS.to_vec()
         }
     }
 
@@ -298,12 +256,13 @@ impl RunOptions {
         if let Some(db) = &self.db {
             haunt_store::Backend::from_url(db).map_err(|e| anyhow::anyhow!("--db: {e}"))?;
         }
-        if let Some(path) = &self.system {
+        // A system file's own checks are its module's (`check_options`), on
+        // the spec loaded once.
+        if self.system.is_some() {
             anyhow::ensure!(
                 self.db.is_none() && self.pg_data.is_none() && self.bug.is_none(),
                 "--system runs the file's own nodes on their own database; leave out --db, --pg-data and --bug"
             );
-            self.check_system(&crate::systems::system_file::spec::load(path)?)?;
         }
         let docker = self.backend == BackendKind::Docker;
         let broker = self.transport.is_broker();
@@ -350,7 +309,7 @@ impl RunOptions {
             "--pg-data names the PostgreSQL server behind --db; give --db postgres://… too"
         );
         anyhow::ensure!(
-            // A system file's links between containers are checked by check_system.
+            // A system file's links between containers are checked by `system_file::check_options`.
             docker || self.system.is_some() || !self.faults.contains(&Fault::Loss),
             "--nemesis loss drops packets with iptables in containers: it needs --backend docker"
         );

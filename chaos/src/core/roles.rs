@@ -178,6 +178,10 @@ impl Backend for NoopBackend {
     }
 }
 
+/// The shortest hold of a fault that names none of its own: long enough for a
+/// few client ops and a lease to meet it.
+pub const HOLD_MIN_DEFAULT: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// A boxed future, so that nemeses of different kinds fit in one list.
 pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -188,8 +192,12 @@ pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a
 pub trait Nemesis: Send + Sync {
     /// The fault's name in `--nemesis` (`kill`, `pause`, …).
     fn name(&self) -> &'static str;
-    /// The history's `f` for the start and the stop (`kill`/`restart`, …).
-    fn ops(&self) -> (&'static str, &'static str);
+    /// The fault window its ops open and close in the history: `kill` for
+    /// every kill that a restart ends, `pause`, or its own name. The ops' `f`
+    /// follow from it ([`haunt_format::fault_ops`]).
+    fn family(&self) -> &'static str {
+        self.name()
+    }
     /// The targets this fault can hit.
     fn targets(&self) -> Vec<String>;
     fn start<'a>(&'a self, target: &'a str) -> BoxFuture<'a, anyhow::Result<()>>;
@@ -197,7 +205,7 @@ pub trait Nemesis: Send + Sync {
     /// The shortest time the fault must last to mean anything (a pause must
     /// outlast the visibility timeout).
     fn hold_min(&self) -> std::time::Duration {
-        crate::core::nemesis::HOLD_MIN_DEFAULT
+        HOLD_MIN_DEFAULT
     }
     /// What the last `start` aimed at, for its result op in the history
     /// (`value.aim`): the worker's answer to the hold (`{"held": true,
@@ -223,9 +231,6 @@ pub struct NoopNemesis;
 impl Nemesis for NoopNemesis {
     fn name(&self) -> &'static str {
         "none"
-    }
-    fn ops(&self) -> (&'static str, &'static str) {
-        ("start-noop", "stop-noop")
     }
     fn targets(&self) -> Vec<String> {
         Vec::new()

@@ -25,12 +25,9 @@ use crate::core::nemesis::{ActiveFaults, Coverage, Faults, ScheduleOptions};
 pub use crate::core::options::{BackendKind, DockerOptions, RunOptions};
 use crate::core::progress::say;
 use crate::core::roles::{Checker, Client, Role, RunDirChecker};
-use crate::core::rundir::{RunFile, create_run_dir, now_ms, write_json};
+use crate::core::rundir::{RunFile, now_ms, write_json};
 use crate::core::system::System;
 use crate::core::workload::WorkloadOptions;
-use crate::systems::pipeline::Pipeline;
-use crate::systems::system_file::Foreign;
-use crate::systems::system_file::spec::SystemSpec;
 
 /// How a run ended.
 #[derive(Debug)]
@@ -58,7 +55,7 @@ impl Roles {
     /// what the system exposes, and the checker of the run directory.
     pub fn for_system(system: Arc<dyn System>, options: &RunOptions) -> anyhow::Result<Roles> {
         let settings = options.fault_settings();
-        let nemeses = Faults::new(crate::core::fault::build_all(&options.faults, system.surfaces(), &settings)?);
+        let nemeses = Faults::new(crate::core::nemesis::build_all(&options.faults, system.surfaces(), &settings)?);
         Ok(Roles { client: system.client(), system, nemeses, checker: Box::new(RunDirChecker) })
     }
 }
@@ -67,42 +64,6 @@ impl std::fmt::Debug for Roles {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Roles").field("system", &self.system).field("nemeses", &self.nemeses).finish_non_exhaustive()
     }
-}
-
-/// Runs one test of the reference pipeline. `abort` (Ctrl-C) stops it early:
-/// faults are healed, processes stopped, and the run directory marked aborted.
-pub async fn run(options: RunOptions, abort: Arc<AtomicBool>) -> anyhow::Result<RunOutcome> {
-    // Before anything exists: a refused run leaves nothing behind.
-    options.validate()?;
-    if let Some(path) = &options.system {
-        return run_spec(&options, crate::systems::system_file::spec::load(path)?, &abort).await;
-    }
-    let started_at_ms = now_ms();
-    let prepared = Pipeline::prepare(&options).await?;
-    let mut name = format!("{}-{}", options.backend.name(), options.db_kind().name());
-    if options.transport.is_broker() {
-        // `rabbitmq:auto-ack` as `rabbitmq-auto-ack`: a path without a colon.
-        name = format!("{name}-{}", options.transport.to_string().replace(':', "-"));
-    }
-    if let Some(bug) = options.bug {
-        name = format!("{name}-{}", bug.name());
-    }
-    let run_dir = create_run_dir(&options.store, &name, started_at_ms)?;
-    let system = Arc::new(Pipeline::create(&options, prepared, &run_dir).await?);
-    let roles = Roles::for_system(system, &options)?;
-    execute(&options, roles, run_dir, started_at_ms, &abort).await
-}
-
-/// Runs one test of the system a system file describes, already checked
-/// against `options` ([`RunOptions::check_system`]).
-pub async fn run_spec(options: &RunOptions, spec: SystemSpec, abort: &Arc<AtomicBool>) -> anyhow::Result<RunOutcome> {
-    let started_at_ms = now_ms();
-    let name = format!("{}-{}", options.backend.name(), spec.name);
-    let run_dir = create_run_dir(&options.store, &name, started_at_ms)?;
-    let docker = (options.backend == BackendKind::Docker).then_some(&options.docker);
-    let system = Foreign::create(spec, &run_dir, &options.exe, options.request_timeout, docker).await?;
-    let roles = Roles::for_system(Arc::new(system), options)?;
-    execute(options, roles, run_dir, started_at_ms, abort).await
 }
 
 /// The phases of a run over any roles, in `run_dir` (which exists).

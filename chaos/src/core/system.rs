@@ -16,10 +16,9 @@ use std::time::Duration;
 
 use haunt_format::FinalLine;
 
-use crate::backends::docker::IptablesLink;
-use crate::backends::proxy::SharedProxy;
+use crate::core::admin::Admin;
 use crate::core::fault::Fault;
-use crate::core::nemesis::{Admin, SharedLink};
+use crate::core::link::{SharedLink, SharedLossy, SharedSlow};
 use crate::core::roles::{Backend, BoxFuture, Client, Node, Role};
 
 /// What faults can reach in a system.
@@ -31,10 +30,10 @@ pub struct Surfaces {
     pub node_faults: Vec<(Fault, Vec<Node>)>,
     /// Links that can be cut, by name (`client<->api`, `worker-1<->db`).
     pub links: Vec<(String, SharedLink)>,
-    /// Links through a fault proxy, which can be slowed down.
-    pub proxies: Vec<(String, SharedProxy)>,
+    /// Links that can be slowed down (through a fault proxy).
+    pub slowable: Vec<(String, SharedSlow)>,
     /// Links that can lose packets at random (iptables in a container).
-    pub lossy: Vec<(String, Arc<IptablesLink>)>,
+    pub lossy: Vec<(String, SharedLossy)>,
     /// The services' fault switches (`POST /admin/faults`), if they have them.
     pub switches: Option<Switches>,
 }
@@ -44,7 +43,7 @@ impl Surfaces {
     /// nothing to cut, slow or switch.
     pub fn nodes_only(backend: Arc<dyn Backend>) -> Surfaces {
         let node_faults = by_role(&backend.nodes());
-        Surfaces { backend, node_faults, links: Vec::new(), proxies: Vec::new(), lossy: Vec::new(), switches: None }
+        Surfaces { backend, node_faults, links: Vec::new(), slowable: Vec::new(), lossy: Vec::new(), switches: None }
     }
 
     /// The nodes `fault` may hit (none for a fault of links or switches).

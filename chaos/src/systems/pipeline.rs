@@ -22,7 +22,8 @@ use crate::backends::docker::{ContainerSpec, DockerBackend, IptablesLink, Peer, 
 use crate::backends::local::{LocalBackend, NodeSpec, api_node, relay_node, worker_node};
 use crate::backends::postgres::PgServer;
 use crate::backends::proxy::FaultProxy;
-use crate::core::nemesis::{Admin, SharedLink};
+use crate::core::admin::Admin;
+use crate::core::link::{SharedLink, SharedLossy, SharedSlow};
 use crate::core::options::{BackendKind, RunOptions};
 use crate::core::progress::say;
 use crate::core::roles::{Backend, BoxFuture, Client, Joined, Node};
@@ -396,7 +397,7 @@ async fn local_pipeline(
         node_faults: crate::core::system::by_role(&backend.nodes()),
         backend,
         links: all.iter().map(|(n, p)| (n.clone(), p.clone() as SharedLink)).collect(),
-        proxies: all,
+        slowable: all.iter().map(|(n, p)| (n.clone(), p.clone() as SharedSlow)).collect(),
         lossy: Vec::new(),
         switches: Some(switches(token, &endpoints)?),
     };
@@ -583,9 +584,9 @@ async fn docker_pipeline(options: &RunOptions, run_id: &str, token: &str, run_di
     let surfaces = Surfaces {
         node_faults: crate::core::system::by_role(&docker.nodes()),
         backend: docker,
-        proxies: vec![("client<->api".into(), client_proxy.clone())],
+        slowable: vec![("client<->api".into(), client_proxy.clone() as SharedSlow)],
         links: lossy.iter().map(|(n, l)| (n.clone(), l.clone() as SharedLink)).collect(),
-        lossy,
+        lossy: lossy.into_iter().map(|(n, l)| (n, l as SharedLossy)).collect(),
         switches: Some(switches(token, &endpoints)?),
     };
     let client = Arc::new(HttpClient::new(&format!("http://{}", client_proxy.addr()), options.request_timeout)?);

@@ -286,25 +286,6 @@ pub struct Fold {
     pub extra_applications: HashMap<u32, Vec<Application>, hashbrown::DefaultHashBuilder>,
 }
 
-/// Which fault family an op belongs to and whether it starts or stops it.
-fn fault_family(f: &str) -> (&str, bool) {
-    match f {
-        "kill" => ("kill", true),
-        "restart" => ("kill", false),
-        "pause" => ("pause", true),
-        "resume" => ("pause", false),
-        _ => {
-            if let Some(rest) = f.strip_prefix("start-") {
-                (rest, true)
-            } else if let Some(rest) = f.strip_prefix("stop-") {
-                (rest, false)
-            } else {
-                (f, true)
-            }
-        }
-    }
-}
-
 /// A nemesis op's target (`value.target`, else `value.targets`) and result.
 fn fault_target(value: &str) -> (String, FaultResult) {
     #[derive(serde::Deserialize)]
@@ -548,7 +529,7 @@ impl Fold {
 
 impl Fold {
     fn push_fault(&mut self, f: &str, target: String, result: FaultResult, t: u64) {
-        let (family, starts) = fault_family(f);
+        let (family, starts) = haunt_format::fault_edge(f);
         let key = (family.to_owned(), target);
         let opened =
             |t| WindowState { start_ns: t, end_ns: None, stopping_ns: None, starting: result == FaultResult::Unsaid };

@@ -9,15 +9,18 @@
 //! # Layout
 //!
 //! - [`history`]: the ops of `history.jsonl` (client ops and nemesis ops).
+//! - [`faults`]: how nemesis ops open and close fault windows.
 //! - [`final_state`]: the lines of `final-state.jsonl`.
 //! - [`jsonl`]: the streaming reader and the writer, and [`FormatError`].
 //! - [`fast`]: a fast path for the common lines, with serde behind it.
 
 pub mod fast;
+pub mod faults;
 pub mod final_state;
 pub mod history;
 pub mod jsonl;
 
+pub use faults::{fault_edge, fault_ops};
 pub use final_state::{Applied, DeadLetter, FinalLine, FinalRef, Meta, OrderRow, Pending, ProjectionRow};
 pub use history::{Op, OpRef, OpType, OpValue, OrderRef, OrderValue, Process};
 pub use jsonl::{FormatError, JsonlReader, JsonlWriter, Line, RawLine};

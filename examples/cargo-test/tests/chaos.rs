@@ -10,8 +10,7 @@ mod shop;
 
 use std::time::Duration;
 
-use haunt_chaos::core::fault::Fault;
-use haunt_chaos::test::{ChaosTest, Outcome};
+use haunt_chaos::test::{ChaosTest, Fault, Outcome};
 
 use shop::{Shop, ShopOptions};
 

@@ -21,7 +21,8 @@ use crate::backends::docker::{ContainerSpec, DockerBackend, IptablesLink, Peer};
 use crate::backends::local::{LocalBackend, NodeSpec};
 use crate::backends::proxy::FaultProxy;
 use crate::core::fault::Fault;
-use crate::core::nemesis::SharedLink;
+use crate::core::link::{SharedLink, SharedLossy, SharedSlow};
+use crate::core::options::{BackendKind, RunOptions};
 use crate::core::roles::{Backend, BoxFuture, Client, Node, Role};
 use crate::core::system::{FinalSink, Surfaces, System};
 use client::TemplateClient;
@@ -169,6 +170,40 @@ fn port_names(spec: &SystemSpec) -> Vec<String> {
     names.sort();
     names.dedup();
     names
+}
+
+/// What a run's options must agree with in a system file: every node can run
+/// on the backend, and the faults are ones the system can take. Each error
+/// names the file, and the node or the flag.
+pub fn check_options(spec: &SystemSpec, options: &RunOptions) -> anyhow::Result<()> {
+    for node in &spec.nodes {
+        match (&node.image, options.backend) {
+            // A running container is adopted whatever the backend.
+            _ if node.container.is_some() => {}
+            (None, BackendKind::Docker) => anyhow::bail!(
+                "{}: node {} has no image: with --backend docker every node runs as a container (image = …)",
+                spec.file.display(),
+                node.name
+            ),
+            (Some(_), BackendKind::Local) => anyhow::bail!(
+                "{}: node {} runs from an image: give --backend docker, or a command instead",
+                spec.file.display(),
+                node.name
+            ),
+            _ => {}
+        }
+    }
+    let allowed = faults_allowed(spec);
+    if let Some(f) = options.faults.iter().find(|f| !allowed.contains(f)) {
+        let allowed: Vec<&str> = allowed.iter().map(|f| f.name()).collect();
+        anyhow::bail!(
+            "--nemesis {f}: {} cannot take it (it allows: {}; kill and pause are given per node in `faults`, \
+             partition and delay need a link through {{addr:NAME}}, other faults need the system's help)",
+            spec.file.display(),
+            if allowed.is_empty() { "none".to_owned() } else { allowed.join(", ") }
+        );
+    }
+    Ok(())
 }
 
 /// The faults a system file's system can take: kill and pause where a node
@@ -385,7 +420,9 @@ impl Foreign {
             }
         };
         links.extend(lossy.iter().map(|(name, link)| (name.clone(), link.clone() as SharedLink)));
-        let surfaces = Surfaces { backend, node_faults, links, proxies, lossy, switches: None };
+        let slowable = proxies.into_iter().map(|(n, p)| (n, p as SharedSlow)).collect();
+        let lossy = lossy.into_iter().map(|(n, l)| (n, l as SharedLossy)).collect();
+        let surfaces = Surfaces { backend, node_faults, links, slowable, lossy, switches: None };
         let client = Arc::new(TemplateClient::new(client_decl, request_timeout)?);
         Ok(Foreign { spec, nodes, surfaces, client, database, ready, asked: std::sync::Mutex::new(None) })
     }

@@ -114,9 +114,6 @@ impl Nemesis for Scripted {
     fn name(&self) -> &'static str {
         "scripted"
     }
-    fn ops(&self) -> (&'static str, &'static str) {
-        ("start-scripted", "stop-scripted")
-    }
     fn targets(&self) -> Vec<String> {
         vec!["the-system".into()]
     }

@@ -22,6 +22,8 @@
 //! at-least-once must not lose; exactly-once must neither lose nor apply
 //! twice. Each run is a child `haunt run`, as in `haunt matrix`.
 
+pub mod page;
+
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -582,7 +584,7 @@ fn write_outputs(dir: &Path, rows: &mut [Row], options: &GuaranteesOptions, comp
         "rows": rows,
     });
     std::fs::write(dir.join("guarantees.json"), serde_json::to_string_pretty(&json)? + "\n")?;
-    std::fs::write(dir.join("guarantees.html"), crate::suites::guarantees_page::render(rows, &command))?;
+    std::fs::write(dir.join("guarantees.html"), page::render(rows, &command))?;
     Ok(table)
 }
 

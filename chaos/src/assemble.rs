@@ -1,0 +1,136 @@
+//! One way to assemble a run, whoever asks for it: `haunt run` (the
+//! reference pipeline, or `--system FILE`), `ChaosTest`, and through their
+//! child runs the matrix and the guarantees table. It is the one place that
+//! knows the systems by name: it loads what the options name once
+//! ([`Target::of`]), checks the options against it before anything is
+//! created ([`Target::check`]), lays the system out, builds its roles and
+//! its run directory ([`assemble`]), and hands them to the run's phases
+//! (`crate::core::run::execute`), which know no system.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use crate::core::fault::Fault;
+use crate::core::options::{BackendKind, RunOptions};
+use crate::core::run::{Roles, RunOutcome, execute};
+use crate::core::rundir::{create_run_dir, now_ms};
+use crate::core::system::System;
+use crate::systems::pipeline::Pipeline;
+use crate::systems::system_file::spec::SystemSpec;
+use crate::systems::system_file::{self, Foreign};
+
+/// The system a run drives, loaded once.
+#[derive(Debug)]
+pub enum Target {
+    /// The reference pipeline, laid out from the options.
+    Pipeline,
+    /// A system described by a file (`--system`), or by text in a test.
+    System(Box<SystemSpec>),
+    /// A system a test built in code (`ChaosTest::system`), under a name for
+    /// its run directory.
+    Given { name: String, system: Arc<dyn System> },
+}
+
+impl Target {
+    /// What the options name: the system file of `--system`, read and parsed
+    /// here once, or the reference pipeline.
+    pub fn of(options: &RunOptions) -> anyhow::Result<Target> {
+        Ok(match &options.system {
+            Some(path) => Target::System(Box::new(system_file::spec::load(path)?)),
+            None => Target::Pipeline,
+        })
+    }
+
+    /// What `--nemesis all` means: what the pipeline's layout can take, or
+    /// what the system file's nodes and links allow.
+    pub fn all_faults(&self, options: &RunOptions) -> Vec<Fault> {
+        match self {
+            Target::Pipeline => options.pipeline_faults(),
+            Target::System(spec) => system_file::faults_allowed(spec),
+            // What it can take is what its surfaces hold: a fault they lack
+            // is refused, naming what it needs, when its nemesis is built.
+            Target::Given { .. } => Fault::ALL.to_vec(),
+        }
+    }
+
+    /// The faults of a run that names none: the pipeline's defaults, or
+    /// everything a system file allows.
+    pub fn default_faults(&self, options: &RunOptions) -> Vec<Fault> {
+        match self {
+            Target::Pipeline => options.pipeline_default_faults(),
+            Target::System(spec) => system_file::faults_allowed(spec),
+            Target::Given { .. } => options.faults.clone(),
+        }
+    }
+
+    /// Every check of the options against this system, before anything is
+    /// created: each error names the flag (or the file and its node).
+    pub fn check(&self, options: &RunOptions) -> anyhow::Result<()> {
+        options.validate()?;
+        if let Target::System(spec) = self {
+            system_file::check_options(spec, options)?;
+        }
+        Ok(())
+    }
+}
+
+/// A run laid out and not yet started: its roles, its run directory (which
+/// exists) and when it began.
+#[derive(Debug)]
+pub struct Assembled {
+    pub roles: Roles,
+    pub run_dir: PathBuf,
+    pub started_at_ms: i64,
+}
+
+/// Lays `target` out for `options` (already checked by [`Target::check`]):
+/// the system, a nemesis for each of the run's faults over what it exposes,
+/// the checker, and a run directory named after the run.
+pub async fn assemble(target: Target, options: &RunOptions) -> anyhow::Result<Assembled> {
+    let started_at_ms = now_ms();
+    match target {
+        Target::Pipeline => {
+            // Before the run directory: a refused layout leaves nothing behind.
+            let prepared = Pipeline::prepare(options).await?;
+            let mut name = format!("{}-{}", options.backend.name(), options.db_kind().name());
+            if options.transport.is_broker() {
+                // `rabbitmq:auto-ack` as `rabbitmq-auto-ack`: a path without a colon.
+                name = format!("{name}-{}", options.transport.to_string().replace(':', "-"));
+            }
+            if let Some(bug) = options.bug {
+                name = format!("{name}-{}", bug.name());
+            }
+            let run_dir = create_run_dir(&options.store, &name, started_at_ms)?;
+            let system = Arc::new(Pipeline::create(options, prepared, &run_dir).await?);
+            Ok(Assembled { roles: Roles::for_system(system, options)?, run_dir, started_at_ms })
+        }
+        Target::System(spec) => {
+            let name = format!("{}-{}", options.backend.name(), spec.name);
+            let run_dir = create_run_dir(&options.store, &name, started_at_ms)?;
+            let docker = (options.backend == BackendKind::Docker).then_some(&options.docker);
+            let system = Foreign::create(*spec, &run_dir, &options.exe, options.request_timeout, docker).await?;
+            Ok(Assembled { roles: Roles::for_system(Arc::new(system), options)?, run_dir, started_at_ms })
+        }
+        Target::Given { name, system } => {
+            let run_dir = create_run_dir(&options.store, &name, started_at_ms)?;
+            Ok(Assembled { roles: Roles::for_system(system, options)?, run_dir, started_at_ms })
+        }
+    }
+}
+
+/// Runs one test of `target`, start to verdict. `abort` (Ctrl-C) stops it
+/// early: faults are healed, processes stopped, and the run directory marked
+/// aborted.
+pub async fn run_target(target: Target, options: &RunOptions, abort: &Arc<AtomicBool>) -> anyhow::Result<RunOutcome> {
+    // Before anything exists: a refused run leaves nothing behind.
+    target.check(options)?;
+    let Assembled { roles, run_dir, started_at_ms } = assemble(target, options).await?;
+    execute(options, roles, run_dir, started_at_ms, abort).await
+}
+
+/// Runs one test of what `options` name (the reference pipeline, or
+/// `--system`).
+pub async fn run(options: RunOptions, abort: Arc<AtomicBool>) -> anyhow::Result<RunOutcome> {
+    run_target(Target::of(&options)?, &options, &abort).await
+}

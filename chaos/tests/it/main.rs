@@ -1,0 +1,16 @@
+//! The harness crate's integration tests, one binary (one link) for all:
+//!
+//! - [`phases`]: a run's phases in process, in paused time;
+//! - [`local`]: the local backend's process groups;
+//! - [`brokers`]: each broker server as a node (needs the servers);
+//! - [`transports`]: every transport held to its contract against the real
+//!   server;
+//! - [`relay`]: the relay against a real Redis;
+//! - [`system_file`]: the system files under `tests/system_files`.
+
+mod brokers;
+mod local;
+mod phases;
+mod relay;
+mod system_file;
+mod transports;
