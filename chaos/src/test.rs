@@ -4,8 +4,7 @@
 //! ```no_run
 //! # async fn example() -> anyhow::Result<()> {
 //! use std::time::Duration;
-//! use haunt_chaos::fault::Fault;
-//! use haunt_chaos::test::ChaosTest;
+//! use haunt_chaos::test::{ChaosTest, Fault};
 //!
 //! let outcome = ChaosTest::system_file("examples/systems/haunt.toml")
 //!     .faults(&[Fault::Kill, Fault::Pause, Fault::Partition])
@@ -31,7 +30,6 @@ use crate::systems::system_file::spec::SystemSpec;
 
 // What a test names besides the builder, under the one path a user imports
 // from (wherever the harness keeps it).
-pub use crate::backends::docker::bollard;
 pub use crate::core::fault::Fault;
 pub use crate::core::options::RunOptions;
 pub use crate::core::system::System;
