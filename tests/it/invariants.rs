@@ -166,7 +166,7 @@ const MAY_SPAWN: [&str; 8] = [
     // `haunt run`, which starts its own cluster through a backend: a row is a
     // whole run, not a node of a system under test, and each row's processes
     // die with that child.
-    "chaos/src/suites/matrix.rs",
+    "chaos/src/suites/matrix/child.rs",
     // `haunt guarantees` does the same for each transport and seed, and after
     // a run starts one `haunt worker` on that run's (stopped) database to
     // apply what `reconcile` re-enqueued: no fault touches it, it is killed
