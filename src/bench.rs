@@ -48,7 +48,7 @@ pub struct PipelineBench {
     /// The database: an empty one (postgres://… for every phase; sqlite://…
     /// leaves out the PostgreSQL-only client-side SQL baselines).
     #[arg(long)]
-    pub db: String,
+    pub db: haunt_store::DbUrl,
     /// Events pre-enqueued for each drain phase, and orders sent for each ingest phase.
     #[arg(long, default_value_t = 20_000)]
     pub events: usize,

@@ -1,9 +1,6 @@
 //! `haunt run`: arguments and the exit status.
 
-use std::io::Write as _;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -22,6 +19,12 @@ pub enum BackendArg {
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
+    /// Run with every option as FILE gives it, a JSON object in the form of
+    /// `run.json`'s `options` (or a whole `run.json`, to run a recorded run
+    /// again with its seed): no other flag may be given. The services run
+    /// from this executable, and the new run records this build's revision.
+    #[arg(long, value_name = "FILE", exclusive = true)]
+    pub options: Option<PathBuf>,
     /// Where the pipeline runs.
     #[arg(long, value_enum, default_value = "local")]
     pub backend: BackendArg,
@@ -54,7 +57,7 @@ pub struct RunArgs {
     /// Database URL; default: a fresh SQLite file in the run directory.
     /// postgres://USER@HOST:PORT/DB runs against a real server.
     #[arg(long)]
-    pub db: Option<String>,
+    pub db: Option<haunt_store::DbUrl>,
     /// Faults, comma-separated: kill, pause, partition, delay, ack-loss,
     /// clock-skew, db-error, stall (a worker stalls past its lease right after
     /// leasing), db-restart (needs --pg-data or --backend docker), loss
@@ -155,8 +158,54 @@ pub fn revision() -> &'static str {
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
-    let seed = args.seed.unwrap_or_else(|| haunt_store::Rng::from_entropy().next_u64() >> 16);
-    let mut options = RunOptions {
+    // The faults as the user named them: a file names them all (an empty
+    // list is `none`), flags may leave them to the system's defaults.
+    let (mut options, nemesis) = match &args.options {
+        Some(file) => {
+            let options = options_from_file(file)?;
+            let named = options.faults.iter().map(|f| f.name()).collect::<Vec<_>>().join(",");
+            (options, Some(named))
+        }
+        None => {
+            let nemesis = args.nemesis.clone();
+            (options_from_flags(args)?, nemesis)
+        }
+    };
+    // `all` depends on the rest: db-restart with a database node, loss in containers.
+    let target = haunt_chaos::assemble::Target::of(&options)?;
+    let faults = nemesis.as_deref().map(|list| Fault::parse_list(list, &target.all_faults(&options))).transpose()?;
+    target.complete(&mut options, faults);
+    // Every other check is the run's own (`Target::check`), before it creates
+    // anything; Ctrl-C heals and stops it (`haunt_chaos::interrupt`).
+    let (quiet, seed) = (options.quiet, options.seed);
+    let outcome = haunt_chaos::assemble::run_interruptible(target, &options).await?;
+    if outcome.aborted {
+        eprintln!("aborted: {}", outcome.run_dir.display());
+        return Ok(haunt_chaos::interrupt::EXIT_INTERRUPTED);
+    }
+    let results = outcome.results.context("a finished run has results")?;
+    if quiet {
+        println!("{} {}", results.valid.as_str(), outcome.run_dir.display());
+        // The one line on stdout stays the verdict's.
+        for warning in &outcome.warnings {
+            eprintln!("{warning}");
+        }
+    } else {
+        print!("{}", haunt_checker::summary::render(&results));
+        for warning in &outcome.warnings {
+            println!("{warning}");
+        }
+        println!("\nrun: {}", outcome.run_dir.display());
+        println!("report: {}", outcome.run_dir.join("report.html").display());
+        println!("seed: {seed} (replay with --seed {seed})");
+    }
+    Ok(results.valid.exit_code())
+}
+
+/// The options the flags give.
+fn options_from_flags(args: RunArgs) -> anyhow::Result<RunOptions> {
+    let seed = args.seed.unwrap_or_else(|| haunt_chaos::core::seed::RunSeed::random().0);
+    Ok(RunOptions {
         backend: match args.backend {
             BackendArg::Local => BackendKind::Local,
             BackendArg::Docker => BackendKind::Docker,
@@ -196,84 +245,22 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         exe: std::env::current_exe().context("finding the haunt executable")?,
         git_revision: revision().to_owned(),
         pg_data: args.pg_data,
-    };
-    // `all` depends on the rest: db-restart with a database node, loss in containers.
-    let target = haunt_chaos::assemble::Target::of(&options)?;
-    options.faults = match &args.nemesis {
-        Some(list) => Fault::parse_list(list, &target.all_faults(&options))?,
-        None => target.default_faults(&options),
-    };
-    // Every other check is the run's own (`RunOptions::validate`), before it creates anything.
-    let abort = Arc::new(AtomicBool::new(false));
-    let flag = abort.clone();
-    let parent = std::os::unix::process::parent_id();
-    tokio::spawn(async move {
-        crate::services::shutdown_signal().await;
-        // Before a word is written: stderr may be a pipe whose reader is gone
-        // (a `haunt matrix` that died), and a failed write must not stop the abort.
-        flag.store(true, Ordering::Relaxed);
-        let _ = writeln!(
-            std::io::stderr(),
-            "interrupted: healing faults and stopping every process (again to kill at once)"
-        );
-        // A second signal kills at once, but only a second Ctrl-C: one that
-        // comes from whoever is still our parent, a second or more after
-        // the first. A child of `haunt matrix` or `haunt guarantees` gets
-        // SIGINT from the kernel when that parent dies, and again each time
-        // it is handed from one exiting thread of the dead parent to another
-        // (strace showed two; a loaded CI machine more), all within moments
-        // and some while the parent's pid is still its parent's: taken as a
-        // second Ctrl-C, they cut the heal short and left the run unmarked.
-        let first = std::time::Instant::now();
-        loop {
-            crate::services::shutdown_signal().await;
-            if std::os::unix::process::parent_id() == parent && first.elapsed() >= Duration::from_secs(1) {
-                break;
-            }
-        }
-        // Children die with us: they carry a parent-death signal. Containers
-        // do not, so they go first, and a database the run crashed (not a
-        // child either) starts again.
-        haunt_chaos::backends::docker::remove_live();
-        haunt_chaos::backends::postgres::restart_crashed();
-        std::process::exit(130);
-    });
-    let quiet = options.quiet;
-    let enabled = options.faults.len();
-    let outcome = haunt_chaos::assemble::run_target(target, &options, &abort).await?;
-    if outcome.aborted {
-        eprintln!("aborted: {}", outcome.run_dir.display());
-        return Ok(130);
+    })
+}
+
+/// The options a file gives (`--options`): a `run.json`'s `options`, or a
+/// whole `run.json`. The executable and the revision are this process's.
+fn options_from_file(file: &std::path::Path) -> anyhow::Result<RunOptions> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let mut value: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: not JSON", file.display()))?;
+    // A whole `run.json` has the options beside the seed and the verdict.
+    if value.get("haunt_version").is_some() {
+        value = value["options"].take();
     }
-    let results = outcome.results.context("a finished run has results")?;
-    let never_fired = (!outcome.faults_never_fired.is_empty()).then(|| {
-        format!(
-            "warning: enabled faults that never fired, so this run did not test them: {}",
-            outcome.faults_never_fired.join(", ")
-        )
-    });
-    // Faults fired, and not one delivery came twice: the inbox was never tested.
-    let fired = enabled > outcome.faults_never_fired.len();
-    let no_redelivery = (fired && results.delivery.redeliveries == Some(0)).then(|| {
-        "warning: the faults fired but caused no redelivery, so this run did not test the inbox \
-         (another --seed, a longer --time-limit-s or --nemesis ack-loss will)"
-            .to_owned()
-    });
-    let warnings: Vec<&String> = [&never_fired, &no_redelivery].into_iter().flatten().collect();
-    if quiet {
-        println!("{} {}", results.valid.as_str(), outcome.run_dir.display());
-        // The one line on stdout stays the verdict's.
-        for warning in &warnings {
-            eprintln!("{warning}");
-        }
-    } else {
-        print!("{}", haunt_checker::summary::render(&results));
-        for warning in &warnings {
-            println!("{warning}");
-        }
-        println!("\nrun: {}", outcome.run_dir.display());
-        println!("report: {}", outcome.run_dir.join("report.html").display());
-        println!("seed: {seed} (replay with --seed {seed})");
-    }
-    Ok(results.valid.exit_code())
+    let mut options: RunOptions =
+        serde_json::from_value(value).with_context(|| format!("{}: not a run's options", file.display()))?;
+    options.exe = std::env::current_exe().context("finding the haunt executable")?;
+    options.git_revision = revision().to_owned();
+    Ok(options)
 }

@@ -15,7 +15,7 @@ pub const DEFAULT_DB: &str = "sqlite://haunt.db";
 pub struct DbArgs {
     /// Database URL: sqlite://PATH (embedded, the default) or postgres://USER@HOST:PORT/DB.
     #[arg(long, env = "HAUNT_DB", default_value = DEFAULT_DB)]
-    pub db: String,
+    pub db: haunt_store::DbUrl,
     /// Connections in the pool.
     #[arg(long, default_value_t = 8)]
     pub db_connections_max: u32,
@@ -182,7 +182,6 @@ async fn connect(db: &DbArgs, bug: Option<Bug>) -> anyhow::Result<Store> {
     loop {
         match Store::connect(&db.db, options.clone()).await {
             Ok(store) => return Ok(store),
-            Err(e @ haunt_store::StoreError::Url(_)) => return Err(e.into()),
             Err(e) if tokio::time::Instant::now() >= deadline => {
                 return Err(anyhow::Error::new(e).context(format!("connecting to {}", db.db)));
             }

@@ -41,7 +41,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use haunt_store::{AckMode, Baseline, LeaseClock, Store, StoreOptions};
+use haunt_store::{AckMode, Baseline, DbUrl, LeaseClock, Store, StoreOptions};
 use haunt_telemetry::metrics::{OutcomeLabels, WorkerMetrics};
 use serde_json::json;
 
@@ -54,7 +54,7 @@ pub struct PipelineOptions {
     pub haunt: PathBuf,
     /// The database: an empty one (postgres://… for every phase; sqlite://…
     /// leaves out the PostgreSQL-only client-side SQL baselines).
-    pub db: String,
+    pub db: DbUrl,
     /// Events pre-enqueued for each drain phase, and orders sent for each ingest phase.
     pub events: usize,
     /// Worker processes' worth of consumers (each with its own connection pool).
@@ -170,7 +170,7 @@ struct Drain {
     protocol: Protocol,
 }
 
-async fn haunt_drain(db: &str, workers: usize, how: Drain, n: usize) -> anyhow::Result<f64> {
+async fn haunt_drain(db: &DbUrl, workers: usize, how: Drain, n: usize) -> anyhow::Result<f64> {
     // The pools are opened, migrated and warmed before the clock starts, as
     // the server-side limit's pool is: the figure is the drain, not the
     // connects (which took a few percent of a 1 s phase when they were timed).
@@ -307,12 +307,13 @@ async fn http_ingest(
 }
 
 /// `url` with its PostgreSQL connections named `name` (SQLite's unchanged).
-pub(crate) fn named(url: &str, name: &str) -> String {
-    if url.starts_with("postgres") {
-        format!("{url}{}application_name={name}", if url.contains('?') { '&' } else { '?' })
-    } else {
-        url.to_owned()
+pub(crate) fn named(db: &DbUrl, name: &str) -> DbUrl {
+    if !db.is_postgres() {
+        return db.clone();
     }
+    let url = db.as_str();
+    let named = format!("{url}{}application_name={name}", if url.contains('?') { '&' } else { '?' });
+    DbUrl::parse(&named).expect("a parameter added to a PostgreSQL URL keeps its scheme")
 }
 
 /// CPU seconds so far of each server backend named `name` (PostgreSQL on this
@@ -359,7 +360,7 @@ async fn server_side_at(
 struct LimitSetup<'a> {
     baseline: &'a Baseline,
     /// The database URL with the limit's application_name.
-    url: &'a str,
+    url: &'a DbUrl,
     pool_size: u32,
     size: (usize, usize),
     batch: i64,
@@ -448,7 +449,7 @@ pub async fn pipeline(options: PipelineOptions, mut progress: impl FnMut(&str)) 
         options.batch_size > 0 && !options.sweep_batch_sizes.contains(&0) && !options.sweep_workers.contains(&0),
         "batch sizes and worker counts must be positive"
     );
-    let postgres = options.db.starts_with("postgres");
+    let postgres = options.db.is_postgres();
     // Opening it migrates it; it must hold nothing the bench would delete.
     // Its leases and acks are durable: the per-message phase drains through it,
     // the tutorial's design, which knows nothing of asynchronous commits.

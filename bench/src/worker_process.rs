@@ -30,7 +30,7 @@ const COMM_LEN_MAX: usize = 15;
 pub(crate) struct WorkerCommand<'a> {
     /// The `haunt` executable.
     pub haunt: &'a Path,
-    pub db: &'a str,
+    pub db: &'a haunt_store::DbUrl,
     /// Its RUST_LOG.
     pub rust_log: &'a str,
     /// Its --spans.
@@ -122,7 +122,7 @@ pub(crate) async fn worker_process(
     let started = Instant::now();
     let mut child = tokio::process::Command::new(&words[0])
         .args(&words[1..])
-        .args(["worker", "--db", &url, "--worker-id", "bench-process", "--poll-interval-ms", "5"])
+        .args(["worker", "--db", url.as_str(), "--worker-id", "bench-process", "--poll-interval-ms", "5"])
         .args(["--batch-size-max", &command.batch_size.to_string(), "--spans", command.spans])
         .env("RUST_LOG", command.rust_log)
         .stdout(std::process::Stdio::null())

@@ -64,6 +64,18 @@ impl Target {
         }
     }
 
+    /// Completes `options` for this system: a system file whose nodes name
+    /// running containers is a Docker run, and a run that names no faults
+    /// (`faults` is `None`) gets this system's defaults.
+    pub fn complete(&self, options: &mut RunOptions, faults: Option<Vec<Fault>>) {
+        if let Target::System(spec) = self
+            && spec.nodes.iter().any(|n| n.container.is_some())
+        {
+            options.backend = BackendKind::Docker;
+        }
+        options.faults = faults.unwrap_or_else(|| self.default_faults(options));
+    }
+
     /// Every check of the options against this system, before anything is
     /// created: each error names the flag (or the file and its node).
     pub fn check(&self, options: &RunOptions) -> anyhow::Result<()> {
@@ -129,8 +141,9 @@ pub async fn run_target(target: Target, options: &RunOptions, abort: &Arc<Atomic
     execute(options, roles, run_dir, started_at_ms, abort).await
 }
 
-/// Runs one test of what `options` name (the reference pipeline, or
-/// `--system`).
-pub async fn run(options: RunOptions, abort: Arc<AtomicBool>) -> anyhow::Result<RunOutcome> {
-    run_target(Target::of(&options)?, &options, &abort).await
+/// Runs one test of `target` as [`run_target`] does, stopped early by
+/// SIGINT or SIGTERM as every run in this process is (`crate::interrupt`).
+pub async fn run_interruptible(target: Target, options: &RunOptions) -> anyhow::Result<RunOutcome> {
+    let guard = crate::interrupt::Guard::new();
+    run_target(target, options, guard.flag()).await
 }

@@ -22,12 +22,16 @@
 //! Beside them, above all four:
 //! - [`assemble`]: one way to assemble a run of any system, for every caller;
 //!   the one module that knows the systems by name.
+//! - [`interrupt`]: what SIGINT and SIGTERM do to the runs in progress
+//!   (heal, stop, mark aborted; a second Ctrl-C kills at once), for every
+//!   caller.
 //! - [`test`]: haunt as a library in a `#[tokio::test]` (`ChaosTest`,
 //!   `Outcome::assert_valid`).
 
 pub mod assemble;
 pub mod backends;
 pub mod core;
+pub mod interrupt;
 pub mod suites;
 pub mod systems;
 pub mod test;

@@ -21,12 +21,9 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use haunt_checker::{Results, Verdict};
-
-use crate::systems::system_file::spec::SystemSpec;
 
 // What a test names besides the builder, under the one path a user imports
 // from (wherever the harness keeps it).
@@ -51,7 +48,8 @@ enum Target {
 pub struct ChaosTest {
     target: Target,
     options: RunOptions,
-    faults_given: bool,
+    /// `None`: the system's defaults.
+    faults: Option<Vec<Fault>>,
 }
 
 impl std::fmt::Debug for ChaosTest {
@@ -64,12 +62,12 @@ impl ChaosTest {
     fn new(target: Target) -> ChaosTest {
         let options = RunOptions {
             quiet: true,
-            seed: haunt_store::Rng::from_entropy().next_u64() >> 16,
+            seed: crate::core::seed::RunSeed::random().0,
             // The services run from the `haunt` executable: $HAUNT_EXE, or `haunt` on PATH.
             exe: std::env::var_os("HAUNT_EXE").map_or_else(|| PathBuf::from("haunt"), PathBuf::from),
             ..RunOptions::default()
         };
-        ChaosTest { target, options, faults_given: false }
+        ChaosTest { target, options, faults: None }
     }
 
     /// haunt's own pipeline, as local processes of the `haunt` executable
@@ -128,8 +126,7 @@ impl ChaosTest {
     /// The faults to inject (default: `haunt run`'s, or for a system file
     /// everything it allows).
     pub fn faults(mut self, faults: &[Fault]) -> ChaosTest {
-        self.options.faults = faults.to_vec();
-        self.faults_given = true;
+        self.faults = Some(faults.to_vec());
         self
     }
 
@@ -189,50 +186,32 @@ impl ChaosTest {
         self
     }
 
-    /// Runs the test to its verdict. An error is a run that could not be
-    /// checked (a bad option, a node that never became ready); a verdict that
-    /// is not valid is an `Ok` outcome, for [`Outcome::assert_valid`].
+    /// Runs the test to its verdict, assembled as `haunt run` assembles a
+    /// run (`crate::assemble`), and like it healed and stopped by Ctrl-C. An
+    /// error is a run that could not be checked (a bad option, a node that
+    /// never became ready, an interrupted run); a verdict that is not valid is
+    /// an `Ok` outcome, for [`Outcome::assert_valid`].
     pub async fn run(self) -> anyhow::Result<Outcome> {
-        let ChaosTest { target, mut options, faults_given } = self;
-        let abort = Arc::new(AtomicBool::new(false));
-        let outcome = match target {
-            Target::Pipeline => crate::assemble::run(options.clone(), abort).await?,
+        let ChaosTest { target, mut options, faults } = self;
+        let target = match target {
+            Target::Pipeline => crate::assemble::Target::Pipeline,
             Target::File(path) => {
                 let spec = crate::systems::system_file::spec::load(&path)?;
                 options.system = Some(path);
-                run_spec(&mut options, spec, faults_given, &abort).await?
+                crate::assemble::Target::System(Box::new(spec))
             }
             Target::Text(text) => {
                 let mut spec = crate::systems::system_file::spec::parse(Path::new("(system given in code)"), &text)?;
                 spec.system_dir = std::env::current_dir()?;
-                run_spec(&mut options, spec, faults_given, &abort).await?
+                crate::assemble::Target::System(Box::new(spec))
             }
-            Target::Given(name, system) => {
-                let target = crate::assemble::Target::Given { name, system };
-                crate::assemble::run_target(target, &options, &abort).await?
-            }
+            Target::Given(name, system) => crate::assemble::Target::Given { name, system },
         };
+        target.complete(&mut options, faults);
+        let outcome = crate::assemble::run_interruptible(target, &options).await?;
         let results = outcome.results.ok_or_else(|| anyhow::anyhow!("the run was aborted"))?;
-        Ok(Outcome { results, run_dir: outcome.run_dir, seed: options.seed })
+        Ok(Outcome { results, run_dir: outcome.run_dir, seed: options.seed, warnings: outcome.warnings })
     }
-}
-
-/// A system file's run, from the file or from text: every fault it allows
-/// unless the test named some; adopted containers make it a Docker run.
-async fn run_spec(
-    options: &mut RunOptions,
-    spec: SystemSpec,
-    faults_given: bool,
-    abort: &Arc<AtomicBool>,
-) -> anyhow::Result<crate::core::run::RunOutcome> {
-    if spec.nodes.iter().any(|n| n.container.is_some()) {
-        options.backend = crate::core::options::BackendKind::Docker;
-    }
-    let target = crate::assemble::Target::System(Box::new(spec));
-    if !faults_given {
-        options.faults = target.all_faults(options);
-    }
-    crate::assemble::run_target(target, options, abort).await
 }
 
 /// A finished test: its results and where its run directory is.
@@ -241,6 +220,9 @@ pub struct Outcome {
     pub results: Results,
     pub run_dir: PathBuf,
     pub seed: u64,
+    /// What the run did not test though it was asked to (faults that never
+    /// fired, or fired without a redelivery), as `haunt run` prints them.
+    pub warnings: Vec<String>,
 }
 
 impl Outcome {
@@ -252,6 +234,10 @@ impl Outcome {
     /// examples, the seed, the run directory and its report.
     pub fn explain(&self) -> String {
         let mut text = haunt_checker::summary::render(&self.results);
+        for warning in &self.warnings {
+            text.push_str(warning);
+            text.push('\n');
+        }
         text.push_str(&format!(
             "\nseed: {} (replay with .seed({}))\nrun: {}\nreport: {}\n",
             self.seed,

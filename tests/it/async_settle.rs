@@ -32,12 +32,12 @@ async fn server() -> Option<(PrivatePostgres, PgServer)> {
 }
 
 async fn open(url: &str, async_lease_ack: bool) -> Store {
-    Store::connect(url, StoreOptions { async_lease_ack, ..StoreOptions::default() }).await.unwrap()
+    Store::connect(&url.parse().unwrap(), StoreOptions { async_lease_ack, ..StoreOptions::default() }).await.unwrap()
 }
 
 /// Ten orders of one item and their messages, as the API writes them.
 async fn place(url: &str) {
-    let baseline = Baseline::connect(url, 1).await.unwrap();
+    let baseline = Baseline::connect(&url.parse().unwrap(), 1).await.unwrap();
     baseline.enqueue(10, 1).await.unwrap();
     baseline.close().await;
 }

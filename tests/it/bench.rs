@@ -57,7 +57,7 @@ fn the_pipeline_bench_measures_the_server_side_limits_and_baselines_on_postgres(
     let rt = tokio::runtime::Runtime::new().unwrap();
     let name = format!("haunt_bench_test_{}", std::process::id());
     let db = rt.block_on(haunt_chaos::suites::matrix::ScratchDb::create(&admin, &name)).unwrap();
-    let out = bench(&db.url);
+    let out = bench(db.url.as_str());
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     rt.block_on(db.drop_now());
     assert!(out.status.success(), "{stderr}");
@@ -180,7 +180,8 @@ fn the_pipeline_bench_refuses_a_database_with_data() {
     let db = format!("sqlite://{}", tmp.path().join("busy.db").display());
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let store = haunt_store::Store::connect(&db, haunt_store::StoreOptions::default()).await.unwrap();
+        let store =
+            haunt_store::Store::connect(&db.parse().unwrap(), haunt_store::StoreOptions::default()).await.unwrap();
         let order = haunt_store::NewOrder {
             order_id: "keep-me".into(),
             item_id: "i".into(),
@@ -195,7 +196,8 @@ fn the_pipeline_bench_refuses_a_database_with_data() {
     assert_eq!(out.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not empty"), "{}", String::from_utf8_lossy(&out.stderr));
     rt.block_on(async {
-        let store = haunt_store::Store::connect(&db, haunt_store::StoreOptions::default()).await.unwrap();
+        let store =
+            haunt_store::Store::connect(&db.parse().unwrap(), haunt_store::StoreOptions::default()).await.unwrap();
         assert!(store.get_order("keep-me").await.unwrap().is_some(), "nothing was deleted");
     });
 }

@@ -83,7 +83,8 @@ fn reconcile_repairs_what_a_run_lost_and_the_repaired_state_is_checked_again() {
     let db = format!("sqlite://{}", run.join("haunt.db").display());
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let store = haunt_store::Store::connect(&db, haunt_store::StoreOptions::default()).await.unwrap();
+        let store =
+            haunt_store::Store::connect(&db.parse().unwrap(), haunt_store::StoreOptions::default()).await.unwrap();
         assert_eq!(store.forget_applications(10).await.unwrap().len(), 10);
         store.close().await;
     });

@@ -418,6 +418,68 @@ fn bad_options_are_refused_before_anything_starts() {
     assert!(!tmp.path().join("latest").exists(), "no run directory for refused options");
 }
 
+/// `haunt run --options FILE` takes every option from a file: a recorded
+/// run's `run.json` runs that run again, with its seed, and draws the same
+/// fault windows in the same order (fault and target; their times vary with
+/// the machine, so only the windows both runs had time for are compared,
+/// at least the first round of every fault). The matrix and the guarantees
+/// hand their child runs options this way.
+#[test]
+fn a_recorded_run_runs_again_from_its_run_json_with_the_same_fault_windows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let args =
+        ["--time-limit-s", "10", "--nemesis", "pause,ack-loss,delay", "--nemesis-interval-s", "1.5", "--seed", "3"];
+    let out = haunt_run(tmp.path(), &args).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let first = latest(tmp.path());
+    let out = Command::new(env!("CARGO_BIN_EXE_haunt"))
+        .args(["run", "--options"])
+        .arg(first.join("run.json"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let second = latest(tmp.path());
+    assert_ne!(first, second, "a run directory of its own");
+    let (a, b) = (read_json(&first.join("run.json")), read_json(&second.join("run.json")));
+    assert_eq!(b["seed"], 3);
+    assert_eq!(a["options"], b["options"], "the same options, the executable and revision aside");
+    let windows = |run: &Path| -> Vec<(String, String)> {
+        let results = read_json(&run.join("results.json"));
+        results["faults"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| (w["fault"].as_str().unwrap().to_owned(), w["target"].as_str().unwrap().to_owned()))
+            .collect()
+    };
+    let (a, b) = (windows(&first), windows(&second));
+    let both = a.len().min(b.len());
+    assert!(both >= 3, "every fault fired in both runs: {a:?} / {b:?}");
+    assert_eq!(a[..both], b[..both], "the same windows in the same order");
+}
+
+#[test]
+fn an_options_file_is_checked_and_takes_no_other_flag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("options.json");
+    let run = |file: &Path, more: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_haunt")).args(["run", "--options"]).arg(file).args(more).output();
+        let out = out.unwrap();
+        assert_ne!(out.status.code(), Some(0));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    std::fs::write(&file, "{}").unwrap();
+    assert!(run(&file, &["--seed", "1"]).contains("cannot be used with"));
+    assert!(run(&file, &[]).contains("not a run's options"));
+    std::fs::write(&file, r#"{"rate": 1, "no_such_option": 2}"#).unwrap();
+    let stderr = run(&file, &[]);
+    assert!(stderr.contains("no_such_option"), "the unknown field is named: {stderr}");
+    std::fs::write(&file, "not json").unwrap();
+    assert!(run(&file, &[]).contains("not JSON"));
+    assert!(run(&tmp.path().join("missing.json"), &[]).contains("missing.json"));
+    assert!(!tmp.path().join("store").exists(), "nothing was run");
+}
+
 /// GET over a raw socket: enough for a local /metrics.
 fn scrape(port: u16) -> Option<String> {
     use std::io::{Read, Write};

@@ -67,7 +67,9 @@ fn the_reference_pipeline_through_its_system_file_matches_haunt_run_on_postgres(
     let by_run =
         rt.block_on(haunt_chaos::suites::matrix::ScratchDb::create(&admin, &format!("haunt_sysrun_{pid}"))).unwrap();
     // The example, on PostgreSQL: both URLs replaced, as its comment says.
-    let text = std::fs::read_to_string(example("haunt.toml")).unwrap().replace("sqlite://{dir}/haunt.db", &by_file.url);
+    let text = std::fs::read_to_string(example("haunt.toml"))
+        .unwrap()
+        .replace("sqlite://{dir}/haunt.db", by_file.url.as_str());
     let tmp = tempfile::tempdir().unwrap();
     let file = tmp.path().join("haunt.toml");
     std::fs::write(&file, text).unwrap();
@@ -75,7 +77,7 @@ fn the_reference_pipeline_through_its_system_file_matches_haunt_run_on_postgres(
     // which does not start the database as a node, cannot: both runs fault
     // the client's link only.
     let both = ["--fault-targets", "client<->api"];
-    let result = std::panic::catch_unwind(|| assert_same_run(&file, &["--db", &by_run.url], &both));
+    let result = std::panic::catch_unwind(|| assert_same_run(&file, &["--db", by_run.url.as_str()], &both));
     rt.block_on(by_file.drop_now());
     rt.block_on(by_run.drop_now());
     if let Err(panic) = result {

@@ -101,7 +101,7 @@ fn the_tutorial_by_hand() {
 
     // The drift, injected behind the pipeline's back, then reconciled.
     let store = tokio::runtime::Runtime::new().unwrap().block_on(async {
-        let store = haunt_store::Store::connect(&db, Default::default()).await.unwrap();
+        let store = haunt_store::Store::connect(&db.parse().unwrap(), Default::default()).await.unwrap();
         store.corrupt_projection("coffee-beans", 5).await.unwrap();
         store
     });

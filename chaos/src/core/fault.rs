@@ -138,6 +138,17 @@ impl serde::Serialize for Fault {
     }
 }
 
+/// By its name, as `run.json`'s `options.nemesis` lists it.
+impl<'de> serde::Deserialize<'de> for Fault {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Fault, D::Error> {
+        let name = String::deserialize(d)?;
+        Fault::ALL.into_iter().find(|f| f.name() == name).ok_or_else(|| {
+            let names: Vec<&str> = Fault::ALL.iter().map(|f| f.name()).collect();
+            serde::de::Error::custom(format!("unknown fault {name:?}; expected one of {}", names.join(", ")))
+        })
+    }
+}
+
 /// What a fault's nemesis is tuned by, from the run's options.
 #[derive(Debug, Clone)]
 pub struct FaultSettings {

@@ -10,6 +10,7 @@
 //!   hold points).
 //! - [`nemesis`]: the nemeses and their seeded schedule.
 //! - [`options`]: a run's options, typed and validated once.
+//! - [`seed`]: the run's seed and every seed derived from it.
 //! - [`run`]: one run as a sequence of phases, assembled from roles.
 //! - [`rundir`]: the run directory and `run.json`.
 //! - [`history`]: the recorder of `history.jsonl`.
@@ -28,6 +29,7 @@ pub mod progress;
 pub mod roles;
 pub mod run;
 pub mod rundir;
+pub mod seed;
 pub mod system;
 pub mod worker_metrics;
 pub mod workload;

@@ -5,15 +5,15 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use haunt_store::Bug;
+use haunt_store::{Bug, DbKind, DbUrl};
 use haunt_transport::TransportSpec;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::core::fault::{Fault, FaultSettings};
 use crate::core::nemesis::ACT_ALLOWANCE;
 
 /// Where the pipeline runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
     /// Child processes of the harness, over SQLite or a PostgreSQL server given by URL.
@@ -33,7 +33,7 @@ impl BackendKind {
 }
 
 /// The images of a Docker run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DockerOptions {
     pub image: String,
     pub postgres_image: String,
@@ -55,7 +55,11 @@ impl Default for DockerOptions {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+/// Every option of a run. Written into `run.json` (`options`), and read
+/// back by `haunt run --options FILE`, which is how the matrix and the
+/// guarantees hand a child run its options: typed here, never as argv.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RunOptions {
     pub backend: BackendKind,
     pub docker: DockerOptions,
@@ -64,10 +68,10 @@ pub struct RunOptions {
     pub concurrency: usize,
     pub workers: usize,
     /// `None`: a fresh SQLite file in the run directory.
-    pub db: Option<String>,
+    pub db: Option<DbUrl>,
     /// A system file (`haunt run --system`): run that system instead of the
     /// reference pipeline.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system: Option<PathBuf>,
     /// The faults to inject (`--nemesis`; `nemesis` in `run.json`).
     #[serde(rename = "nemesis")]
@@ -97,11 +101,11 @@ pub struct RunOptions {
     /// Write the scrape targets of this run (API, workers, harness) here, as a
     /// Prometheus `file_sd_configs` file.
     pub prometheus_sd: Option<PathBuf>,
-    #[serde(serialize_with = "bug_name")]
+    #[serde(serialize_with = "bug_name", deserialize_with = "bug_named")]
     pub bug: Option<Bug>,
     /// Where messages travel from the API to the workers: the database queue,
     /// or a broker that the run starts, with a relay in front of it.
-    #[serde(serialize_with = "spelled")]
+    #[serde(serialize_with = "spelled", deserialize_with = "parsed")]
     pub transport: TransportSpec,
     pub quiet: bool,
     pub request_timeout: Duration,
@@ -118,6 +122,10 @@ fn spelled<S: serde::Serializer>(transport: &TransportSpec, s: S) -> Result<S::O
     s.collect_str(transport)
 }
 
+fn parsed<'de, D: serde::Deserializer<'de>>(d: D) -> Result<TransportSpec, D::Error> {
+    String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+}
+
 fn bug_name<S: serde::Serializer>(bug: &Option<Bug>, s: S) -> Result<S::Ok, S::Error> {
     match bug {
         Some(b) => s.serialize_str(b.name()),
@@ -125,20 +133,8 @@ fn bug_name<S: serde::Serializer>(bug: &Option<Bug>, s: S) -> Result<S::Ok, S::E
     }
 }
 
-/// The database a run's pipeline uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DbKind {
-    Sqlite,
-    Postgres,
-}
-
-impl DbKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            DbKind::Sqlite => "sqlite",
-            DbKind::Postgres => "postgres",
-        }
-    }
+fn bug_named<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Bug>, D::Error> {
+    Option::<String>::deserialize(d)?.map(|name| name.parse().map_err(serde::de::Error::custom)).transpose()
 }
 
 impl Default for RunOptions {
@@ -191,10 +187,8 @@ impl RunOptions {
     pub fn db_kind(&self) -> DbKind {
         match &self.db {
             _ if self.backend == BackendKind::Docker => DbKind::Postgres,
-            Some(url) if haunt_store::Backend::from_url(url).is_ok_and(|b| b == haunt_store::Backend::Postgres) => {
-                DbKind::Postgres
-            }
-            _ => DbKind::Sqlite,
+            Some(db) => db.kind(),
+            None => DbKind::Sqlite,
         }
     }
 
@@ -253,9 +247,6 @@ impl RunOptions {
             "--ack-fail-rate must be within 0 and 1, got {}",
             self.ack_fail_rate
         );
-        if let Some(db) = &self.db {
-            haunt_store::Backend::from_url(db).map_err(|e| anyhow::anyhow!("--db: {e}"))?;
-        }
         // A system file's own checks are its module's (`check_options`), on
         // the spec loaded once.
         if self.system.is_some() {

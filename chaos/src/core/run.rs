@@ -26,6 +26,7 @@ pub use crate::core::options::{BackendKind, DockerOptions, RunOptions};
 use crate::core::progress::say;
 use crate::core::roles::{Checker, Client, Role, RunDirChecker};
 use crate::core::rundir::{RunFile, now_ms, write_json};
+use crate::core::seed::RunSeed;
 use crate::core::system::System;
 use crate::core::workload::WorkloadOptions;
 
@@ -38,6 +39,31 @@ pub struct RunOutcome {
     pub aborted: bool,
     /// Enabled faults that never started (empty for a run that did not finish).
     pub faults_never_fired: Vec<String>,
+    /// What the run did not test though it was asked to, one sentence each
+    /// (`warnings`), for every caller to print.
+    pub warnings: Vec<String>,
+}
+
+/// What a finished run did not test though it was asked to: enabled faults
+/// that never fired, and faults that fired without one redelivery (so the
+/// inbox was never put to work).
+pub fn warnings(enabled: usize, never_fired: &[String], results: &Results) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if !never_fired.is_empty() {
+        warnings.push(format!(
+            "warning: enabled faults that never fired, so this run did not test them: {}",
+            never_fired.join(", ")
+        ));
+    }
+    let fired = enabled > never_fired.len();
+    if fired && results.delivery.redeliveries == Some(0) {
+        warnings.push(
+            "warning: the faults fired but caused no redelivery, so this run did not test the inbox \
+             (another --seed, a longer --time-limit-s or --nemesis ack-loss will)"
+                .to_owned(),
+        );
+    }
+    warnings
 }
 
 /// What a run is assembled from.
@@ -125,7 +151,13 @@ pub async fn execute(
             }
             write_json(&run_dir.join(RUN_FILE), &run_file)?;
             outcome?;
-            return Ok(RunOutcome { run_dir, results: None, aborted, faults_never_fired: Vec::new() });
+            return Ok(RunOutcome {
+                run_dir,
+                results: None,
+                aborted,
+                faults_never_fired: Vec::new(),
+                warnings: Vec::new(),
+            });
         }
     };
     run_file.faults_fired = Some(driven.coverage.counts());
@@ -148,7 +180,8 @@ pub async fn execute(
     if options.metrics_listen.is_some() && !options.metrics_linger.is_zero() {
         tokio::time::sleep(options.metrics_linger).await;
     }
-    Ok(RunOutcome { run_dir, results: Some(results), aborted, faults_never_fired: never_fired })
+    let warnings = warnings(options.faults.len(), &never_fired, &results);
+    Ok(RunOutcome { run_dir, results: Some(results), aborted, faults_never_fired: never_fired, warnings })
 }
 
 /// What [`drive`] leaves for the rest of the run.
@@ -196,7 +229,8 @@ async fn drive(
         let (recorder, active, endpoints) = (recorder.clone(), active.clone(), system.metrics());
         tokio::spawn(crate::core::progress::progress(recorder, active, endpoints, deadline, abort.clone()))
     });
-    let schedule = ScheduleOptions { interval: options.nemesis_interval, seed: options.seed.rotate_left(17), deadline };
+    let schedule =
+        ScheduleOptions { interval: options.nemesis_interval, seed: RunSeed(options.seed).schedule(), deadline };
     let coverage =
         crate::core::nemesis::run_schedule(nemeses, &recorder, &active, schedule, options.faults_at_once, abort).await;
     let workload = workload.await;

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use crate::core::history::Recorder;
 use crate::core::roles::{BoxFuture, Client, Completion};
+use crate::core::seed::RunSeed;
 
 /// Talks to the API over HTTP.
 #[derive(Debug, Clone)]
@@ -131,7 +132,7 @@ async fn client_loop(
     options: WorkloadOptions,
     stop: Arc<AtomicBool>,
 ) {
-    let mut rng = Rng::new(options.seed ^ (thread as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut rng = Rng::new(RunSeed(options.seed).client(thread));
     let stride = options.concurrency.max(1) as u64;
     let mut process = thread as u64;
     let mut n = 0u64;

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use haunt_store::{Rng, Store, StoreOptions};
+use haunt_store::{DbUrl, Rng, Store, StoreOptions};
 
 use haunt_format::{FinalLine, Pending};
 use haunt_transport::{Depth, TransportSpec};
@@ -79,7 +79,7 @@ impl BrokerSide {
 /// engine answers and has the images.
 #[derive(Debug)]
 pub struct Prepared {
-    given: Option<(String, Store)>,
+    given: Option<(DbUrl, Store)>,
 }
 
 impl Pipeline {
@@ -112,7 +112,7 @@ impl Pipeline {
         let (db, store) = match prepared.given {
             Some(given) => given,
             None => {
-                let url = format!("sqlite://{}", run_dir.join("haunt.db").display());
+                let url = DbUrl::sqlite_file(&run_dir.join("haunt.db"));
                 let store = open_empty(&url).await?;
                 (url, store)
             }
@@ -279,11 +279,11 @@ fn split_postgres_url(url: &str) -> Option<(&str, &str, &str)> {
 
 /// One fault proxy per service in front of PostgreSQL; each service gets a URL
 /// that points at its own proxy, so one link can be cut at a time.
-async fn db_proxies(db: &str, names: &[String]) -> anyhow::Result<Vec<(String, Arc<FaultProxy>, String)>> {
-    if db.starts_with("sqlite:") {
+async fn db_proxies(db: &DbUrl, names: &[String]) -> anyhow::Result<Vec<(String, Arc<FaultProxy>, String)>> {
+    if !db.is_postgres() {
         return Ok(Vec::new());
     }
-    let Some((before, host_port, after)) = split_postgres_url(db) else {
+    let Some((before, host_port, after)) = split_postgres_url(db.as_str()) else {
         tracing::warn!("{db}: no host:port to put a fault proxy in front of; database links cannot be partitioned");
         return Ok(Vec::new());
     };
@@ -307,22 +307,21 @@ async fn db_proxies(db: &str, names: &[String]) -> anyhow::Result<Vec<(String, A
 /// the PostgreSQL server as a node of its own when its data directory is known.
 async fn local_pipeline(
     options: &RunOptions,
-    db: String,
+    db: DbUrl,
     store: Store,
     run_dir: &Path,
     token: &str,
 ) -> anyhow::Result<Pipeline> {
-    let db = db.as_str();
     let transport = options.transport;
     let mut names = vec![api_node().name];
     if transport.is_broker() {
         names.push(relay_node().name);
     }
     names.extend((1..=options.workers).map(|i| worker_node(i).name));
-    let proxies = db_proxies(db, &names).await?;
+    let proxies = db_proxies(&db, &names).await?;
     let db_for = |name: &str| -> String {
         let link = format!("{name}<->db");
-        proxies.iter().find(|(l, _, _)| *l == link).map_or_else(|| db.to_owned(), |(_, _, url)| url.clone())
+        proxies.iter().find(|(l, _, _)| *l == link).map_or_else(|| db.to_string(), |(_, _, url)| url.clone())
     };
     let mut reserved = Vec::new();
     let (api_addr, held) = reserve_port()?;
@@ -402,7 +401,7 @@ async fn local_pipeline(
         switches: Some(switches(token, &endpoints)?),
     };
     let client = Arc::new(HttpClient::new(&format!("http://{}", client_proxy.addr()), options.request_timeout)?);
-    Ok(Pipeline { surfaces, store, db: db.to_owned(), client, endpoints, broker })
+    Ok(Pipeline { surfaces, store, db: db.to_string(), client, endpoints, broker })
 }
 
 /// The arguments every worker gets, wherever it runs.
@@ -558,7 +557,7 @@ async fn docker_pipeline(options: &RunOptions, run_id: &str, token: &str, run_di
     let docker = Arc::new(DockerBackend::create(run_id, mount, specs, &options.docker.image).await?);
     docker.start(&pg).await?;
     docker.wait_healthy(&pg, Duration::from_secs(90)).await?;
-    let db = format!("postgres://postgres@127.0.0.1:{pg_port}/postgres");
+    let db = DbUrl::parse(&format!("postgres://postgres@127.0.0.1:{pg_port}/postgres"))?;
     let store = open_empty(&db).await?;
 
     let api = api_node();
@@ -590,13 +589,13 @@ async fn docker_pipeline(options: &RunOptions, run_id: &str, token: &str, run_di
         switches: Some(switches(token, &endpoints)?),
     };
     let client = Arc::new(HttpClient::new(&format!("http://{}", client_proxy.addr()), options.request_timeout)?);
-    Ok(Pipeline { surfaces, store, db, client, endpoints, broker })
+    Ok(Pipeline { surfaces, store, db: db.to_string(), client, endpoints, broker })
 }
 
 /// Opens (and migrates) the run's database, which must be empty: the checker
 /// judges every row against this run's history, and rows from an earlier run
 /// would all look like anomalies.
-async fn open_empty(db: &str) -> anyhow::Result<Store> {
+async fn open_empty(db: &DbUrl) -> anyhow::Result<Store> {
     let store = Store::connect(db, StoreOptions::default()).await.with_context(|| format!("opening {db}"))?;
     anyhow::ensure!(
         store.is_empty().await?,

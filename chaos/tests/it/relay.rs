@@ -51,7 +51,7 @@ fn redis_laid_out(dir: &std::path::Path) -> Option<Redis> {
 
 async fn store(dir: &std::path::Path, bug: Option<Bug>) -> Store {
     let url = format!("sqlite://{}", dir.join("haunt.db").display());
-    Store::connect(&url, StoreOptions { bug, ..StoreOptions::default() }).await.unwrap()
+    Store::connect(&url.parse().unwrap(), StoreOptions { bug, ..StoreOptions::default() }).await.unwrap()
 }
 
 async fn place(store: &Store, n: usize) {

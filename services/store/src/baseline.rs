@@ -37,10 +37,10 @@ use serde_json::json;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{AnyPool, ConnectOptions, Connection};
 
-use crate::Backend;
 use crate::StoreError;
 use crate::StoreError::{CommitUnknown, NotCommitted};
 use crate::sql;
+use crate::{DbKind, DbUrl};
 
 /// Rows per multi-row insert while pre-enqueuing: 6 binds a row, far below
 /// both backends' limits on bound parameters, and large enough that the setup
@@ -55,8 +55,7 @@ const TABLES: [&str; 6] =
 #[derive(Debug, Clone)]
 pub struct Baseline {
     pool: AnyPool,
-    backend: Backend,
-    url: String,
+    db: DbUrl,
 }
 
 /// What a drain left: the bench checks every event was applied once.
@@ -79,17 +78,16 @@ fn now_ms() -> i64 {
 }
 
 impl Baseline {
-    /// A pool of `max_connections` on `url`. The store must have been opened
+    /// A pool of `max_connections` on `db`. The store must have been opened
     /// (and so migrated) on it first.
-    pub async fn connect(url: &str, max_connections: u32) -> Result<Baseline, StoreError> {
+    pub async fn connect(db: &DbUrl, max_connections: u32) -> Result<Baseline, StoreError> {
         sqlx::any::install_default_drivers();
-        let backend = Backend::from_url(url)?;
         let pool = sqlx::any::AnyPoolOptions::new()
             .max_connections(max_connections)
-            .connect(url)
+            .connect(db.as_str())
             .await
             .map_err(StoreError::Connect)?;
-        Ok(Baseline { pool, backend, url: url.to_owned() })
+        Ok(Baseline { pool, db: db.clone() })
     }
 
     /// Opens `n` connections now, so that a phase timed over this pool does
@@ -109,7 +107,7 @@ impl Baseline {
     /// Empties the pipeline's tables. On PostgreSQL by TRUNCATE, so that no
     /// phase pays for the dead rows of the one before it.
     pub async fn reset(&self) -> Result<(), StoreError> {
-        if self.backend == Backend::Postgres {
+        if self.db.kind() == DbKind::Postgres {
             let text = format!("TRUNCATE {}", TABLES.join(", "));
             sqlx::query(sqlx::AssertSqlSafe(text)).execute(&self.pool).await.map_err(NotCommitted)?;
             return Ok(());
@@ -134,7 +132,7 @@ impl Baseline {
     /// ran: `CHECKPOINT` needs a superuser or the `pg_checkpoint` role, and
     /// without either the phases still run, less evenly.
     pub async fn settle(&self) -> Result<bool, StoreError> {
-        if self.backend == Backend::Sqlite {
+        if self.db.kind() == DbKind::Sqlite {
             sqlx::raw_sql("PRAGMA wal_checkpoint(TRUNCATE)").execute(&self.pool).await.map_err(NotCommitted)?;
             return Ok(true);
         }
@@ -149,7 +147,7 @@ impl Baseline {
 
     /// Autovacuum back on for the pipeline's tables, after [`Baseline::settle`].
     pub async fn housekeeping_back_on(&self) -> Result<(), StoreError> {
-        if self.backend == Backend::Postgres {
+        if self.db.kind() == DbKind::Postgres {
             for table in TABLES {
                 let on = format!("ALTER TABLE {table} RESET (autovacuum_enabled)");
                 sqlx::raw_sql(sqlx::AssertSqlSafe(on)).execute(&self.pool).await.map_err(NotCommitted)?;
@@ -213,7 +211,7 @@ impl Baseline {
     /// [`Baseline::client_sql_locked_drain`]) can run here: they read the JSON
     /// payload in SQL and lock with `SKIP LOCKED`, which is PostgreSQL's only.
     pub fn has_client_sql_baseline(&self) -> bool {
-        self.backend == Backend::Postgres
+        self.db.kind() == DbKind::Postgres
     }
 
     fn assert_postgres(&self) {
@@ -224,7 +222,7 @@ impl Baseline {
     /// Creates what the server-side limit runs (on PostgreSQL its procedure,
     /// replaced if a bench that died left one); nothing on SQLite.
     pub async fn install_server_side(&self) -> Result<(), StoreError> {
-        if self.backend == Backend::Postgres {
+        if self.db.kind() == DbKind::Postgres {
             sqlx::raw_sql(SERVER_SIDE_POSTGRES).execute(&self.pool).await.map_err(NotCommitted)?;
         }
         Ok(())
@@ -232,7 +230,7 @@ impl Baseline {
 
     /// Drops what [`Baseline::install_server_side`] created.
     pub async fn drop_server_side(&self) -> Result<(), StoreError> {
-        if self.backend == Backend::Postgres {
+        if self.db.kind() == DbKind::Postgres {
             sqlx::raw_sql(DROP_SERVER_SIDE_POSTGRES).execute(&self.pool).await.map_err(NotCommitted)?;
         }
         Ok(())
@@ -257,7 +255,7 @@ impl Baseline {
         async_lease_ack: bool,
     ) -> Result<u64, StoreError> {
         let worker = format!("server-side-{task}");
-        if self.backend == Backend::Sqlite {
+        if self.db.kind() == DbKind::Sqlite {
             // The bench asks for it on PostgreSQL only; on SQLite it is its bug.
             assert!(!async_lease_ack, "synchronous_commit is PostgreSQL's");
             return self.server_side_drain_sqlite(&worker, batch_size, ack_in_effect).await;
@@ -289,7 +287,7 @@ impl Baseline {
     ) -> Result<u64, StoreError> {
         // The store's pragmas (WAL, NORMAL sync, the busy timeout), so that the
         // limit commits as durably as haunt's workers do.
-        let options = SqliteConnectOptions::from_str(&self.url)
+        let options = SqliteConnectOptions::from_str(self.db.as_str())
             .map_err(StoreError::Connect)?
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
@@ -342,7 +340,7 @@ impl Baseline {
     /// under `application_name`, so that the bench can read what a worker's
     /// connections cost the server in CPU. Empty on SQLite, which has no server.
     pub async fn backend_pids(&self, application_name: &str) -> Result<Vec<i64>, StoreError> {
-        if self.backend != Backend::Postgres {
+        if self.db.kind() != DbKind::Postgres {
             return Ok(Vec::new());
         }
         sqlx::query_scalar(BACKENDS_NAMED).bind(application_name).fetch_all(&self.pool).await.map_err(NotCommitted)

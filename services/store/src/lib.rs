@@ -10,6 +10,7 @@
 //!
 //! - [`Store`]: connecting, migrating, and the operations (`place_order`,
 //!   `lease`, `apply`, `ack`, `fail`, `redrive`, `reconcile`, `final_state`).
+//! - [`DbUrl`]: a database URL parsed once, with its [`DbKind`].
 //! - [`model`]: the values that cross the boundary.
 //! - [`bug`]: the bug modes, each a known mistake that can be switched back on.
 //! - [`retry`]: backoff for failed deliveries.
@@ -19,6 +20,7 @@
 
 mod baseline;
 pub mod bug;
+mod db_url;
 pub mod model;
 pub mod retry;
 mod sql;
@@ -26,10 +28,11 @@ mod store;
 
 pub use baseline::{Baseline, DrainCounts};
 pub use bug::Bug;
+pub use db_url::{DbKind, DbUrl};
 pub use model::*;
 pub use retry::{Backoff, ErrorWait, InjectedErrors, Rng};
 pub use sql::values as sql_values;
-pub use store::{Backend, Store, StoreOptions};
+pub use store::{Store, StoreOptions};
 
 /// Errors at the store's boundary. Whether a failed write may have committed
 /// matters to the API (it decides between "certainly failed" and "unknown"), so

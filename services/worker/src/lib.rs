@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use haunt_store::{
-    AckMode, Applied, Backend, Backoff, Bug, ErrorWait, Failed, LeaseClock, Leased, OrderEvent, Rng, Store, StoreError,
+    AckMode, Applied, Backoff, Bug, DbKind, ErrorWait, Failed, LeaseClock, Leased, OrderEvent, Rng, Store, StoreError,
 };
 use haunt_telemetry::metrics::{OutcomeLabels, TraceExemplar, WorkerMetrics};
 use haunt_telemetry::tracing_context;
@@ -162,7 +162,7 @@ impl AckInFlight {
         if acks.is_empty() {
             return;
         }
-        if worker.store.backend() != Backend::Postgres {
+        if worker.store.db_kind() != DbKind::Postgres {
             worker.ack_all(&acks, &token).await;
             return;
         }

@@ -283,7 +283,7 @@ pub async fn run_schedule(
     let retry_for = stop_retry_for(nemeses, options.interval);
     let schedules = deal(&costs, at_once).into_iter().enumerate().map(|(lane, share)| {
         let share: Vec<usize> = share.into_iter().map(|k| usable[k]).collect();
-        let options = ScheduleOptions { seed: options.seed.wrapping_add(lane as u64), ..options.clone() };
+        let options = ScheduleOptions { seed: crate::core::seed::lane(options.seed, lane), ..options.clone() };
         async move {
             let kinds: Vec<&dyn Nemesis> = share.iter().map(|&i| nemeses[i].as_ref()).collect();
             let fired = one_schedule(&kinds, recorder, active, options, retry_for, stop).await;

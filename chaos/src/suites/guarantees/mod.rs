@@ -26,7 +26,6 @@ pub mod page;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -36,6 +35,8 @@ use haunt_store::{Store, StoreOptions};
 use haunt_transport::{Guarantee, TransportSpec};
 use serde::Serialize;
 
+use crate::core::fault::Fault;
+use crate::core::options::RunOptions;
 use crate::suites::matrix::child_run;
 
 /// What `haunt guarantees` runs.
@@ -55,16 +56,16 @@ pub struct GuaranteesOptions {
 
 /// The visibility timeout of every run: short, so that a run of a few
 /// seconds sees redeliveries (the same for every transport).
-const VISIBILITY_TIMEOUT_MS: &str = "1000";
+const VISIBILITY_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The fault-free run's offered load: more than any transport here absorbs on
 /// 2 cores, so that events/s is the pipeline's and not the workload's.
-const THROUGHPUT_RATE: &str = "3000";
-const THROUGHPUT_CONCURRENCY: &str = "32";
+const THROUGHPUT_RATE: f64 = 3000.0;
+const THROUGHPUT_CONCURRENCY: usize = 32;
 
 /// How long a run may take to drain after its workload: a fault-free run at
 /// [`THROUGHPUT_RATE`] leaves a backlog that takes a slow transport a while.
-const QUIESCE_TIMEOUT_S: &str = "300";
+const QUIESCE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// How long the worker that drains what reconcile re-enqueued may take.
 const REPAIR_DRAIN_MAX: Duration = Duration::from_secs(60);
@@ -145,40 +146,32 @@ pub struct Row {
 }
 
 /// The faults of a transport's fault runs, and their targets.
-fn fault_args(spec: TransportSpec) -> Vec<String> {
-    let (mut faults, mut targets) = (vec!["kill", "partition", "ack-loss"], vec!["worker-1"]);
+fn fault_schedule(spec: TransportSpec) -> (Vec<Fault>, Vec<String>) {
+    let (mut faults, mut targets) = (vec![Fault::Kill, Fault::Partition, Fault::AckLoss], vec!["worker-1"]);
     if spec.is_broker() {
         targets.extend(["worker-1<->broker", "relay"]);
         if spec.server_is_durable() {
-            faults.insert(1, "broker-restart");
+            faults.insert(1, Fault::BrokerRestart);
         }
-        faults.push("relay-kill");
+        faults.push(Fault::RelayKill);
     } else {
         targets.push("worker-1<->db");
     }
-    let fault_list = faults.join(",");
-    let target_list = targets.join(",");
-    [
-        "--nemesis",
-        &fault_list,
-        "--fault-targets",
-        &target_list,
-        "--visibility-timeout-ms",
-        VISIBILITY_TIMEOUT_MS,
-        "--skip-fit-check",
-    ]
-    .map(String::from)
-    .to_vec()
+    (faults, targets.into_iter().map(str::to_owned).collect())
 }
 
-fn haunt_run(options: &GuaranteesOptions, runs_dir: &Path, spec: TransportSpec, inbox: bool) -> Command {
-    let mut command = Command::new(&options.haunt);
-    command.arg("run").arg("--store").arg(runs_dir).args(["--transport", &spec.to_string(), "--quiet"]);
-    command.args(["--quiesce-timeout-s", QUIESCE_TIMEOUT_S]);
-    if !inbox {
-        command.args(["--bug", "no-inbox"]);
+/// The options every run of a row shares: `haunt run`'s defaults, over
+/// `spec`, with or without the inbox.
+fn row_options(options: &GuaranteesOptions, runs_dir: &Path, spec: TransportSpec, inbox: bool) -> RunOptions {
+    RunOptions {
+        store: runs_dir.to_owned(),
+        transport: spec,
+        quiet: true,
+        quiesce_timeout: QUIESCE_TIMEOUT,
+        bug: (!inbox).then_some(haunt_store::Bug::NoInbox),
+        exe: options.haunt.clone(),
+        ..RunOptions::default()
     }
-    command
 }
 
 async fn fault_run(
@@ -188,13 +181,18 @@ async fn fault_run(
     inbox: bool,
     seed: u64,
 ) -> FaultRun {
-    let mut command = haunt_run(options, runs_dir, spec, inbox);
-    // About six faults a run, as in `haunt matrix`.
-    let interval = (options.time_limit_s as f64 / 6.0).clamp(1.0, 5.0);
-    command
-        .args(["--seed", &seed.to_string(), "--time-limit-s", &options.time_limit_s.to_string()])
-        .args(["--nemesis-interval-s", &interval.to_string()])
-        .args(fault_args(spec));
+    let (faults, fault_targets) = fault_schedule(spec);
+    let run_options = RunOptions {
+        seed,
+        time_limit: Duration::from_secs(options.time_limit_s),
+        // About six faults a run, as in `haunt matrix`.
+        nemesis_interval: Duration::from_secs_f64((options.time_limit_s as f64 / 6.0).clamp(1.0, 5.0)),
+        faults,
+        fault_targets,
+        visibility_timeout: VISIBILITY_TIMEOUT,
+        fit_check: false,
+        ..row_options(options, runs_dir, spec, inbox)
+    };
     let mut run = FaultRun {
         seed,
         run_dir: None,
@@ -209,7 +207,7 @@ async fn fault_run(
         repair: None,
         error: None,
     };
-    let (dir, results) = match child_run(command, runs_dir).await {
+    let (dir, results) = match child_run(&options.haunt, &run_options, &format!("fault-{spec}-{inbox}-{seed}")).await {
         Ok(done) => done,
         Err(e) => {
             run.error = Some(e);
@@ -241,16 +239,15 @@ async fn fault_run(
 }
 
 async fn throughput_run(options: &GuaranteesOptions, runs_dir: &Path, spec: TransportSpec, inbox: bool) -> Throughput {
-    let mut command = haunt_run(options, runs_dir, spec, inbox);
-    command.args(["--seed", "1", "--time-limit-s", &options.throughput_time_limit_s.to_string()]).args([
-        "--nemesis",
-        "none",
-        "--rate",
-        THROUGHPUT_RATE,
-        "--concurrency",
-        THROUGHPUT_CONCURRENCY,
-    ]);
-    match child_run(command, runs_dir).await {
+    let run_options = RunOptions {
+        seed: 1,
+        time_limit: Duration::from_secs(options.throughput_time_limit_s),
+        faults: Vec::new(),
+        rate: THROUGHPUT_RATE,
+        concurrency: THROUGHPUT_CONCURRENCY,
+        ..row_options(options, runs_dir, spec, inbox)
+    };
+    match child_run(&options.haunt, &run_options, &format!("throughput-{spec}-{inbox}")).await {
         Ok((dir, results)) => Throughput {
             run_dir: Some(dir.display().to_string()),
             events_per_s: events_per_s(&results),
@@ -317,7 +314,7 @@ pub fn events_per_s(results: &Results) -> Option<f64> {
 /// re-enqueued, and the checker on the repaired state: the run's history
 /// with a final state read afresh, in `after-reconcile/`.
 pub async fn repair(haunt: &Path, run_dir: &Path) -> anyhow::Result<Repair> {
-    let url = format!("sqlite://{}", run_dir.join("haunt.db").display());
+    let url = haunt_store::DbUrl::sqlite_file(&run_dir.join("haunt.db"));
     let store = Store::connect(&url, StoreOptions::default()).await.context("opening the run's database")?;
     let report = store.reconcile(false).await.context("reconcile")?;
     let mut repair = Repair {
@@ -352,10 +349,10 @@ pub async fn repair(haunt: &Path, run_dir: &Path) -> anyhow::Result<Repair> {
 }
 
 /// A `haunt worker` on the database queue until the queue is empty.
-async fn drain(haunt: &Path, url: &str, store: &Store) -> anyhow::Result<()> {
+async fn drain(haunt: &Path, url: &haunt_store::DbUrl, store: &Store) -> anyhow::Result<()> {
     let mut command = tokio::process::Command::new(haunt);
     command
-        .args(["worker", "--db", url, "--worker-id", "reconcile-drain"])
+        .args(["worker", "--db", url.as_str(), "--worker-id", "reconcile-drain"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true);
@@ -781,12 +778,16 @@ mod tests {
 
     #[test]
     fn the_fault_schedule_reaches_the_broker_and_the_relay_only_where_there_are_some() {
-        let db = fault_args("db".parse().unwrap()).join(" ");
-        assert!(db.contains("kill,partition,ack-loss") && db.contains("worker-1,worker-1<->db"), "{db}");
-        let rabbit = fault_args("rabbitmq".parse().unwrap()).join(" ");
-        assert!(rabbit.contains("kill,broker-restart,partition,ack-loss,relay-kill"), "{rabbit}");
-        assert!(rabbit.contains("worker-1,worker-1<->broker,relay"), "{rabbit}");
-        let sqs = fault_args("sqs".parse().unwrap()).join(" ");
-        assert!(!sqs.contains("broker-restart"), "moto keeps nothing through a restart: {sqs}");
+        use Fault::*;
+        let (faults, targets) = fault_schedule("db".parse().unwrap());
+        assert_eq!(
+            (faults, targets),
+            (vec![Kill, Partition, AckLoss], vec!["worker-1".into(), "worker-1<->db".into()])
+        );
+        let (faults, targets) = fault_schedule("rabbitmq".parse().unwrap());
+        assert_eq!(faults, [Kill, BrokerRestart, Partition, AckLoss, RelayKill]);
+        assert_eq!(targets, ["worker-1", "worker-1<->broker", "relay"]);
+        let (faults, _) = fault_schedule("sqs".parse().unwrap());
+        assert!(!faults.contains(&BrokerRestart), "moto keeps nothing through a restart: {faults:?}");
     }
 }

@@ -22,8 +22,8 @@ pub struct Case {
     #[serde(serialize_with = "bug_name")]
     pub bug: Option<Bug>,
     pub nemesis: &'static str,
-    /// Extra `haunt run` arguments.
-    pub args: &'static [&'static str],
+    /// What the row's runs change of the matrix's options.
+    pub tuning: Tuning,
     pub needs: Needs,
     /// Runs on PostgreSQL (`--db`) rather than on a fresh SQLite file. A bug
     /// mode that needs nothing of the database runs on both, a row each.
@@ -44,6 +44,83 @@ fn transport_name<S: serde::Serializer>(t: &Option<TransportSpec>, s: S) -> Resu
         None => s.serialize_none(),
     }
 }
+
+/// What a row changes of a run's options, typed: each set field is written
+/// over the matrix's options before the run (`Tuning::apply`), and
+/// `matrix.json` lists the set fields under the names of `haunt run`'s
+/// flags.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Tuning {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub visibility_timeout_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nemesis_interval_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub faults_at_once: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workers: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub items: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ack_fail_rate: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quiesce_timeout_s: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delivery_attempts_max: Option<u32>,
+    #[serde(skip_serializing_if = "<[&str]>::is_empty")]
+    pub fault_targets: &'static [&'static str],
+}
+
+impl Tuning {
+    /// Nothing changed.
+    pub const NONE: Tuning = Tuning {
+        visibility_timeout_ms: None,
+        nemesis_interval_s: None,
+        faults_at_once: None,
+        workers: None,
+        rate: None,
+        concurrency: None,
+        items: None,
+        ack_fail_rate: None,
+        quiesce_timeout_s: None,
+        delivery_attempts_max: None,
+        fault_targets: &[],
+    };
+
+    /// Writes the set fields over `options`.
+    pub fn apply(&self, options: &mut RunOptions) {
+        if let Some(ms) = self.visibility_timeout_ms {
+            options.visibility_timeout = Duration::from_millis(ms);
+        }
+        if let Some(s) = self.nemesis_interval_s {
+            options.nemesis_interval = Duration::from_secs_f64(s);
+        }
+        if let Some(s) = self.quiesce_timeout_s {
+            options.quiesce_timeout = Duration::from_secs(s);
+        }
+        options.faults_at_once = self.faults_at_once.unwrap_or(options.faults_at_once);
+        options.workers = self.workers.unwrap_or(options.workers);
+        options.rate = self.rate.unwrap_or(options.rate);
+        options.concurrency = self.concurrency.unwrap_or(options.concurrency);
+        options.items = self.items.unwrap_or(options.items);
+        options.ack_fail_rate = self.ack_fail_rate.unwrap_or(options.ack_fail_rate);
+        options.delivery_attempts_max = self.delivery_attempts_max.unwrap_or(options.delivery_attempts_max);
+        if !self.fault_targets.is_empty() {
+            options.fault_targets = self.fault_targets.iter().map(|t| (*t).to_owned()).collect();
+        }
+    }
+}
+
+/// A short lease, so that a run of seconds sees many leases end.
+const FAST_LEASE: Tuning = Tuning { visibility_timeout_ms: Some(500), ..Tuning::NONE };
+/// A broker's lease: long enough for its consumers' round trips.
+const BROKER_LEASE: Tuning = Tuning { visibility_timeout_ms: Some(1000), ..Tuning::NONE };
+/// The relay's link to the broker cut, under a broker's lease.
+const RELAY_CUT: Tuning = Tuning { fault_targets: &["relay<->broker"], ..BROKER_LEASE };
 
 /// What a run of a case must show to count as caught (or, for the correct
 /// build, as passing).
@@ -123,161 +200,94 @@ impl Case {
     }
 }
 
+/// A row of the bug-mode catalogue (on SQLite; [`cases`] adds its
+/// PostgreSQL twin where it needs nothing of the database).
+fn bug_row(bug: Option<Bug>, nemesis: &'static str, tuning: Tuning, needs: Needs, expected: Expect) -> Case {
+    let postgres = needs != Needs::Any;
+    Case { bug, nemesis, tuning, needs, postgres, expected, system: None, transport: None }
+}
+
 /// The bug modes and the correct build, in the order the table shows them.
 pub fn cases() -> Vec<Case> {
-    const FAST_LEASE: &[&str] = &["--visibility-timeout-ms", "500"];
-    // Every fault, three at a time: a short run fits each of them once (the
-    // run refuses a time limit that cannot), and faults overlap as in the wild.
-    const ALL_FAULTS: &[&str] = &["--visibility-timeout-ms", "500", "--faults-at-once", "3"];
-    let on_sqlite = vec![
-        Case {
-            bug: Some(Bug::NoInbox),
-            nemesis: "ack-loss",
-            args: FAST_LEASE,
-            needs: Needs::Any,
-            postgres: false,
-            expected: Expect::Anomaly("double-applied"),
-            system: None,
-            transport: None,
-        },
-        Case {
-            bug: Some(Bug::InboxOutsideTxn),
-            nemesis: "db-error",
-            args: FAST_LEASE,
-            needs: Needs::Any,
-            postgres: false,
-            expected: Expect::Anomaly("lost-effect"),
-            system: None,
-            transport: None,
-        },
-        Case {
-            bug: Some(Bug::AckBeforeProcess),
-            nemesis: "db-error",
-            args: FAST_LEASE,
-            needs: Needs::Any,
-            postgres: false,
-            expected: Expect::Anomaly("lost-effect"),
-            system: None,
-            transport: None,
-        },
-        Case {
-            bug: Some(Bug::NonAtomicEnqueue),
-            nemesis: "db-error",
-            args: FAST_LEASE,
-            needs: Needs::Any,
-            postgres: false,
-            expected: Expect::Anomaly("failed-but-present"),
-            system: None,
-            transport: None,
-        },
-        Case {
-            bug: Some(Bug::ReadModifyWriteProjection),
-            nemesis: "none",
-            // Many writers on two hot items: lost updates need overlap.
-            args: &["--rate", "300", "--concurrency", "16", "--items", "2", "--workers", "4"],
-            needs: Needs::Postgres,
-            postgres: true,
-            expected: Expect::Anomaly("projection-mismatch"),
-            system: None,
-            transport: None,
-        },
-        Case {
-            bug: Some(Bug::WorkerClockLease),
-            // A skewed worker leases ten minutes ahead: an ack it loses leaves
-            // the message invisible for those ten minutes, past the drain. Acks
-            // are lost all run long (--ack-fail-rate), so every skew window
-            // meets lost acks; as a second fault's window it met them only when
-            // the two overlapped (8 seeds in 10). The lease outlasts a skew
-            // window, so the worker does not take its own message back while
-            // skewed; one worker, so every skew meets it.
-            nemesis: "clock-skew",
-            args: &[
-                "--workers",
-                "1",
-                "--visibility-timeout-ms",
-                "5000",
-                "--ack-fail-rate",
-                "0.2",
-                "--quiesce-timeout-s",
-                "15",
-            ],
-            needs: Needs::Any,
-            postgres: false,
-            expected: Expect::NotDrained,
-            system: None,
-            transport: None,
-        },
-        Case {
-            bug: Some(Bug::NoLeaseToken),
-            // A worker stalls right after a lease, past it (the stall fault): with
-            // one delivery allowed, the messages' new holder parks them, and the
-            // zombie applies them anyway. The stall makes the zombie every time;
-            // a pause only did when it happened to stop a worker holding a lease.
-            nemesis: "stall",
-            args: &["--visibility-timeout-ms", "500", "--delivery-attempts-max", "1"],
-            needs: Needs::Any,
-            postgres: false,
-            expected: Expect::Anomaly("projection-mismatch"),
-            system: None,
-            transport: None,
-        },
-        Case {
-            bug: Some(Bug::NewEventIdOnRetry),
-            // The client's link only: on PostgreSQL the delay could otherwise
-            // pick a worker's database link, and no client would retry (5
-            // seeds in 10 missed).
-            nemesis: "delay",
-            args: &["--fault-targets", "client<->api"],
-            needs: Needs::Any,
-            postgres: false,
-            expected: Expect::Anomaly("unexpected-effect"),
-            system: None,
-            transport: None,
-        },
-        Case {
-            bug: Some(Bug::DlqDrop),
-            nemesis: "db-error",
-            // One delivery: every delivery the db-error window fails is parked,
-            // and dropped. With two, a message had to fail twice inside the
-            // window, and 8 s runs lost 0 to 7 messages (3 seeds in 10 none).
-            args: &["--visibility-timeout-ms", "500", "--delivery-attempts-max", "1"],
-            needs: Needs::Any,
-            postgres: false,
-            expected: Expect::Anomaly("lost-effect"),
-            system: None,
-            transport: None,
-        },
-        Case {
-            bug: Some(Bug::AsyncCommit),
-            nemesis: "db-restart",
-            // Only the commits of the last few hundred milliseconds before a
-            // crash are at risk: crash often, with many commits in flight.
-            args: &[
-                "--visibility-timeout-ms",
-                "500",
-                "--nemesis-interval-s",
-                "0.5",
-                "--rate",
-                "300",
-                "--concurrency",
-                "16",
-            ],
-            needs: Needs::PostgresCrash,
-            postgres: true,
-            expected: Expect::Anomaly("lost-order"),
-            system: None,
-            transport: None,
-        },
-        Case {
-            bug: None,
-            nemesis: "all",
-            args: ALL_FAULTS,
-            needs: Needs::Any,
-            postgres: false,
-            expected: Expect::Valid,
-            system: None,
-            transport: None,
-        },
+    use Expect::{Anomaly, NotDrained, Valid};
+    use Needs::{Any, Postgres, PostgresCrash};
+    let on_sqlite = [
+        bug_row(Some(Bug::NoInbox), "ack-loss", FAST_LEASE, Any, Anomaly("double-applied")),
+        bug_row(Some(Bug::InboxOutsideTxn), "db-error", FAST_LEASE, Any, Anomaly("lost-effect")),
+        bug_row(Some(Bug::AckBeforeProcess), "db-error", FAST_LEASE, Any, Anomaly("lost-effect")),
+        bug_row(Some(Bug::NonAtomicEnqueue), "db-error", FAST_LEASE, Any, Anomaly("failed-but-present")),
+        // Many writers on two hot items: lost updates need overlap.
+        bug_row(
+            Some(Bug::ReadModifyWriteProjection),
+            "none",
+            Tuning { rate: Some(300.0), concurrency: Some(16), items: Some(2), workers: Some(4), ..Tuning::NONE },
+            Postgres,
+            Anomaly("projection-mismatch"),
+        ),
+        // A skewed worker leases ten minutes ahead: an ack it loses leaves
+        // the message invisible for those ten minutes, past the drain. Acks
+        // are lost all run long (--ack-fail-rate), so every skew window
+        // meets lost acks; as a second fault's window it met them only when
+        // the two overlapped (8 seeds in 10). The lease outlasts a skew
+        // window, so the worker does not take its own message back while
+        // skewed; one worker, so every skew meets it.
+        bug_row(
+            Some(Bug::WorkerClockLease),
+            "clock-skew",
+            Tuning {
+                workers: Some(1),
+                visibility_timeout_ms: Some(5000),
+                ack_fail_rate: Some(0.2),
+                quiesce_timeout_s: Some(15),
+                ..Tuning::NONE
+            },
+            Any,
+            NotDrained,
+        ),
+        // A worker stalls right after a lease, past it (the stall fault): with
+        // one delivery allowed, the messages' new holder parks them, and the
+        // zombie applies them anyway. The stall makes the zombie every time;
+        // a pause only did when it happened to stop a worker holding a lease.
+        bug_row(
+            Some(Bug::NoLeaseToken),
+            "stall",
+            Tuning { delivery_attempts_max: Some(1), ..FAST_LEASE },
+            Any,
+            Anomaly("projection-mismatch"),
+        ),
+        // The client's link only: on PostgreSQL the delay could otherwise
+        // pick a worker's database link, and no client would retry (5
+        // seeds in 10 missed).
+        bug_row(
+            Some(Bug::NewEventIdOnRetry),
+            "delay",
+            Tuning { fault_targets: &["client<->api"], ..Tuning::NONE },
+            Any,
+            Anomaly("unexpected-effect"),
+        ),
+        // One delivery: every delivery the db-error window fails is parked,
+        // and dropped. With two, a message had to fail twice inside the
+        // window, and 8 s runs lost 0 to 7 messages (3 seeds in 10 none).
+        bug_row(
+            Some(Bug::DlqDrop),
+            "db-error",
+            Tuning { delivery_attempts_max: Some(1), ..FAST_LEASE },
+            Any,
+            Anomaly("lost-effect"),
+        ),
+        // Only the commits of the last few hundred milliseconds before a
+        // crash are at risk: crash often, with many commits in flight.
+        bug_row(
+            Some(Bug::AsyncCommit),
+            "db-restart",
+            Tuning { nemesis_interval_s: Some(0.5), rate: Some(300.0), concurrency: Some(16), ..FAST_LEASE },
+            PostgresCrash,
+            Anomaly("lost-order"),
+        ),
+        // Every fault, three at a time: a short run fits each of them once
+        // (the run refuses a time limit that cannot), and faults overlap as
+        // in the wild.
+        bug_row(None, "all", Tuning { faults_at_once: Some(3), ..FAST_LEASE }, Any, Valid),
     ];
     // What needs nothing of the database runs on PostgreSQL too, right after.
     let mut out = Vec::with_capacity(on_sqlite.len() * 2);
@@ -297,10 +307,10 @@ pub fn cases() -> Vec<Case> {
 /// relay, each under the fault that exposes it. An at-most-once mode: its
 /// claim, measured: with one consumer, killed, it loses.
 pub fn transport_cases(transport: TransportSpec) -> Vec<Case> {
-    let case = |bug, nemesis, args: &'static [&'static str], expected| Case {
+    let case = |bug, nemesis, tuning, expected| Case {
         bug,
         nemesis,
-        args,
+        tuning,
         needs: Needs::Any,
         postgres: false,
         expected,
@@ -308,28 +318,22 @@ pub fn transport_cases(transport: TransportSpec) -> Vec<Case> {
         transport: Some(transport),
     };
     if transport.claim() == Guarantee::AtMostOnce {
-        let args = &["--workers", "1", "--fault-targets", "worker-1"];
-        return vec![case(None, "kill", args, Expect::Anomaly("lost-effect"))];
+        let one_consumer = Tuning { workers: Some(1), fault_targets: &["worker-1"], ..Tuning::NONE };
+        return vec![case(None, "kill", one_consumer, Expect::Anomaly("lost-effect"))];
     }
-    const LEASE: &[&str] = &["--visibility-timeout-ms", "1000"];
     let everything = if transport.server_is_durable() {
         "kill,pause,partition,ack-loss,broker-restart"
     } else {
         "kill,pause,partition,ack-loss"
     };
     let mut cases = vec![
-        case(Some(Bug::NoInbox), "ack-loss", LEASE, Expect::Anomaly("double-applied")),
+        case(Some(Bug::NoInbox), "ack-loss", BROKER_LEASE, Expect::Anomaly("double-applied")),
         // Acked on receipt: what then fails to apply is gone.
-        case(Some(Bug::AckBeforeProcess), "db-error", LEASE, Expect::Anomaly("lost-effect")),
+        case(Some(Bug::AckBeforeProcess), "db-error", BROKER_LEASE, Expect::Anomaly("lost-effect")),
         // Deleted from the outbox, then refused by a broker the relay cannot
         // reach: every batch of the partition is lost.
-        case(
-            Some(Bug::RelayMarksBeforePublish),
-            "partition",
-            &["--visibility-timeout-ms", "1000", "--fault-targets", "relay<->broker"],
-            Expect::Anomaly("lost-effect"),
-        ),
-        case(None, everything, &["--visibility-timeout-ms", "1000", "--faults-at-once", "2"], Expect::Valid),
+        case(Some(Bug::RelayMarksBeforePublish), "partition", RELAY_CUT, Expect::Anomaly("lost-effect")),
+        case(None, everything, Tuning { faults_at_once: Some(2), ..BROKER_LEASE }, Expect::Valid),
     ];
     if transport.has_publisher_confirms() {
         // Deleted from the outbox before the broker confirmed. A partition of
@@ -337,12 +341,7 @@ pub fn transport_cases(transport: TransportSpec) -> Vec<Case> {
         // network, and the connection dies with it when the link heals: every
         // publish of the partition is gone, where a broker crash would drop
         // only what was in flight at that instant (caught in 2 of 5 seeds).
-        let row = case(
-            Some(Bug::NoPublisherConfirms),
-            "partition",
-            &["--visibility-timeout-ms", "1000", "--fault-targets", "relay<->broker"],
-            Expect::Anomaly("lost-effect"),
-        );
+        let row = case(Some(Bug::NoPublisherConfirms), "partition", RELAY_CUT, Expect::Anomaly("lost-effect"));
         cases.insert(cases.len() - 1, row);
     }
     cases
@@ -350,13 +349,12 @@ pub fn transport_cases(transport: TransportSpec) -> Vec<Case> {
 
 /// The rows of `haunt matrix --system FILE`: each fault the file allows, then
 /// all of them at once; every run must be valid.
-pub fn system_cases(path: &Path) -> anyhow::Result<Vec<Case>> {
-    let spec = crate::systems::system_file::spec::load(path)?;
-    let faults = crate::systems::system_file::faults_allowed(&spec);
+pub fn system_cases(spec: &SystemSpec) -> anyhow::Result<Vec<Case>> {
+    let faults = crate::systems::system_file::faults_allowed(spec);
     anyhow::ensure!(
         !faults.is_empty(),
         "{}: it allows no fault (no node takes kill or pause, no link)",
-        path.display()
+        spec.file.display()
     );
     let mut nemeses: Vec<&'static str> = faults.iter().map(|f| f.name()).collect();
     if nemeses.len() > 1 {
@@ -369,7 +367,7 @@ pub fn system_cases(path: &Path) -> anyhow::Result<Vec<Case>> {
             nemesis,
             // All at once: two schedules side by side, so that faults overlap
             // (and the round fits a shorter run).
-            args: if nemesis == "all" { &["--faults-at-once", "2"] } else { &[] },
+            tuning: if nemesis == "all" { Tuning { faults_at_once: Some(2), ..Tuning::NONE } } else { Tuning::NONE },
             needs: Needs::Any,
             postgres: false,
             expected: Expect::Valid,

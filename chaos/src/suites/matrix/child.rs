@@ -3,11 +3,21 @@
 
 use std::process::Command;
 
+use haunt_store::DbUrl;
+
 use super::*;
 
 /// One run of `case` as a child `haunt run`, on a scratch database of its own
 /// when the case runs on PostgreSQL; whatever goes wrong is the record's error.
-pub(super) async fn one_run(case: &Case, seed: u64, options: &MatrixOptions, runs_dir: &Path, n: usize) -> RunRecord {
+/// `spec` is the system file of `--system`, loaded once for the matrix.
+pub(super) async fn one_run(
+    case: &Case,
+    seed: u64,
+    options: &MatrixOptions,
+    spec: Option<&SystemSpec>,
+    runs_dir: &Path,
+    n: usize,
+) -> RunRecord {
     let scratch = match (&options.db, case.postgres) {
         (Some(admin), true) => {
             match ScratchDb::create(admin, &format!("haunt_matrix_{}_{n}", std::process::id())).await {
@@ -17,37 +27,13 @@ pub(super) async fn one_run(case: &Case, seed: u64, options: &MatrixOptions, run
         }
         _ => None,
     };
-    let mut command = Command::new(&options.haunt);
-    command.arg("run");
-    if let Some(system) = &options.system {
-        command.arg("--system").arg(system);
-    }
-    command
-        .arg("--store")
-        .arg(runs_dir)
-        .args(["--seed", &seed.to_string(), "--time-limit-s", &options.time_limit_s.to_string()])
-        .args(["--nemesis", case.nemesis, "--quiet"]);
-    if !case.args.contains(&"--nemesis-interval-s") {
-        // About six faults a run, however long the run: a short run must still
-        // see the faults that expose its bug.
-        command.args(["--nemesis-interval-s", &(options.time_limit_s as f64 / 6.0).clamp(1.0, 5.0).to_string()]);
-    }
-    command.args(case.args);
-    if let Some(bug) = case.bug {
-        command.args(["--bug", bug.name()]);
-    }
-    if let Some(transport) = case.transport {
-        command.args(["--transport", &transport.to_string()]);
-    }
-    if let Some(db) = &scratch {
-        command.args(["--db", &db.url]);
-        if let Some(data) = &options.pg_data {
-            command.arg("--pg-data").arg(data);
-        }
-    }
-    let record = match child_run(command, runs_dir).await {
-        Ok((dir, results)) => RunRecord::from_results(case, seed, dir.display().to_string(), &results),
-        Err(e) => RunRecord::failed_to_run(seed, e),
+    let run = run_options(case, seed, options, spec, runs_dir, scratch.as_ref().map(|db| &db.url));
+    let record = match run {
+        Ok(run) => match child_run(&options.haunt, &run, &format!("matrix-{n}")).await {
+            Ok((dir, results)) => RunRecord::from_results(case, seed, dir.display().to_string(), &results),
+            Err(e) => RunRecord::failed_to_run(seed, e),
+        },
+        Err(e) => RunRecord::failed_to_run(seed, format!("{e:#}")),
     };
     if let Some(db) = scratch {
         db.drop_now().await;
@@ -55,12 +41,60 @@ pub(super) async fn one_run(case: &Case, seed: u64, options: &MatrixOptions, run
     record
 }
 
-/// Runs `command`, a child `haunt run --store runs_dir …`, to its end, and
-/// reads back its run directory and results; an exit other than a verdict's
-/// (0, 1 or 2), or a run without results, is the error.
-pub(crate) async fn child_run(mut command: Command, runs_dir: &Path) -> Result<(PathBuf, Results), String> {
+/// The options of one run of `case`: `haunt run`'s defaults, the matrix's
+/// time limit and store, the row's tuning, bug mode, transport and faults.
+fn run_options(
+    case: &Case,
+    seed: u64,
+    options: &MatrixOptions,
+    spec: Option<&SystemSpec>,
+    runs_dir: &Path,
+    db: Option<&DbUrl>,
+) -> anyhow::Result<RunOptions> {
+    let mut run = RunOptions {
+        store: runs_dir.to_owned(),
+        seed,
+        time_limit: Duration::from_secs(options.time_limit_s),
+        // About six faults a run, however long the run: a short run must
+        // still see the faults that expose its bug (a row's tuning may say
+        // otherwise).
+        nemesis_interval: Duration::from_secs_f64((options.time_limit_s as f64 / 6.0).clamp(1.0, 5.0)),
+        quiet: true,
+        system: options.system.clone(),
+        bug: case.bug,
+        transport: case.transport.unwrap_or_default(),
+        db: db.cloned(),
+        pg_data: db.and(options.pg_data.clone()),
+        exe: options.haunt.clone(),
+        ..RunOptions::default()
+    };
+    case.tuning.apply(&mut run);
+    // What `all` means, as `haunt run` resolves it: the file's faults, or
+    // what the pipeline's layout can take.
+    let all = match spec {
+        Some(spec) => crate::systems::system_file::faults_allowed(spec),
+        None => run.pipeline_faults(),
+    };
+    run.faults = Fault::parse_list(case.nemesis, &all)?;
+    Ok(run)
+}
+
+/// Runs `run` as a child `haunt run --options FILE` (`haunt` is the
+/// executable) to its end, and reads back its run directory and results;
+/// an exit other than a verdict's (0, 1 or 2), or a run without results, is
+/// the error. The options file, named after `name`, lives in the run's store
+/// while the child runs.
+pub(crate) async fn child_run(haunt: &Path, run: &RunOptions, name: &str) -> Result<(PathBuf, Results), String> {
+    let runs_dir = run.store.clone();
+    let file = runs_dir.join(format!(".{name}.options.json"));
+    let json = serde_json::to_string_pretty(run).map_err(|e| format!("writing the run's options: {e}"))?;
+    std::fs::write(&file, json).map_err(|e| format!("writing {}: {e}", file.display()))?;
+    let mut command = Command::new(haunt);
+    command.arg("run").arg("--options").arg(&file);
     crate::backends::local::interrupt_when_parent_dies(&mut command);
-    let out = match tokio::task::spawn_blocking(move || command.output()).await {
+    let out = tokio::task::spawn_blocking(move || command.output()).await;
+    let _ = std::fs::remove_file(&file);
+    let out = match out {
         Ok(Ok(out)) => out,
         Ok(Err(e)) => return Err(e.to_string()),
         Err(e) => return Err(e.to_string()),
@@ -81,7 +115,7 @@ pub(crate) async fn child_run(mut command: Command, runs_dir: &Path) -> Result<(
 pub struct ScratchDb {
     admin_url: String,
     name: String,
-    pub url: String,
+    pub url: DbUrl,
 }
 
 impl ScratchDb {
@@ -97,7 +131,8 @@ impl ScratchDb {
         let _ = conn.close().await;
         let (base, _) = admin_url.split_once('?').unwrap_or((admin_url, ""));
         let base = base.rsplit_once('/').map_or(base, |(b, _)| b);
-        Ok(ScratchDb { admin_url: admin_url.to_owned(), name: name.to_owned(), url: format!("{base}/{name}") })
+        let url = DbUrl::parse(&format!("{base}/{name}"))?;
+        Ok(ScratchDb { admin_url: admin_url.to_owned(), name: name.to_owned(), url })
     }
 
     pub async fn drop_now(self) {

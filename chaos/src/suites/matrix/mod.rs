@@ -15,12 +15,16 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use haunt_checker::{Results, Verdict};
 use haunt_store::Bug;
 use haunt_transport::{Guarantee, TransportSpec};
 use serde::Serialize;
+
+use crate::core::fault::Fault;
+use crate::core::options::RunOptions;
+use crate::systems::system_file::spec::SystemSpec;
 
 pub mod cases;
 pub mod child;
@@ -103,8 +107,10 @@ pub async fn run(options: &MatrixOptions, mut progress: impl FnMut(&str)) -> any
         options.system.is_none() || options.transport.is_none(),
         "--system and --transport: a system file brings its own transport"
     );
-    let all_cases = match (&options.system, options.transport) {
-        (Some(path), _) => system_cases(path)?,
+    // The system file, loaded once: its rows, and what `all` means for them.
+    let spec = options.system.as_deref().map(crate::systems::system_file::spec::load).transpose()?;
+    let all_cases = match (&spec, options.transport) {
+        (Some(spec), _) => system_cases(spec)?,
         (None, Some(t)) if t.is_broker() => transport_cases(t),
         (None, _) => cases(),
     };
@@ -138,7 +144,7 @@ pub async fn run(options: &MatrixOptions, mut progress: impl FnMut(&str)) -> any
         for seed in 1..=options.seeds {
             n += 1;
             let started = Instant::now();
-            let record = one_run(&case, seed, options, &runs_dir, n).await;
+            let record = one_run(&case, seed, options, spec.as_ref(), &runs_dir, n).await;
             let what = match (&record.error, record.passed, case.expected) {
                 (Some(e), _, _) => format!("ERROR {e}"),
                 (None, true, Expect::Valid) => "valid".to_owned(),
@@ -197,7 +203,7 @@ mod tests {
                 assert_eq!(unconfirmed.is_some(), transport.has_publisher_confirms(), "{transport}");
                 if let Some(c) = unconfirmed {
                     assert_eq!((c.nemesis, c.expected), ("partition", Expect::Anomaly("lost-effect")), "{transport}");
-                    assert!(c.args.windows(2).any(|w| w == ["--fault-targets", "relay<->broker"]), "{transport}");
+                    assert_eq!(c.tuning.fault_targets, ["relay<->broker"], "{transport}");
                 }
             }
             assert!(cases.iter().all(|c| c.transport == Some(transport) && c.name().contains(&transport.to_string())));

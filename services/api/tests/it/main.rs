@@ -17,7 +17,7 @@ pub struct Api {
 }
 
 pub async fn start(db: &TestDb, config: ApiConfig) -> Api {
-    let store = Store::connect(&db.url, StoreOptions::default()).await.unwrap();
+    let store = Store::connect(&db.url.parse().unwrap(), StoreOptions::default()).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

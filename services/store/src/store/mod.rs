@@ -19,6 +19,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{AnyPool, Row};
 use uuid::Uuid;
 
+use crate::db_url::{DbKind, DbUrl};
 use crate::sql::{self, Dialect};
 use crate::{
     AckMode, Applied, Bug, Drift, Failed, Headers, InjectedErrors, LeaseClock, Leased, NewOrder, OrderEvent, Placement,
@@ -38,24 +39,6 @@ const BATCH_ROWS_MAX: usize = 1000;
 
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    Sqlite,
-    Postgres,
-}
-
-impl Backend {
-    pub fn from_url(url: &str) -> Result<Backend, StoreError> {
-        if url.starts_with("sqlite:") {
-            Ok(Backend::Sqlite)
-        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Ok(Backend::Postgres)
-        } else {
-            Err(StoreError::Url(url.to_owned()))
-        }
-    }
-}
 
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
@@ -104,7 +87,7 @@ pub struct Store {
     /// The lease's and the ack's connections on PostgreSQL with
     /// [`StoreOptions::async_lease_ack`]: `pg`'s, with asynchronous commits.
     pg_settle: Option<PgPool>,
-    backend: Backend,
+    kind: DbKind,
     dialect: &'static Dialect,
     bug: Option<Bug>,
     injected: Arc<InjectedErrors>,
@@ -151,13 +134,13 @@ type LeaseRow = (String, String, String, String, i64, i64, i64);
 
 impl Store {
     /// Connects and applies the embedded migrations.
-    pub async fn connect(url: &str, options: StoreOptions) -> Result<Store, StoreError> {
+    pub async fn connect(db: &DbUrl, options: StoreOptions) -> Result<Store, StoreError> {
         sqlx::any::install_default_drivers();
-        let backend = Backend::from_url(url)?;
-        let url = match backend {
+        let kind = db.kind();
+        let url = match kind {
             // Create the file when missing.
-            Backend::Sqlite if !url.contains('?') => format!("{url}?mode=rwc"),
-            _ => url.to_owned(),
+            DbKind::Sqlite if !db.as_str().contains('?') => format!("{db}?mode=rwc"),
+            _ => db.to_string(),
         };
         let connect_options = AnyConnectOptions::from_str(&url).map_err(StoreError::Connect)?;
         // BUG MODE async-commit: every session of the build commits without
@@ -165,13 +148,13 @@ impl Store {
         // server's configuration would. (With the orders alone asynchronous,
         // each synchronous commit of a worker flushed them too, and a crash
         // lost only what the last few milliseconds had acknowledged.)
-        let async_commit = backend == Backend::Postgres && options.bug == Some(Bug::AsyncCommit);
+        let async_commit = kind == DbKind::Postgres && options.bug == Some(Bug::AsyncCommit);
         let pool = AnyPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
             .after_connect(move |conn, _meta| {
                 Box::pin(async move {
-                    if backend == Backend::Sqlite {
+                    if kind == DbKind::Sqlite {
                         // WAL lets readers run beside the writer; NORMAL sync is durable
                         // across a killed process (the faults here), not a power cut.
                         sqlx::raw_sql("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL")
@@ -190,14 +173,14 @@ impl Store {
             .connect_with(connect_options)
             .await
             .map_err(StoreError::Connect)?;
-        let migrator = match backend {
-            Backend::Sqlite => &SQLITE_MIGRATIONS,
-            Backend::Postgres => &POSTGRES_MIGRATIONS,
+        let migrator = match kind {
+            DbKind::Sqlite => &SQLITE_MIGRATIONS,
+            DbKind::Postgres => &POSTGRES_MIGRATIONS,
         };
         migrator.run(&pool).await.map_err(StoreError::Migrate)?;
-        let dialect = match backend {
-            Backend::Sqlite => &sql::SQLITE,
-            Backend::Postgres => &sql::POSTGRES,
+        let dialect = match kind {
+            DbKind::Sqlite => &sql::SQLITE,
+            DbKind::Postgres => &sql::POSTGRES,
         };
         let hot_path = |async_commits: bool| -> Result<PgPool, StoreError> {
             let connect =
@@ -218,19 +201,20 @@ impl Store {
         // through `= ANY(array)` index conditions, never by a join, so nothing
         // here needs a nested loop. BUG MODE async-commit reaches these
         // sessions too (see above).
-        let (pg, pg_settle) = match backend {
-            Backend::Postgres => {
+        let (pg, pg_settle) = match kind {
+            DbKind::Postgres => {
                 let apply = hot_path(async_commit)?;
                 let settle = options.async_lease_ack.then(|| hot_path(true)).transpose()?;
                 (Some(apply), settle)
             }
-            Backend::Sqlite => (None, None),
+            DbKind::Sqlite => (None, None),
         };
-        Ok(Store { pool, pg, pg_settle, backend, dialect, bug: options.bug, injected: Arc::default() })
+        Ok(Store { pool, pg, pg_settle, kind, dialect, bug: options.bug, injected: Arc::default() })
     }
 
-    pub fn backend(&self) -> Backend {
-        self.backend
+    /// Which database this store speaks to.
+    pub fn db_kind(&self) -> DbKind {
+        self.kind
     }
 
     pub fn bug(&self) -> Option<Bug> {

@@ -8,7 +8,7 @@ impl Store {
     /// idempotency key: the same order again is a replay, other content a conflict.
     pub async fn place_order(&self, new: &NewOrder) -> Result<Placement, StoreError> {
         let event_id = Uuid::new_v4().to_string();
-        if self.backend == Backend::Postgres && !matches!(self.bug, Some(Bug::AsyncCommit | Bug::NonAtomicEnqueue)) {
+        if self.kind == DbKind::Postgres && !matches!(self.bug, Some(Bug::AsyncCommit | Bug::NonAtomicEnqueue)) {
             return self.place_order_in_one_statement(new, event_id).await;
         }
         // BUG MODE async-commit runs here too, on a session that commits

@@ -47,7 +47,7 @@ impl Store {
     /// which only the harness can write) from one consistent snapshot.
     pub async fn final_state(&self, mut sink: impl FnMut(FinalLine) -> std::io::Result<()>) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
-        if self.backend == Backend::Postgres {
+        if self.kind == DbKind::Postgres {
             sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                 .execute(&mut *tx)
                 .await

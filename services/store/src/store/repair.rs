@@ -10,7 +10,7 @@ impl Store {
     /// or redrives run beside it: a message is never in neither table, nor
     /// copied twice.
     pub async fn redrive(&self, message_id: Option<&str>) -> Result<u64, StoreError> {
-        if self.backend == Backend::Postgres {
+        if self.kind == DbKind::Postgres {
             // One statement, a data-modifying CTE: atomic on its own, and one
             // snapshot for the delete and the insert.
             let query = match message_id {

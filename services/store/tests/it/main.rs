@@ -11,11 +11,13 @@ use haunt_store::{NewOrder, Store, StoreOptions};
 use haunt_testkit::TestDb;
 
 pub async fn open(db: &TestDb) -> Store {
-    Store::connect(&db.url, StoreOptions::default()).await.unwrap_or_else(|e| panic!("{}: {e:?}", db.kind))
+    Store::connect(&db.url.parse().unwrap(), StoreOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e:?}", db.kind))
 }
 
 pub async fn open_with_bug(db: &TestDb, bug: haunt_store::Bug) -> Store {
-    Store::connect(&db.url, StoreOptions { bug: Some(bug), ..StoreOptions::default() }).await.unwrap()
+    Store::connect(&db.url.parse().unwrap(), StoreOptions { bug: Some(bug), ..StoreOptions::default() }).await.unwrap()
 }
 
 pub fn order(id: &str, item: &str, qty: i64) -> NewOrder {

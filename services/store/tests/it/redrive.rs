@@ -85,7 +85,7 @@ async fn redrives_side_by_side_racing_parks_lose_no_message_on_sqlite_and_postgr
 async fn race(db: &TestDb, redrivers: Redrivers) {
     let kind = format!("{} {redrivers:?}", db.kind);
     let options = StoreOptions { max_connections: 16, ..StoreOptions::default() };
-    let store = Store::connect(&db.url, options).await.unwrap_or_else(|e| panic!("{kind}: {e:?}"));
+    let store = Store::connect(&db.url.parse().unwrap(), options).await.unwrap_or_else(|e| panic!("{kind}: {e:?}"));
     let mut events = HashSet::new();
     for i in 0..MESSAGES {
         match store.place_order(&order(&format!("o{i}"), &format!("item-{}", i % 8), 1)).await.unwrap() {

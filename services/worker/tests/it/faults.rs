@@ -177,7 +177,8 @@ async fn acking_before_processing_a_held_batch_is_acked_and_not_applied() {
     let db = TestDb::sqlite();
     let writer = store(&db.url).await;
     let bug = Some(Bug::AckBeforeProcess);
-    let buggy = Store::connect(&db.url, StoreOptions { bug, ..StoreOptions::default() }).await.unwrap();
+    let buggy =
+        Store::connect(&db.url.parse().unwrap(), StoreOptions { bug, ..StoreOptions::default() }).await.unwrap();
     let w = spawn(buggy, WorkerConfig { bug, ..holding_config(AckMode::Separate) }, 0.0).await;
     let held = tokio::spawn(hold(w.base.clone(), serde_json::json!({"wait_ms": 10_000, "hold_ms": 2_000})));
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -75,7 +75,7 @@ pub async fn start(store: Store, config: RunConfig) -> Running {
 }
 
 pub async fn store(url: &str) -> Store {
-    Store::connect(url, StoreOptions::default()).await.unwrap()
+    Store::connect(&url.parse().unwrap(), StoreOptions::default()).await.unwrap()
 }
 
 pub fn order(i: usize, item: &str, qty: i64) -> NewOrder {
