@@ -394,89 +394,118 @@ impl Fold {
         order: Option<OrderRef<'_>>,
     ) -> Result<(), FormatError> {
         let err = |message: String| FormatError::line(file, line, message);
-        if let Some((last_index, last_time)) = self.last {
-            if op.index <= last_index {
-                return Err(err(format!("index {} does not increase (previous op has index {last_index})", op.index)));
-            }
-            if op.time_ns < last_time {
-                return Err(err(format!("time_ns {} goes backwards (previous op at {last_time})", op.time_ns)));
-            }
-        }
-        self.last = Some((op.index, op.time_ns));
+        self.follow(&op).map_err(err)?;
         self.ops += 1;
         if op.process.is_nemesis() {
-            op.check_other_value().map_err(err)?;
-            self.nemesis_ops += 1;
-            let (target, result) = fault_target(op.value);
-            self.push_fault(&op.f, target, result, op.time_ns);
-            return Ok(());
+            return self.push_nemesis_op(&op).map_err(err);
         }
         self.client_ops += 1;
-        let order_fields = match order {
+        let order = match order {
             Some(order) => Some(order),
             None if op.is_client_order() => Some(op.order().map_err(err)?),
             None => None,
         };
-        if order_fields.is_none() {
+        if order.is_none() {
             op.check_other_value().map_err(err)?;
         }
-        let process = op.process.clone();
-        let state = self.processes.entry(process.clone()).or_default();
         if op.kind == OpType::Invoke {
-            if let Some(crashed) = state.crashed_at {
-                return Err(err(format!(
-                    "process {process} invokes again after its info at line {crashed}; \
-                     a client continues under a new process number"
-                )));
-            }
-            if let Some(o) = &state.outstanding {
-                return Err(err(format!(
-                    "process {process} invokes while its invoke at line {} is outstanding",
-                    o.line
-                )));
-            }
-            let f = (op.f != "order").then(|| Box::<str>::from(&*op.f));
-            let order = match order_fields {
-                Some(v) => {
-                    let id = v.order_id.expect("checked by OpRef::order");
-                    let item_name = v.item_id.expect("checked by OpRef::order");
-                    let item = self.strings.id(&item_name);
-                    let i = self.order_index(&id);
-                    let o = &mut self.orders[i as usize];
-                    if !o.invoked {
-                        o.invoked = true;
-                        o.item = item;
-                        o.qty = v.qty.expect("checked by OpRef::order");
-                        o.first_invoke_ns = op.time_ns;
-                    }
-                    o.attempts += 1;
-                    Some(i)
-                }
-                None => None,
-            };
-            let state = self.processes.get_mut(&process).expect("inserted above");
-            state.outstanding = Some(Outstanding { line, time_ns: op.time_ns, f, order });
-            return Ok(());
+            self.push_invoke(line, &op, order).map_err(err)
+        } else {
+            self.push_completion(line, &op, order).map_err(err)
         }
+    }
+
+    /// Checks that an op comes after the last one, in index and in time, and
+    /// makes it the last.
+    fn follow(&mut self, op: &OpRef<'_>) -> Result<(), String> {
+        if let Some((last_index, last_time)) = self.last {
+            if op.index <= last_index {
+                return Err(format!("index {} does not increase (previous op has index {last_index})", op.index));
+            }
+            if op.time_ns < last_time {
+                return Err(format!("time_ns {} goes backwards (previous op at {last_time})", op.time_ns));
+            }
+        }
+        self.last = Some((op.index, op.time_ns));
+        Ok(())
+    }
+
+    /// A nemesis op: one edge of a fault window.
+    fn push_nemesis_op(&mut self, op: &OpRef<'_>) -> Result<(), String> {
+        op.check_other_value()?;
+        self.nemesis_ops += 1;
+        let (target, result) = fault_target(op.value);
+        self.push_fault(&op.f, target, result, op.time_ns);
+        Ok(())
+    }
+
+    /// A client's invoke, at `line`: it becomes the process's outstanding op,
+    /// and an attempt at its order if it is one.
+    fn push_invoke(&mut self, line: u64, op: &OpRef<'_>, order: Option<OrderRef<'_>>) -> Result<(), String> {
+        let process = &op.process;
+        let state = self.processes.entry(process.clone()).or_default();
+        if let Some(crashed) = state.crashed_at {
+            return Err(format!(
+                "process {process} invokes again after its info at line {crashed}; \
+                 a client continues under a new process number"
+            ));
+        }
+        if let Some(o) = &state.outstanding {
+            return Err(format!("process {process} invokes while its invoke at line {} is outstanding", o.line));
+        }
+        let f = (op.f != "order").then(|| Box::<str>::from(&*op.f));
+        let order = order.map(|v| self.invoke_order(v, op.time_ns));
+        let state = self.processes.get_mut(process).expect("inserted above");
+        state.outstanding = Some(Outstanding { line, time_ns: op.time_ns, f, order });
+        Ok(())
+    }
+
+    /// An attempt at the order an invoke names, at `time_ns`; the order's index.
+    fn invoke_order(&mut self, v: OrderRef<'_>, time_ns: u64) -> u32 {
+        let id = v.order_id.expect("checked by OpRef::order");
+        let item_name = v.item_id.expect("checked by OpRef::order");
+        let item = self.strings.id(&item_name);
+        let i = self.order_index(&id);
+        let o = &mut self.orders[i as usize];
+        if !o.invoked {
+            o.invoked = true;
+            o.item = item;
+            o.qty = v.qty.expect("checked by OpRef::order");
+            o.first_invoke_ns = time_ns;
+        }
+        o.attempts += 1;
+        i
+    }
+
+    /// A client's completion, at `line`, of its process's outstanding invoke.
+    fn push_completion(&mut self, line: u64, op: &OpRef<'_>, order: Option<OrderRef<'_>>) -> Result<(), String> {
+        let process = &op.process;
+        let state = self.processes.entry(process.clone()).or_default();
         let Some(invoke) = state.outstanding.take() else {
-            return Err(err(format!(
-                "{} completion from process {process} with no outstanding invoke",
-                op.kind.as_str()
-            )));
+            return Err(format!("{} completion from process {process} with no outstanding invoke", op.kind.as_str()));
         };
         let invoke_f = invoke.f.as_deref().unwrap_or("order");
         if invoke_f != op.f {
-            return Err(err(format!(
+            return Err(format!(
                 "completion f \"{}\" does not match the invoke at line {} (f \"{invoke_f}\")",
                 op.f, invoke.line
-            )));
+            ));
         }
         if op.kind == OpType::Info {
             state.crashed_at = Some(line);
         }
-        let latency = (op.time_ns - invoke.time_ns) as f64;
+        self.time_completion(invoke.time_ns, op);
+        match (invoke.order, order) {
+            (Some(i), Some(v)) => self.complete_order(i, invoke.line, v, op),
+            _ => Ok(()),
+        }
+    }
+
+    /// The latency and outcome of an op invoked at `invoke_ns` and completed by `op`.
+    fn time_completion(&mut self, invoke_ns: u64, op: &OpRef<'_>) {
+        let latency = (op.time_ns - invoke_ns) as f64;
         if self.first_fault_ns.is_some() {
-            self.latency_timed_ns.push((invoke.time_ns, latency));
+            self.latency_timed_ns.push((invoke_ns, latency));
         }
         let outcome = match op.kind {
             OpType::Ok => {
@@ -494,34 +523,37 @@ impl Fold {
         };
         if self.first_fault_ns.is_some() {
             match outcome {
-                Outcome::Fail => self.failed_timed_ns.push(invoke.time_ns),
-                Outcome::Info => self.info_timed_ns.push(invoke.time_ns),
+                Outcome::Fail => self.failed_timed_ns.push(invoke_ns),
+                Outcome::Info => self.info_timed_ns.push(invoke_ns),
                 _ => {}
             }
         }
-        self.ops_series.push_op(invoke.time_ns, outcome, op.time_ns - invoke.time_ns);
-        if let (Some(i), Some(v)) = (invoke.order, order_fields) {
-            let o = &mut self.orders[i as usize];
-            if let Some(id) = v.order_id.as_deref()
-                && !id.is_empty()
-                && id != &*o.id
-            {
-                return Err(err(format!(
-                    "completion names order_id \"{id}\" but its invoke at line {} names \"{}\"",
-                    invoke.line, o.id
-                )));
-            }
-            match op.kind {
-                OpType::Ok => {
-                    o.ok += 1;
-                    o.first_ok_ns.get_or_insert(op.time_ns);
-                    if o.ack_event.is_none() {
-                        o.ack_event = v.event_id.map(|e| Box::from(&*e));
-                    }
+        self.ops_series.push_op(invoke_ns, outcome, op.time_ns - invoke_ns);
+    }
+
+    /// The outcome of an attempt at the `i`th order, whose invoke is at
+    /// `invoke_line`: `v` is the completion's value.
+    fn complete_order(&mut self, i: u32, invoke_line: u64, v: OrderRef<'_>, op: &OpRef<'_>) -> Result<(), String> {
+        let o = &mut self.orders[i as usize];
+        if let Some(id) = v.order_id.as_deref()
+            && !id.is_empty()
+            && id != &*o.id
+        {
+            return Err(format!(
+                "completion names order_id \"{id}\" but its invoke at line {invoke_line} names \"{}\"",
+                o.id
+            ));
+        }
+        match op.kind {
+            OpType::Ok => {
+                o.ok += 1;
+                o.first_ok_ns.get_or_insert(op.time_ns);
+                if o.ack_event.is_none() {
+                    o.ack_event = v.event_id.map(|e| Box::from(&*e));
                 }
-                OpType::Fail => o.fail += 1,
-                _ => o.unknown += 1,
             }
+            OpType::Fail => o.fail += 1,
+            _ => o.unknown += 1,
         }
         Ok(())
     }

@@ -144,31 +144,57 @@ struct Sums {
     maybe: i128,
 }
 
+/// Adds an order's qty to its item's sums, if it has a row.
+fn sum_order(sums: &mut [Option<Sums>], o: &Order, ledger: bool) {
+    if let Some(row) = &o.row {
+        let entry = sums[row.item as usize].get_or_insert_default();
+        // Pending but applied (its ack lost): its effect is in; parked: it must not be.
+        if !o.dead && (!o.pending || o.applied.count > 0) {
+            entry.orders += i128::from(row.qty);
+        } else if !o.dead && !ledger {
+            entry.maybe += i128::from(row.qty);
+        }
+    }
+}
+
+/// What the final state can prove, which decides the rules that are evaluated.
+#[derive(Debug, Clone, Copy)]
+struct Evidence {
+    final_present: bool,
+    /// A cut final state proves nothing by absence: a row not read may simply
+    /// not have been written. The rules that rest on absence wait for a whole one.
+    absence_proves: bool,
+    /// Without a ledger no event can be followed: only the projection speaks.
+    ledger: bool,
+    /// Messages held but not named (a broker that only counts): an order
+    /// without an effect may be one of them, so neither its absence from the
+    /// ledger nor the projection's shortfall proves a loss.
+    unlisted: u64,
+    held_all_named: bool,
+}
+
+impl Evidence {
+    fn of(fold: &Fold) -> Evidence {
+        let final_present = fold.final_present;
+        let absence_proves = final_present && !fold.final_truncated;
+        let unlisted = fold.meta.as_ref().and_then(|m| m.unlisted).unwrap_or(0);
+        Evidence {
+            final_present,
+            absence_proves,
+            ledger: fold.meta.as_ref().and_then(|m| m.ledger) != Some(false),
+            unlisted,
+            held_all_named: absence_proves && unlisted == 0,
+        }
+    }
+}
+
 /// Decides the run.
 pub fn check(fold: &Fold) -> Results {
-    let mut anomalies = Anomalies::new();
-    let final_present = fold.final_present;
-    // A cut final state proves nothing by absence: a row not read may simply
-    // not have been written. The rules that rest on absence wait for a whole one.
-    let absence_proves = final_present && !fold.final_truncated;
-    // Without a ledger no event can be followed: only the projection speaks.
-    let ledger = fold.meta.as_ref().and_then(|m| m.ledger) != Some(false);
-    // Messages held but not named (a broker that only counts): an order
-    // without an effect may be one of them, so neither its absence from the
-    // ledger nor the projection's shortfall proves a loss.
-    let unlisted = fold.meta.as_ref().and_then(|m| m.unlisted).unwrap_or(0);
-    let held_all_named = absence_proves && unlisted == 0;
-
-    // Applied lines that joined no order row name their order by id only; an
-    // order with such a line is present as an effect.
-    let mut stray_by_order: HashMap<&str, Vec<usize>> = HashMap::new();
-    for (n, a) in fold.stray_applied.iter().enumerate() {
-        stray_by_order.entry(&*a.order_id).or_default().push(n);
-    }
+    let mut rules = Rules::new(fold);
+    let evidence = rules.evidence;
 
     // One pass over the orders (millions of them, a gigabyte at 10M ops) does
     // the anomalies, the counts and the projection's order sums together.
-    let mut unexpected: HashSet<&str> = HashSet::new();
     let mut tally = Tally::default();
     let mut attribution = Attribution::new(fold);
     let mut applications = ApplicationSeries::new(fold);
@@ -180,55 +206,8 @@ pub fn check(fold: &Fold) -> Results {
         tally.count(o);
         attribution.count(o);
         applications.count(fold, i, o);
-        if let Some(row) = &o.row {
-            let entry = sums[row.item as usize].get_or_insert_default();
-            // Pending but applied (its ack lost): its effect is in; parked: it must not be.
-            if !o.dead && (!o.pending || o.applied.count > 0) {
-                entry.orders += i128::from(row.qty);
-            } else if !o.dead && !ledger {
-                entry.maybe += i128::from(row.qty);
-            }
-        }
-        let has_stray = stray_by_order.contains_key(&*o.id);
-        if absence_proves && o.acknowledged() && o.row.is_none() {
-            let why = format!("acknowledged ({} ok of {} attempts) but absent from the final orders", o.ok, o.attempts);
-            anomalies.add("lost-order", example(o, o.ack_event.as_deref(), why));
-        }
-        if final_present && o.failed() && (o.row.is_some() || has_stray) {
-            let what = if o.row.is_some() { "its order row" } else { "an applied effect" };
-            let why = format!("all {} attempts failed, yet the final state holds {what}", o.attempts);
-            anomalies.add("failed-but-present", example(o, o.row.as_ref().map(|r| &*r.event), why));
-        }
-        if let Some(row) = &o.row {
-            if !o.invoked && unexpected.insert(&o.id) {
-                anomalies
-                    .add("unexpected-effect", example(o, Some(&row.event), "order present but never invoked".into()));
-            } else if o.extra_rows > 0 && unexpected.insert(&o.id) {
-                anomalies.add("unexpected-effect", example(o, Some(&row.event), "order present more than once".into()));
-            }
-            if ledger && held_all_named && o.applied.count == 0 && !o.pending && !o.dead {
-                let why = "order present but its event was never applied, is not queued and not dead-lettered";
-                anomalies.add("lost-effect", example(o, Some(&row.event), why.into()));
-            }
-            if ledger && o.applied.count > 1 {
-                let extra = fold.extra_applications.get(&(i as u32)).map(Vec::as_slice).unwrap_or(&[]);
-                let all: Vec<_> = o.applied.first.iter().chain(extra).collect();
-                let attempts: Vec<String> = all.iter().map(|a| a.attempt.to_string()).collect();
-                let workers: BTreeSet<&str> = all.iter().map(|a| fold.strings.name(a.worker)).collect();
-                let why = format!(
-                    "applied {} times (delivery attempts {}; workers {})",
-                    o.applied.count,
-                    attempts.join(", "),
-                    workers.into_iter().collect::<Vec<_>>().join(", ")
-                );
-                anomalies.add("double-applied", example(o, Some(&row.event), why));
-            }
-            if let Some(why) = &o.applied.mismatch
-                && unexpected.insert(&o.id)
-            {
-                anomalies.add("unexpected-effect", example(o, Some(&row.event), why.clone()));
-            }
-        }
+        sum_order(&mut sums, o, evidence.ledger);
+        rules.order(i, o);
     }
 
     // Applications that joined no row: grouped by event for double application,
@@ -237,9 +216,168 @@ pub fn check(fold: &Fold) -> Results {
     for (n, a) in fold.stray_applied.iter().enumerate() {
         stray_events.entry(&*a.event).or_default().push(n);
     }
-    for (event, lines) in &stray_events {
-        let first = &fold.stray_applied[lines[0]];
-        if lines.len() > 1 {
+    rules.double_applied_stray(&stray_events);
+    rules.unexpected_effect_stray(&stray_events);
+    rules.projection_mismatch(sums);
+
+    // Reported, not failures: recovered, dead_lettered and pending, in the tally.
+    let counts = counts(fold, &tally, &stray_events);
+    let delivery = delivery(fold, &mut tally, &stray_events);
+    let series = applications.finish(fold, tally.duplicates_absorbed.is_some());
+
+    let mut faults = fold.faults.clone();
+    let ops_outside_faults =
+        attribution.finish(fold, &mut faults, tally.deliveries.is_some(), tally.duplicates_absorbed.is_some());
+    let latency_ms = Latency { ops_outside_faults, ..latency(fold) };
+
+    let anomalies = rules.anomalies.reports;
+    let failing = anomalies.values().any(|r| r.count > 0);
+    let mut unknown_reasons = unknown_reasons(fold, &evidence);
+    let valid = if failing {
+        Verdict::Invalid
+    } else if !unknown_reasons.is_empty() {
+        Verdict::Unknown
+    } else {
+        Verdict::Valid
+    };
+    if valid != Verdict::Unknown {
+        unknown_reasons.clear();
+    }
+
+    Results {
+        valid,
+        unknown_reasons,
+        not_evaluated: not_evaluated(&evidence),
+        ledger: evidence.ledger,
+        counts,
+        anomalies,
+        recovered: tally.recovered,
+        dead_lettered: tally.dead_lettered,
+        pending: tally.pending,
+        delivery,
+        latency_ms,
+        faults,
+        series,
+    }
+}
+
+/// The anomaly rules, one method each, and what they share: the run, what its
+/// final state can prove, and the anomalies found so far.
+#[derive(Debug)]
+struct Rules<'f> {
+    fold: &'f Fold,
+    evidence: Evidence,
+    anomalies: Anomalies,
+    /// Applied lines that joined no order row name their order by id only; an
+    /// order with such a line is present as an effect.
+    stray_orders: HashSet<&'f str>,
+    /// The orders reported as an unexpected effect: one example each, for the
+    /// first reason found.
+    unexpected: HashSet<&'f str>,
+}
+
+impl<'f> Rules<'f> {
+    fn new(fold: &'f Fold) -> Self {
+        Rules {
+            fold,
+            evidence: Evidence::of(fold),
+            anomalies: Anomalies::new(),
+            stray_orders: fold.stray_applied.iter().map(|a| &*a.order_id).collect(),
+            unexpected: HashSet::new(),
+        }
+    }
+
+    /// The rules that judge one order, the `i`th, in the one pass over them.
+    fn order(&mut self, i: usize, o: &'f Order) {
+        self.lost_order(o);
+        self.failed_but_present(o);
+        self.unexpected_effect(o);
+        self.lost_effect(o);
+        self.double_applied(i, o);
+    }
+
+    /// An acknowledged order absent from the final orders.
+    fn lost_order(&mut self, o: &Order) {
+        if self.evidence.absence_proves && o.acknowledged() && o.row.is_none() {
+            let why = format!("acknowledged ({} ok of {} attempts) but absent from the final orders", o.ok, o.attempts);
+            self.anomalies.add("lost-order", example(o, o.ack_event.as_deref(), why));
+        }
+    }
+
+    /// An order whose every attempt failed, yet whose row or effect is in the
+    /// final state.
+    fn failed_but_present(&mut self, o: &Order) {
+        if self.evidence.final_present && o.failed() && (o.row.is_some() || self.stray_orders.contains(&*o.id)) {
+            let what = if o.row.is_some() { "its order row" } else { "an applied effect" };
+            let why = format!("all {} attempts failed, yet the final state holds {what}", o.attempts);
+            self.anomalies.add("failed-but-present", example(o, o.row.as_ref().map(|r| &*r.event), why));
+        }
+    }
+
+    /// An order present but never invoked, present more than once, or applied
+    /// by a line that does not match it.
+    fn unexpected_effect(&mut self, o: &'f Order) {
+        let Some(row) = &o.row else {
+            return;
+        };
+        let why = if !o.invoked {
+            "order present but never invoked".to_owned()
+        } else if o.extra_rows > 0 {
+            "order present more than once".to_owned()
+        } else if let Some(why) = &o.applied.mismatch {
+            why.clone()
+        } else {
+            return;
+        };
+        if self.unexpected.insert(&o.id) {
+            self.anomalies.add("unexpected-effect", example(o, Some(&row.event), why));
+        }
+    }
+
+    /// An order present whose event was never applied, is not queued and not
+    /// dead-lettered.
+    fn lost_effect(&mut self, o: &Order) {
+        let Some(row) = &o.row else {
+            return;
+        };
+        let Evidence { ledger, held_all_named, .. } = self.evidence;
+        if ledger && held_all_named && o.applied.count == 0 && !o.pending && !o.dead {
+            let why = "order present but its event was never applied, is not queued and not dead-lettered";
+            self.anomalies.add("lost-effect", example(o, Some(&row.event), why.into()));
+        }
+    }
+
+    /// An order row's event applied more than once.
+    fn double_applied(&mut self, i: usize, o: &Order) {
+        let Some(row) = &o.row else {
+            return;
+        };
+        if !self.evidence.ledger || o.applied.count <= 1 {
+            return;
+        }
+        let fold = self.fold;
+        let extra = fold.extra_applications.get(&(i as u32)).map(Vec::as_slice).unwrap_or(&[]);
+        let all: Vec<_> = o.applied.first.iter().chain(extra).collect();
+        let attempts: Vec<String> = all.iter().map(|a| a.attempt.to_string()).collect();
+        let workers: BTreeSet<&str> = all.iter().map(|a| fold.strings.name(a.worker)).collect();
+        let why = format!(
+            "applied {} times (delivery attempts {}; workers {})",
+            o.applied.count,
+            attempts.join(", "),
+            workers.into_iter().collect::<Vec<_>>().join(", ")
+        );
+        self.anomalies.add("double-applied", example(o, Some(&row.event), why));
+    }
+
+    /// An event that joined no order row, applied more than once: the stray
+    /// applications are grouped by event.
+    fn double_applied_stray(&mut self, stray_events: &BTreeMap<&str, Vec<usize>>) {
+        let fold = self.fold;
+        for (event, lines) in stray_events {
+            if lines.len() <= 1 {
+                continue;
+            }
+            let first = &fold.stray_applied[lines[0]];
             let attempts: Vec<String> =
                 lines.iter().map(|&n| fold.stray_applied[n].application.attempt.to_string()).collect();
             let ex = Example {
@@ -250,9 +388,15 @@ pub fn check(fold: &Fold) -> Results {
                 direction: None,
                 why: format!("applied {} times (delivery attempts {})", lines.len(), attempts.join(", ")),
             };
-            anomalies.add("double-applied", ex);
+            self.anomalies.add("double-applied", ex);
         }
-        for &n in lines {
+    }
+
+    /// An application that joined no order row, judged by its order id: the
+    /// order was never invoked, is absent, or has another event.
+    fn unexpected_effect_stray(&mut self, stray_events: &BTreeMap<&str, Vec<usize>>) {
+        let fold = self.fold;
+        for &n in stray_events.values().flatten() {
             let a = &fold.stray_applied[n];
             let why = match fold.order(&a.order_id) {
                 None => Some("applied for an order that was never invoked".to_owned()),
@@ -260,7 +404,7 @@ pub fn check(fold: &Fold) -> Results {
                 // Reported as lost-order or failed-but-present; not counted again.
                 Some(o) if o.row.is_none() && !o.indeterminate() => None,
                 // Its row may be in the part of a cut final state never written.
-                Some(o) if o.row.is_none() && !absence_proves => None,
+                Some(o) if o.row.is_none() && !self.evidence.absence_proves => None,
                 Some(o) if o.row.is_none() => Some("applied, but the order is absent from the final orders".to_owned()),
                 Some(o) => Some(format!(
                     "applied line does not match its order: event_id {} (order has {})",
@@ -269,7 +413,7 @@ pub fn check(fold: &Fold) -> Results {
                 )),
             };
             if let Some(why) = why
-                && unexpected.insert(&a.order_id)
+                && self.unexpected.insert(&a.order_id)
             {
                 let ex = Example {
                     order_id: Some(a.order_id.to_string()),
@@ -279,71 +423,82 @@ pub fn check(fold: &Fold) -> Results {
                     direction: None,
                     why,
                 };
-                anomalies.add("unexpected-effect", ex);
+                self.anomalies.add("unexpected-effect", ex);
             }
         }
     }
 
-    // The projection against both of its sources, summed by interned item (one
-    // array slot each, no lookup per order), then named.
-    for (&item, &sum) in &fold.applied_sum {
-        sums[item as usize].get_or_insert_default().applied += sum;
-    }
-    for &item in fold.projection.keys() {
-        sums[item as usize].get_or_insert_default();
-    }
-    let items: BTreeMap<&str, Sums> = if held_all_named {
-        sums.iter().enumerate().filter_map(|(i, s)| Some((fold.strings.name(i as u32), (*s)?))).collect()
-    } else {
-        BTreeMap::new()
-    };
-    let projection: HashMap<&str, i64> = fold.projection.iter().map(|(&i, &q)| (fold.strings.name(i), q)).collect();
-    for (item, sum) in items {
-        let reserved = i128::from(projection.get(item).copied().unwrap_or(0));
-        let (why, direction) = if ledger {
-            let Sums { applied, orders, .. } = sum;
-            if reserved == applied && reserved == orders {
+    /// An item whose projection disagrees with its applied effects or its
+    /// orders, given `sums` of the orders by item.
+    fn projection_mismatch(&mut self, mut sums: Vec<Option<Sums>>) {
+        if !self.evidence.held_all_named {
+            return;
+        }
+        // The projection against both of its sources, summed by interned item
+        // (one array slot each, no lookup per order), then named.
+        let fold = self.fold;
+        for (&item, &sum) in &fold.applied_sum {
+            sums[item as usize].get_or_insert_default().applied += sum;
+        }
+        for &item in fold.projection.keys() {
+            sums[item as usize].get_or_insert_default();
+        }
+        let items: BTreeMap<&str, Sums> =
+            sums.iter().enumerate().filter_map(|(i, s)| Some((fold.strings.name(i as u32), (*s)?))).collect();
+        let projection: HashMap<&str, i64> = fold.projection.iter().map(|(&i, &q)| (fold.strings.name(i), q)).collect();
+        for (item, sum) in items {
+            let reserved = i128::from(projection.get(item).copied().unwrap_or(0));
+            let Some((why, direction)) = projection_disagreement(reserved, sum, self.evidence.ledger) else {
                 continue;
-            }
-            let direction = (reserved != orders).then_some(if reserved > orders { "over" } else { "under" });
-            (
-                format!("reserved_qty {reserved}, but applied effects sum to {applied} and the orders to {orders}"),
-                direction,
-            )
-        } else {
-            // Queued orders may be in or not: any reserved_qty between counts.
-            let (low, high) = (sum.orders, sum.orders + sum.maybe);
-            let queued = if sum.maybe > 0 { format!(" (and {} more queued)", sum.maybe) } else { String::new() };
-            if reserved > high {
-                let why = format!(
-                    "reserved_qty {reserved}, but the orders sum to {low}{queued}: over by {}, an effect applied more \
-                     than once somewhere",
-                    reserved - high
-                );
-                (why, Some("over"))
-            } else if reserved < low {
-                let why = format!(
-                    "reserved_qty {reserved}, but the orders sum to {low}: under by {}, an effect lost somewhere",
-                    low - reserved
-                );
-                (why, Some("under"))
-            } else {
-                continue;
-            }
-        };
-        let ex = Example {
-            order_id: None,
-            event_id: None,
-            item_id: Some(item.to_owned()),
-            time_ns: None,
-            direction: direction.map(str::to_owned),
-            why,
-        };
-        anomalies.add("projection-mismatch", ex);
+            };
+            let ex = Example {
+                order_id: None,
+                event_id: None,
+                item_id: Some(item.to_owned()),
+                time_ns: None,
+                direction: direction.map(str::to_owned),
+                why,
+            };
+            self.anomalies.add("projection-mismatch", ex);
+        }
     }
+}
 
-    // Reported, not failures: recovered, dead_lettered and pending, in the tally.
-    let counts = Counts {
+/// How an item's `reserved` qty disagrees with its sums, and in which
+/// direction against the orders; `None` when it agrees.
+fn projection_disagreement(reserved: i128, sum: Sums, ledger: bool) -> Option<(String, Option<&'static str>)> {
+    if ledger {
+        let Sums { applied, orders, .. } = sum;
+        if reserved == applied && reserved == orders {
+            return None;
+        }
+        let direction = (reserved != orders).then_some(if reserved > orders { "over" } else { "under" });
+        let why = format!("reserved_qty {reserved}, but applied effects sum to {applied} and the orders to {orders}");
+        return Some((why, direction));
+    }
+    // Queued orders may be in or not: any reserved_qty between counts.
+    let (low, high) = (sum.orders, sum.orders + sum.maybe);
+    let queued = if sum.maybe > 0 { format!(" (and {} more queued)", sum.maybe) } else { String::new() };
+    if reserved > high {
+        let why = format!(
+            "reserved_qty {reserved}, but the orders sum to {low}{queued}: over by {}, an effect applied more than \
+             once somewhere",
+            reserved - high
+        );
+        Some((why, Some("over")))
+    } else if reserved < low {
+        let why = format!(
+            "reserved_qty {reserved}, but the orders sum to {low}: under by {}, an effect lost somewhere",
+            low - reserved
+        );
+        Some((why, Some("under")))
+    } else {
+        None
+    }
+}
+
+fn counts(fold: &Fold, tally: &Tally, stray_events: &BTreeMap<&str, Vec<usize>>) -> Counts {
+    Counts {
         ops: fold.ops,
         client_ops: fold.client_ops,
         nemesis_ops: fold.nemesis_ops,
@@ -357,15 +512,19 @@ pub fn check(fold: &Fold) -> Results {
         applied_lines: fold.applied_lines,
         pending_messages: fold.pending_lines,
         dead_letters: fold.dead_letter_lines,
-    };
+    }
+}
 
+/// How the events were delivered, from the joined orders' tally (whose
+/// events by deliveries it takes) and the stray applications.
+fn delivery(fold: &Fold, tally: &mut Tally, stray_events: &BTreeMap<&str, Vec<usize>>) -> Delivery {
     let redelivered_joined = tally.redelivered;
     let redelivered_stray = stray_events
         .values()
         .filter(|lines| lines.iter().map(|&n| fold.stray_applied[n].application.attempt).min().unwrap_or(1) > 1)
         .count();
     let deliveries = tally.deliveries;
-    let delivery = Delivery {
+    Delivery {
         histogram: fold.delivery_histogram.clone(),
         applied_on_redelivery: redelivered_joined + redelivered_stray as u64,
         deliveries: deliveries.map(|d| d.total),
@@ -377,82 +536,57 @@ pub fn check(fold: &Fold) -> Results {
         applied_more_than_once: tally.applied_more_than_once
             + stray_events.values().filter(|lines| lines.len() > 1).count() as u64,
         events_by_deliveries: tally.events_by_deliveries.take(),
-    };
-    let series = applications.finish(fold, tally.duplicates_absorbed.is_some());
+    }
+}
 
-    let mut faults = fold.faults.clone();
-    let ops_outside_faults =
-        attribution.finish(fold, &mut faults, deliveries.is_some(), tally.duplicates_absorbed.is_some());
-    let latency_ms = Latency { ops_outside_faults, ..latency(fold) };
-
-    let failing = anomalies.reports.values().any(|r| r.count > 0);
-    let mut unknown_reasons = Vec::new();
-    if !final_present {
-        unknown_reasons.push("the final state is missing".to_owned());
+/// What keeps the run from a verdict, should no anomaly be found.
+fn unknown_reasons(fold: &Fold, evidence: &Evidence) -> Vec<String> {
+    let mut reasons = Vec::new();
+    if !evidence.final_present {
+        reasons.push("the final state is missing".to_owned());
     } else if fold.final_truncated {
-        unknown_reasons.push(format!(
+        reasons.push(format!(
             "the final state is truncated (line {} is cut off), so {} were not evaluated",
             fold.final_truncated_line,
             ABSENCE_RULES.join(", ")
         ));
     }
     if fold.history_truncated {
-        unknown_reasons.push("the history is truncated".to_owned());
+        reasons.push("the history is truncated".to_owned());
     }
-    if final_present && unlisted > 0 {
-        unknown_reasons.push(format!(
-            "the system still held {unlisted} messages it could not name, so {} were not evaluated",
+    if evidence.final_present && evidence.unlisted > 0 {
+        reasons.push(format!(
+            "the system still held {} messages it could not name, so {} were not evaluated",
+            evidence.unlisted,
             UNLISTED_RULES.join(" and ")
         ));
     }
-    if final_present && fold.pending_lines > 0 {
+    if evidence.final_present && fold.pending_lines > 0 {
         match &fold.meta {
             Some(meta) if meta.quiesced => {}
-            Some(_) => {
-                unknown_reasons.push(format!("the queue did not drain: {} messages still pending", fold.pending_lines))
-            }
-            None => unknown_reasons
+            Some(_) => reasons.push(format!("the queue did not drain: {} messages still pending", fold.pending_lines)),
+            None => reasons
                 .push(format!("{} messages pending and no meta line says the queue had drained", fold.pending_lines)),
         }
     }
-    let valid = if failing {
-        Verdict::Invalid
-    } else if !unknown_reasons.is_empty() {
-        Verdict::Unknown
-    } else {
-        Verdict::Valid
-    };
-    if valid != Verdict::Unknown {
-        unknown_reasons.clear();
-    }
+    reasons
+}
 
+/// The rules that the final state could not support, each named once.
+fn not_evaluated(evidence: &Evidence) -> Vec<String> {
+    let final_present = evidence.final_present;
     let mut not_evaluated: Vec<String> =
-        if final_present && !absence_proves { ABSENCE_RULES.map(str::to_owned).to_vec() } else { Vec::new() };
-    let not_named = if final_present && unlisted > 0 { &UNLISTED_RULES[..] } else { &[] };
-    if !ledger || !not_named.is_empty() {
-        let ledger_rules = if ledger { &[][..] } else { &LEDGER_RULES[..] };
+        if final_present && !evidence.absence_proves { ABSENCE_RULES.map(str::to_owned).to_vec() } else { Vec::new() };
+    let not_named = if final_present && evidence.unlisted > 0 { &UNLISTED_RULES[..] } else { &[] };
+    if !evidence.ledger || !not_named.is_empty() {
+        let ledger_rules = if evidence.ledger { &[][..] } else { &LEDGER_RULES[..] };
         for rule in ledger_rules.iter().chain(not_named) {
             if !not_evaluated.iter().any(|n| n == rule) {
                 not_evaluated.push((*rule).to_owned());
             }
         }
     }
-
-    Results {
-        valid,
-        unknown_reasons,
-        not_evaluated,
-        ledger,
-        counts,
-        anomalies: anomalies.reports,
-        recovered: tally.recovered,
-        dead_lettered: tally.dead_lettered,
-        pending: tally.pending,
-        delivery,
-        latency_ms,
-        faults,
-        series,
-    }
+    not_evaluated
 }
 
 fn latency(fold: &Fold) -> Latency {

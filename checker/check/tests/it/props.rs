@@ -76,8 +76,14 @@ fn event_id(i: usize) -> String {
 }
 
 fn build(mut plans: Vec<Plan>, clients: usize, schedule: Vec<usize>) -> Run {
-    // Every run holds at least one applied acknowledged order and one failed
-    // order, so that each injection has something to act on.
+    add_anchor_orders(&mut plans);
+    let history = history(&plans, clients, &schedule);
+    settle(&plans, history)
+}
+
+/// Every run holds at least one applied acknowledged order and one failed
+/// order, so that each injection has something to act on.
+fn add_anchor_orders(plans: &mut Vec<Plan>) {
     plans.push(Plan {
         attempts: vec![Outcome::Info, Outcome::Ok],
         fate: Fate::Applied,
@@ -92,18 +98,52 @@ fn build(mut plans: Vec<Plan>, clients: usize, schedule: Vec<usize>) -> Run {
         qty: 1,
         delivery_attempt: 1,
     });
+}
 
+/// A client thread: it does its orders in turn, attempt after attempt.
+struct Thread {
+    process: u64,
+    /// Its next order, as a position in its queue.
+    order: usize,
+    /// The next attempt at that order.
+    attempt: usize,
+    /// Whether that attempt is invoked and waits for its completion.
+    invoked: bool,
+}
+
+impl Thread {
+    /// The thread's next op on order `i`: the invoke of its next attempt, or
+    /// the completion of the one invoked.
+    fn next_op(&mut self, i: usize, plan: &Plan) -> (OpType, OrderValue) {
+        let value =
+            OrderValue { order_id: order_id(i), item_id: format!("item-{}", plan.item), qty: plan.qty, event_id: None };
+        if !self.invoked {
+            self.invoked = true;
+            return (OpType::Invoke, value);
+        }
+        self.invoked = false;
+        let outcome = plan.attempts[self.attempt];
+        self.attempt += 1;
+        if self.attempt == plan.attempts.len() {
+            self.order += 1;
+            self.attempt = 0;
+        }
+        match outcome {
+            Outcome::Ok => (OpType::Ok, OrderValue { event_id: Some(event_id(i)), ..value }),
+            Outcome::Fail => (OpType::Fail, value),
+            Outcome::Info => (OpType::Info, value),
+        }
+    }
+}
+
+/// The history of `plans` done by `clients` threads, interleaved as
+/// `schedule` picks them, an op every millisecond.
+fn history(plans: &[Plan], clients: usize, schedule: &[usize]) -> Vec<Op> {
     // Orders are dealt to client threads; each thread does its orders in turn,
     // attempt after attempt, and takes a new process number after an info.
     let mut queues: Vec<Vec<usize>> = vec![Vec::new(); clients];
     for i in 0..plans.len() {
         queues[i % clients].push(i);
-    }
-    struct Thread {
-        process: u64,
-        order: usize,
-        attempt: usize,
-        invoked: bool,
     }
     let mut threads: Vec<Thread> =
         (0..clients).map(|t| Thread { process: t as u64, order: 0, attempt: 0, invoked: false }).collect();
@@ -121,26 +161,7 @@ fn build(mut plans: Vec<Plan>, clients: usize, schedule: Vec<usize>) -> Run {
         time_ns += 1_000_000;
         let th = &mut threads[t];
         let i = queues[t][th.order];
-        let plan = &plans[i];
-        let value =
-            OrderValue { order_id: order_id(i), item_id: format!("item-{}", plan.item), qty: plan.qty, event_id: None };
-        let (kind, value) = if !th.invoked {
-            th.invoked = true;
-            (OpType::Invoke, value)
-        } else {
-            th.invoked = false;
-            let outcome = plan.attempts[th.attempt];
-            th.attempt += 1;
-            if th.attempt == plan.attempts.len() {
-                th.order += 1;
-                th.attempt = 0;
-            }
-            match outcome {
-                Outcome::Ok => (OpType::Ok, OrderValue { event_id: Some(event_id(i)), ..value }),
-                Outcome::Fail => (OpType::Fail, value),
-                Outcome::Info => (OpType::Info, value),
-            }
-        };
+        let (kind, value) = th.next_op(i, &plans[i]);
         history.push(Op {
             index: history.len() as u64,
             time_ns,
@@ -156,73 +177,83 @@ fn build(mut plans: Vec<Plan>, clients: usize, schedule: Vec<usize>) -> Run {
             next_process += 1;
         }
     }
+    history
+}
 
-    let mut final_state = Vec::new();
+/// The run of `history`: the final state that a correct system leaves for
+/// `plans`, and what each order is.
+fn settle(plans: &[Plan], history: Vec<Op>) -> Run {
+    let end_ns = history.last().map_or(0, |op| op.time_ns);
+    let mut run =
+        Run { history, final_state: Vec::new(), acknowledged: Vec::new(), failed: Vec::new(), applied: Vec::new() };
     let mut projection: BTreeMap<String, i64> = BTreeMap::new();
-    let (mut acknowledged, mut failed, mut applied) = (Vec::new(), Vec::new(), Vec::new());
     for (i, plan) in plans.iter().enumerate() {
-        let ok = plan.attempts.contains(&Outcome::Ok);
-        let all_fail = plan.attempts.iter().all(|o| *o == Outcome::Fail);
-        let item = format!("item-{}", plan.item);
-        projection.entry(item.clone()).or_default();
-        if all_fail {
-            failed.push(order_id(i));
-            continue;
-        }
-        if ok {
-            acknowledged.push(order_id(i));
-        }
-        let fate = if ok && plan.fate == Fate::Absent { Fate::Applied } else { plan.fate };
-        if fate == Fate::Absent {
-            continue;
-        }
-        final_state.push(FinalLine::Order(OrderRow {
-            order_id: order_id(i),
-            item_id: item.clone(),
-            qty: plan.qty,
-            event_id: event_id(i),
-            ..OrderRow::default()
-        }));
-        let message = || format!("m{i}");
-        match fate {
-            Fate::Applied => {
-                applied.push(order_id(i));
-                *projection.get_mut(&item).unwrap() += plan.qty;
-                final_state.push(FinalLine::Applied(Applied {
-                    event_id: event_id(i),
-                    order_id: order_id(i),
-                    item_id: item,
-                    qty: plan.qty,
-                    delivery_attempt: plan.delivery_attempt,
-                    worker_id: format!("w{}", i % 3),
-                    applied_at_ms: i as i64 * 3,
-                }));
-            }
-            Fate::Pending => final_state.push(FinalLine::Pending(Pending {
-                message_id: message(),
-                event_id: event_id(i),
-                delivery_count: 1,
-            })),
-            Fate::DeadLetter => final_state.push(FinalLine::DeadLetter(DeadLetter {
-                message_id: message(),
-                event_id: event_id(i),
-                delivery_count: 5,
-                last_error: Some("poison".into()),
-            })),
-            Fate::Absent => unreachable!("handled above"),
-        }
+        settle_order(&mut run, &mut projection, i, plan);
     }
     for (item_id, reserved_qty) in projection {
-        final_state.push(FinalLine::Projection(ProjectionRow { item_id, reserved_qty }));
+        run.final_state.push(FinalLine::Projection(ProjectionRow { item_id, reserved_qty }));
     }
-    final_state.push(FinalLine::Meta(Meta {
+    run.final_state.push(FinalLine::Meta(Meta {
         quiesced: true,
-        read_at_ns: time_ns + 1,
+        read_at_ns: end_ns + 1,
         run_started_at_ms: 0,
         ledger: None,
         unlisted: None,
     }));
-    Run { history, final_state, acknowledged, failed, applied }
+    run
+}
+
+/// Order `i`'s lines in the final state, and its effect on the `projection`.
+fn settle_order(run: &mut Run, projection: &mut BTreeMap<String, i64>, i: usize, plan: &Plan) {
+    let ok = plan.attempts.contains(&Outcome::Ok);
+    let all_fail = plan.attempts.iter().all(|o| *o == Outcome::Fail);
+    let item = format!("item-{}", plan.item);
+    projection.entry(item.clone()).or_default();
+    if all_fail {
+        run.failed.push(order_id(i));
+        return;
+    }
+    if ok {
+        run.acknowledged.push(order_id(i));
+    }
+    let fate = if ok && plan.fate == Fate::Absent { Fate::Applied } else { plan.fate };
+    if fate == Fate::Absent {
+        return;
+    }
+    run.final_state.push(FinalLine::Order(OrderRow {
+        order_id: order_id(i),
+        item_id: item.clone(),
+        qty: plan.qty,
+        event_id: event_id(i),
+        ..OrderRow::default()
+    }));
+    let message = || format!("m{i}");
+    let line = match fate {
+        Fate::Applied => {
+            run.applied.push(order_id(i));
+            *projection.get_mut(&item).unwrap() += plan.qty;
+            FinalLine::Applied(Applied {
+                event_id: event_id(i),
+                order_id: order_id(i),
+                item_id: item,
+                qty: plan.qty,
+                delivery_attempt: plan.delivery_attempt,
+                worker_id: format!("w{}", i % 3),
+                applied_at_ms: i as i64 * 3,
+            })
+        }
+        Fate::Pending => {
+            FinalLine::Pending(Pending { message_id: message(), event_id: event_id(i), delivery_count: 1 })
+        }
+        Fate::DeadLetter => FinalLine::DeadLetter(DeadLetter {
+            message_id: message(),
+            event_id: event_id(i),
+            delivery_count: 5,
+            last_error: Some("poison".into()),
+        }),
+        Fate::Absent => unreachable!("handled above"),
+    };
+    run.final_state.push(line);
 }
 
 fn run_strategy() -> impl Strategy<Value = Run> {
