@@ -11,31 +11,33 @@
 //! - [`run`] and [`RunConfig`]: a whole worker process over an open store (the
 //!   fault switches wired to the store, the loops, the HTTP side, the
 //!   shutdown), for `haunt worker` and for tests on `127.0.0.1:0`.
-//! - [`Worker`] and [`WorkerConfig`]: the lease/apply/ack loop and its bounds.
-//!   With a broker transport ([`WorkerConfig::broker`]) the loops consume from
-//!   the broker instead of leasing from the database queue, and ack with the
-//!   broker's ack; the apply through the inbox is the same transaction.
+//! - [`Worker`] and [`WorkerConfig`]: the receive/apply/ack loop and its
+//!   bounds, one loop and one apply path whatever the source.
+//! - `source`: where deliveries come from and where they are settled, the
+//!   database queue (leased under a token that fences the apply and the
+//!   ack) or, with a broker transport ([`WorkerConfig::broker`]), a
+//!   consumer of the broker (its own lease and ack); the apply through the
+//!   inbox is the same transaction.
 //! - [`Spans`] and `trace`: how a batch's deliveries are traced, a span each
 //!   or one span per batch.
 //! - [`faults`]: the switches the nemesis flips at run time (ack loss, clock
 //!   offset, database errors, a stall after a lease).
 //! - [`http`]: `/metrics`, `/healthz` and the token-guarded fault endpoint.
 
-mod consume;
 pub mod faults;
 pub mod http;
 mod run;
+mod source;
 mod trace;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use haunt_store::{
-    AckMode, Applied, Backoff, Bug, DbKind, ErrorWait, Failed, LeaseClock, Leased, OrderEvent, Rng, Store, StoreError,
-};
+use haunt_store::{AckMode, Applied, Backoff, Bug, ErrorWait, Failed, Leased, OrderEvent, Rng, Store, StoreError};
 use haunt_telemetry::metrics::{OutcomeLabels, TraceExemplar, WorkerMetrics};
 use haunt_telemetry::tracing_context;
 use haunt_transport::{Links, TransportSpec};
+use source::{Polled, Received, Source};
 use tokio::sync::watch;
 use trace::BatchTrace;
 use tracing::Instrument;
@@ -145,51 +147,6 @@ impl Delivered for &Leased {
     }
 }
 
-/// A lease loop's last ack, in flight while the loop leases its next batch.
-///
-/// The protocol is unchanged: each batch's ack is sent after its apply
-/// committed, and at most one ack per loop is in flight, so the ack's round
-/// trip overlaps the next lease's instead of adding to it. On SQLite, which
-/// has one writer, the ack beside a lease would only wait for it, so there
-/// it is sent inline.
-#[derive(Debug, Default)]
-struct AckInFlight(Option<tokio::task::JoinHandle<()>>);
-
-impl AckInFlight {
-    /// Waits for the ack in flight (the one before this) and sends this one.
-    async fn send(&mut self, worker: &Worker, acks: Vec<String>, token: String) {
-        self.settle().await;
-        if acks.is_empty() {
-            return;
-        }
-        if worker.store.db_kind() != DbKind::Postgres {
-            worker.ack_all(&acks, &token).await;
-            return;
-        }
-        let worker = worker.clone();
-        self.0 = Some(tokio::spawn(async move { worker.ack_all(&acks, &token).await }));
-    }
-
-    /// Waits for the ack in flight, if any.
-    async fn settle(&mut self) {
-        if let Some(ack) = self.0.take()
-            && let Err(e) = ack.await
-        {
-            tracing::error!(error = %e, "an ack task failed: its messages come back after their lease");
-        }
-    }
-}
-
-impl Drop for AckInFlight {
-    /// A loop that is dropped without settling (its task aborted) takes its
-    /// ack with it: its messages come back after their lease.
-    fn drop(&mut self) {
-        if let Some(ack) = self.0.take() {
-            ack.abort();
-        }
-    }
-}
-
 /// One worker process's loops over a store.
 #[derive(Debug, Clone)]
 pub struct Worker {
@@ -217,46 +174,41 @@ impl Worker {
         &self.metrics
     }
 
-    /// Runs the lease loops until `shutdown` turns true; a loop that has a batch
-    /// finishes it first (no new lease is taken after shutdown).
+    /// Runs the delivery loops until `shutdown` turns true; a loop that has
+    /// a batch finishes it first (no new batch is taken after shutdown).
     pub async fn run(&self, shutdown: watch::Receiver<bool>) {
         let mut loops = tokio::task::JoinSet::new();
         for slot in 0..self.config.concurrency.max(1) {
             let worker = self.clone();
             let shutdown = shutdown.clone();
-            match worker.config.broker.clone() {
-                Some(broker) => loops.spawn(async move { worker.consume_loop(slot, broker, shutdown).await }),
-                None => loops.spawn(async move { worker.lease_loop(slot, shutdown).await }),
-            };
+            loops.spawn(async move { worker.delivery_loop(slot, shutdown).await });
         }
         while loops.join_next().await.is_some() {}
     }
 
-    async fn lease_loop(&self, slot: usize, mut shutdown: watch::Receiver<bool>) {
+    /// One loop over the source of `slot` (the database queue, or a consumer
+    /// of the broker), until `shutdown` turns true.
+    async fn delivery_loop(&self, slot: usize, mut shutdown: watch::Receiver<bool>) {
         let mut rng = Rng::from_entropy();
         rng.next_u64();
-        // Consecutive lease errors stretch the wait (up to a second), so a
-        // database that is down is not hammered by every loop of every worker.
+        // Consecutive errors stretch the wait (up to a second), so a database
+        // or broker that is down is not hammered by every loop of every worker.
         let mut error_wait = ErrorWait::new(self.config.poll_interval);
-        let mut ack = AckInFlight::default();
+        let mut source = Source::of(self, slot);
         while !*shutdown.borrow() {
-            let clock = match self.config.bug {
-                // BUG MODE worker-clock-lease: the lease is computed from this
-                // worker's clock, which a skew fault can move.
-                Some(Bug::WorkerClockLease) => LeaseClock::Worker { now_ms: self.faults.worker_now_ms() },
-                _ => LeaseClock::Database,
-            };
-            let wait = match self.store.lease(self.config.batch_size_max, self.config.visibility_timeout, clock).await {
-                Ok(batch) if batch.is_empty() => {
+            let wait = match source.receive(self, slot).await {
+                Polled::Empty(wait) => {
                     error_wait.succeeded();
-                    self.config.poll_interval
+                    wait
                 }
-                Ok(batch) => {
+                Polled::Failed => error_wait.failed(),
+                Polled::Batch(batch) => {
                     error_wait.succeeded();
                     if let Some(stall) = self.faults.take_stall() {
-                        // The `stall` fault: a pause at the worst moment, with a
-                        // lease in hand. Past the visibility timeout this loop is a
-                        // zombie: another worker holds its messages when it wakes.
+                        // The `stall` fault: a pause at the worst moment, with
+                        // the batch in hand. Past the visibility timeout this
+                        // loop is a zombie: another worker (or consumer) holds
+                        // its messages when it wakes.
                         tracing::warn!(worker_id = %self.config.worker_id, slot, messages = batch.len(),
                             stall_ms = stall.as_millis() as u64, "stalling after a lease (stall fault)");
                         tokio::select! {
@@ -264,17 +216,13 @@ impl Worker {
                             _ = shutdown.changed() => continue,
                         }
                     }
-                    if self.config.ack == AckMode::InApplyTxn {
+                    if source.acked_in_apply(self) {
                         // The ack commits with the apply: the costly crash is
                         // with the lease in hand, before it.
                         self.faults.at_hold_point(HoldPoint::AfterLease, batch.len()).await;
                     }
-                    self.process_batch(&batch, &mut rng, &mut ack).await;
+                    self.process_batch(&mut source, &batch, &mut rng).await;
                     Duration::ZERO
-                }
-                Err(e) => {
-                    tracing::warn!(worker_id = %self.config.worker_id, slot, error = ?e, "lease failed");
-                    error_wait.failed()
                 }
             };
             if !wait.is_zero() {
@@ -284,99 +232,83 @@ impl Worker {
                 }
             }
         }
-        ack.settle().await;
+        source.settle().await;
     }
 
-    /// A leased batch: applied in one transaction and acked in one statement.
-    /// Deliveries past the delivery limit and unreadable ones are settled one
-    /// by one; if the batch's transaction fails, each delivery is tried again
-    /// alone (a batch of one, through the same path), and one that fails alone
-    /// is retried later with backoff or dead-lettered.
-    async fn process_batch(&self, batch: &[Leased], rng: &mut Rng, ack: &mut AckInFlight) {
+    /// A batch: applied in one transaction and acked at once. Deliveries
+    /// past the delivery limit and unreadable ones are settled one by one;
+    /// if the batch's transaction fails, each delivery is tried again alone
+    /// (a batch of one, through the same path), and one that fails alone is
+    /// retried later with backoff or dead-lettered.
+    async fn process_batch(&self, source: &mut Source, batch: &[Received], rng: &mut Rng) {
         let max = i64::from(self.config.delivery_attempts_max);
-        let mut ready = Vec::with_capacity(batch.len());
-        for leased in batch {
-            match leased.event() {
-                Ok(event) if leased.delivery_count <= max => ready.push((leased, event)),
+        let mut ready = Ready::with_capacity(batch.len());
+        for received in batch {
+            match received.leased.event() {
+                Ok(event) if received.leased.delivery_count <= max => ready.push(received, event),
                 Ok(_) => {
-                    let span = self.delivery_span(leased);
-                    self.park_past_limit(leased, &span).instrument(span.clone()).await
+                    let why = format!("exceeded {} deliveries", self.config.delivery_attempts_max);
+                    self.park(source, received, &why).await
                 }
-                Err(e) => {
-                    let span = self.delivery_span(leased);
-                    let error = format!("unreadable payload: {e}");
-                    self.retry_or_park(leased, &error, rng, Instant::now(), &span).instrument(span.clone()).await
-                }
+                Err(e) if source.is_broker() => self.park(source, received, &format!("unreadable payload: {e}")).await,
+                Err(e) => self.retry(source, received, &format!("unreadable payload: {e}"), rng).await,
             }
         }
         if ready.is_empty() {
             return;
         }
-        let Err(e) = self.apply_and_ack(&ready, rng, ack).await else { return };
+        let Err(e) = self.apply_and_ack(source, &ready, rng).await else { return };
         if ready.len() == 1 {
-            let (leased, _) = ready[0];
-            let span = self.delivery_span(leased);
             let error = format!("{e}: {:?}", std::error::Error::source(&e));
-            self.retry_or_park(leased, &error, rng, Instant::now(), &span).instrument(span.clone()).await;
+            self.retry(source, ready.from[0], &error, rng).await;
             return;
         }
-        for one in ready.chunks(1) {
-            if let Err(e) = self.apply_and_ack(one, rng, ack).await {
-                let (leased, _) = one[0];
-                let span = self.delivery_span(leased);
+        for one in ready.one_by_one() {
+            if let Err(e) = self.apply_and_ack(source, &one, rng).await {
                 let error = format!("{e}: {:?}", std::error::Error::source(&e));
-                self.retry_or_park(leased, &error, rng, Instant::now(), &span).instrument(span.clone()).await;
+                self.retry(source, one.from[0], &error, rng).await;
             }
         }
     }
 
-    /// Applies deliveries of one lease in one transaction, then acks those that
-    /// were applied or duplicates in one statement (with
-    /// [`AckMode::InApplyTxn`] the apply's transaction deleted them already),
-    /// sent through `in_flight` (see [`AckInFlight`]). On a failed
-    /// transaction it records the failure on each delivery's span and
-    /// returns the error; nothing was written and nothing is acked.
-    async fn apply_and_ack(
-        &self,
-        ready: &[(&Leased, OrderEvent)],
-        rng: &mut Rng,
-        in_flight: &mut AckInFlight,
-    ) -> Result<(), StoreError> {
+    /// Applies deliveries of one receive in one transaction, then acks those
+    /// that were applied or duplicates (less the acks the `ack-loss` fault
+    /// drops; with the ack in the apply's transaction, nothing is left to
+    /// ack). On a failed transaction it records the failure on each
+    /// delivery's span and returns the error; nothing was written and
+    /// nothing is acked.
+    async fn apply_and_ack(&self, source: &mut Source, ready: &Ready<'_>, rng: &mut Rng) -> Result<(), StoreError> {
         let started = Instant::now();
-        let token = ready[0].0.lease_token.as_str();
         // Open across the batch's transaction and the sending of its ack.
-        let trace = BatchTrace::new(self, ready.iter().map(|(leased, _)| *leased));
-        let m = &self.metrics;
+        let trace = BatchTrace::new(self, ready.batch.iter().map(|(leased, _)| *leased));
         let auto_ack = self.config.bug == Some(Bug::AckBeforeProcess);
         if auto_ack {
-            // BUG MODE ack-before-process: auto-ack on receipt. If this worker dies
-            // or fails before the effect commits, the events are gone.
-            let kept = self.kept(ready.iter().map(|(l, _)| *l).enumerate(), &trace, rng);
-            let acks: Vec<&str> = kept.into_iter().map(|l| l.message_id.as_str()).collect();
-            self.ack_all(&acks, token).await;
+            // BUG MODE ack-before-process: acked on receipt. If this worker
+            // dies or fails before the effect commits, the events are gone.
+            let kept = self.kept(ready.from.iter().copied().enumerate(), &trace, rng);
+            source.ack_on_receipt(self, &kept).await;
             self.faults.at_hold_point(HoldPoint::AckedNotApplied, ready.len()).await;
         }
-        let outcomes = match self.store.apply_batch_with(ready, &self.config.worker_id, self.config.ack).await {
+        let outcomes = match source.apply(self, &ready.batch).await {
             Ok(outcomes) => outcomes,
             Err(e) => {
                 trace.failed(&e);
                 return Err(e);
             }
         };
-        let (settled, exemplars) = self.record(ready.iter().map(|(l, _)| *l), outcomes, &trace);
+        let (settled, exemplars) = self.record(ready.batch.iter().map(|(l, _)| *l), outcomes, &trace);
         // From the batch's start to its apply's commit (its ack is in flight after).
         let elapsed = started.elapsed().as_secs_f64();
-        if !auto_ack && self.config.ack == AckMode::Separate {
+        if !auto_ack && !source.acked_in_apply(self) {
             // The effect committed and the ack is not sent: a crash here
-            // makes the queue deliver the batch again.
+            // makes the queue or the broker deliver the batch again.
             self.faults.at_hold_point(HoldPoint::BeforeAck, settled.len()).await;
-            let kept = self.kept(settled.iter().map(|&i| (i, ready[i].0)), &trace, rng);
-            let acks: Vec<String> = kept.into_iter().map(|l| l.message_id.clone()).collect();
-            in_flight.send(self, acks, token.to_owned()).await;
+            let kept = self.kept(settled.iter().map(|&i| (i, ready.from[i])), &trace, rng);
+            source.ack(self, &kept).await;
         }
-        trace.finish(ready.iter().map(|(l, _)| *l), self.system());
+        trace.finish(ready.batch.iter().map(|(l, _)| *l), self.system());
         for exemplar in exemplars {
-            m.processing_duration.observe(elapsed, Some(exemplar), None);
+            self.metrics.processing_duration.observe(elapsed, Some(exemplar), None);
         }
         Ok(())
     }
@@ -504,46 +436,91 @@ impl Worker {
         self.metrics.deliveries.get_or_create(&OutcomeLabels { outcome }).inc_by(1, Some(exemplar.clone()), None);
     }
 
-    /// A message delivered past the limit without ever failing cleanly (the
-    /// workers holding it died): parked rather than looped forever; or, when
-    /// the inbox holds its event (an ack was lost), acked.
-    async fn park_past_limit(&self, leased: &Leased, span: &tracing::Span) {
-        let exemplar = self.observe_delivery(leased, tracing_context::trace_id(span));
-        let why = format!("exceeded {} deliveries", self.config.delivery_attempts_max);
-        match self.store.dead_letter(&leased.message_id, Some(&leased.lease_token), &why).await {
-            Ok(Failed::DeadLettered) => {
-                self.count("dead_lettered", &exemplar);
-                tracing::warn!("dead-lettered: {why}");
-            }
+    /// A delivery past the limit, or unreadable from a broker: parked in the
+    /// dead-letter table rather than looped forever; or, when the inbox
+    /// holds its event (an ack was lost), settled.
+    async fn park(&self, source: &mut Source, received: &Received, why: &str) {
+        let span = self.delivery_span(&received.leased);
+        let exemplar = self.observe_delivery(&received.leased, tracing_context::trace_id(&span));
+        match source.park(self, received, why).instrument(span.clone()).await {
             Ok(Failed::Settled) => {
                 self.count("duplicate", &exemplar);
-                tracing::info!("{why}, but its event was applied (an ack was lost): acked, not parked");
+                span.in_scope(|| {
+                    tracing::info!("{why}, but its event was applied (an ack was lost): acked, not parked")
+                });
+            }
+            Ok(Failed::DeadLettered) => {
+                self.count("dead_lettered", &exemplar);
+                span.in_scope(|| tracing::warn!("dead-lettered: {why}"));
             }
             Ok(_) => {}
-            Err(e) => tracing::warn!(error = ?e, "dead-lettering failed; the lease will expire"),
+            Err(e) => span.in_scope(|| tracing::warn!(error = ?e, "dead-lettering failed; it will be delivered again")),
         }
     }
 
     /// A delivery that failed: retried later with backoff, or dead-lettered
     /// after its last delivery.
-    async fn retry_or_park(&self, leased: &Leased, error: &str, rng: &mut Rng, started: Instant, span: &tracing::Span) {
-        let exemplar = self.observe_delivery(leased, tracing_context::trace_id(span));
+    async fn retry(&self, source: &mut Source, received: &Received, error: &str, rng: &mut Rng) {
+        let started = Instant::now();
+        let leased = &received.leased;
+        if source.is_broker() && leased.delivery_count >= i64::from(self.config.delivery_attempts_max) {
+            self.park(source, received, error).await;
+            return;
+        }
+        let span = self.delivery_span(leased);
+        let exemplar = self.observe_delivery(leased, tracing_context::trace_id(&span));
         self.count("failed", &exemplar);
         let delay = self.config.backoff.delay(leased.delivery_count as u32, rng.unit());
-        match self.store.fail(leased, error, delay, self.config.delivery_attempts_max).await {
+        let retry_in_ms = delay.as_millis() as u64;
+        match source.retry(self, received, error, delay).instrument(span.clone()).await {
             Ok(Failed::DeadLettered) => {
                 self.count("dead_lettered", &exemplar);
-                tracing::warn!(%error, "dead-lettered");
+                span.in_scope(|| tracing::warn!(%error, "dead-lettered"));
             }
-            Ok(Failed::Retrying) => {
-                tracing::warn!(%error, retry_in_ms = delay.as_millis() as u64, "apply failed")
-            }
-            Ok(Failed::LeaseLost) => tracing::warn!(%error, "apply failed and the lease was lost"),
-            Ok(Failed::Settled) => {
-                tracing::info!(%error, "apply failed on the last delivery, but an earlier one applied it: acked")
-            }
-            Err(e) => tracing::warn!(%error, fail_error = ?e, "apply failed; the lease will expire"),
+            Ok(Failed::Retrying) => span.in_scope(|| tracing::warn!(%error, retry_in_ms, "apply failed")),
+            Ok(Failed::LeaseLost) => span.in_scope(|| tracing::warn!(%error, "apply failed and the lease was lost")),
+            Ok(Failed::Settled) => span.in_scope(
+                || tracing::info!(%error, "apply failed on the last delivery, but an earlier one applied it: acked"),
+            ),
+            Err(e) => span.in_scope(|| tracing::warn!(%error, fail_error = ?e, "apply failed; the lease will expire")),
         }
-        self.metrics.processing_duration.observe(started.elapsed().as_secs_f64(), Some(exemplar), None);
+        // A broker's retry waited out the backoff: no processing time.
+        if !source.is_broker() {
+            self.metrics.processing_duration.observe(started.elapsed().as_secs_f64(), Some(exemplar), None);
+        }
+    }
+}
+
+/// The deliveries of a batch that go to the apply, with the receipts they
+/// came with (`from[i]` is `batch[i]`'s).
+struct Ready<'a> {
+    from: Vec<&'a Received>,
+    batch: Vec<(&'a Leased, OrderEvent)>,
+}
+
+impl<'a> Ready<'a> {
+    fn with_capacity(n: usize) -> Ready<'a> {
+        Ready { from: Vec::with_capacity(n), batch: Vec::with_capacity(n) }
+    }
+
+    fn push(&mut self, received: &'a Received, event: OrderEvent) {
+        self.from.push(received);
+        self.batch.push((&received.leased, event));
+    }
+
+    fn len(&self) -> usize {
+        self.batch.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.batch.is_empty()
+    }
+
+    /// Each delivery as a batch of its own (after a batch failed).
+    fn one_by_one(&self) -> impl Iterator<Item = Ready<'a>> + '_ {
+        self.from
+            .iter()
+            .zip(&self.batch)
+            .map(|(from, (leased, event))| Ready { from: vec![*from], batch: vec![(*leased, event.clone())] })
     }
 }
