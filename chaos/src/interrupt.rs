@@ -93,40 +93,36 @@ async fn handle() {
             writeln!(std::io::stderr(), "haunt: installing the signal handlers failed; Ctrl-C will not heal faults");
         return;
     };
-    loop {
-        signals.next().await;
-        let runs: Vec<Arc<AtomicBool>> = RUNS.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if runs.is_empty() {
-            std::process::exit(EXIT_INTERRUPTED);
-        }
-        // Before a word is written: stderr may be a pipe whose reader is gone
-        // (a `haunt matrix` that died), and a failed write must not stop the abort.
-        for run in &runs {
-            run.store(true, Ordering::Relaxed);
-        }
-        let _ = writeln!(
-            std::io::stderr(),
-            "interrupted: healing faults and stopping every process (again to kill at once)"
-        );
-        let first = Instant::now();
-        loop {
-            signals.next().await;
-            if RUNS.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
-                std::process::exit(EXIT_INTERRUPTED);
-            }
-            // Only a second Ctrl-C from whoever is still our parent, a
-            // moment after the first (`SECOND_SIGNAL_AFTER`).
-            if std::os::unix::process::parent_id() == parent && first.elapsed() >= SECOND_SIGNAL_AFTER {
-                break;
-            }
-        }
-        // Children die with us: they carry a parent-death signal. Containers
-        // do not, so they go first, and a database the run crashed (not a
-        // child either) starts again.
-        crate::backends::docker::remove_live();
-        crate::backends::postgres::restart_crashed();
+    signals.next().await;
+    let runs: Vec<Arc<AtomicBool>> = RUNS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if runs.is_empty() {
         std::process::exit(EXIT_INTERRUPTED);
     }
+    // Before a word is written: stderr may be a pipe whose reader is gone
+    // (a `haunt matrix` that died), and a failed write must not stop the abort.
+    for run in &runs {
+        run.store(true, Ordering::Relaxed);
+    }
+    let _ =
+        writeln!(std::io::stderr(), "interrupted: healing faults and stopping every process (again to kill at once)");
+    let first = Instant::now();
+    loop {
+        signals.next().await;
+        if RUNS.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+            std::process::exit(EXIT_INTERRUPTED);
+        }
+        // Only a second Ctrl-C from whoever is still our parent, a
+        // moment after the first (`SECOND_SIGNAL_AFTER`).
+        if std::os::unix::process::parent_id() == parent && first.elapsed() >= SECOND_SIGNAL_AFTER {
+            break;
+        }
+    }
+    // Children die with us: they carry a parent-death signal. Containers
+    // do not, so they go first, and a database the run crashed (not a
+    // child either) starts again.
+    crate::backends::docker::remove_live();
+    crate::backends::postgres::restart_crashed();
+    std::process::exit(EXIT_INTERRUPTED);
 }
 
 /// SIGINT and SIGTERM as one stream.

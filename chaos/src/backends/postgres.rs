@@ -80,6 +80,19 @@ impl PgServer {
         }
         kill(pid, Signal::SIGKILL).context("killing the postmaster")?;
         self.kill_leftovers();
+        // A process on its way out has already left its working directory,
+        // which `kill_leftovers` looks for, while /proc still shows it alive.
+        // Until it is gone, `start` would take the postmaster for a running
+        // server and start nothing (seen under load: a start after the crash
+        // returned at once, and no server came up).
+        let deadline = std::time::Instant::now() + EXIT_WAIT_MAX;
+        while alive(pid) {
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "the postmaster (pid {pid}) was still alive {EXIT_WAIT_MAX:?} after SIGKILL"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
         Ok(())
     }
 
@@ -91,11 +104,12 @@ impl PgServer {
     /// succeed (seen: a backend in UPDATE, orphaned, for minutes). A crash
     /// kills them all, so this does too.
     fn kill_leftovers(&self) {
-        // Each round kills what it finds; a few rounds cover processes forked
-        // by a postmaster already stopped (none can be) and slow exits.
-        const ROUNDS_MAX: u32 = 20;
+        // Each round kills what it finds; the rounds cover processes forked
+        // by a postmaster already stopped (none can be) and exits slowed by a
+        // loaded machine, for as long as a crashed postmaster may take to go.
         let Ok(dir) = std::fs::canonicalize(&self.data_dir) else { return };
-        for _ in 0..ROUNDS_MAX {
+        let deadline = std::time::Instant::now() + EXIT_WAIT_MAX;
+        while std::time::Instant::now() < deadline {
             let left = working_in(&dir);
             if left.is_empty() {
                 return;
@@ -177,6 +191,10 @@ impl PgServer {
         anyhow::bail!("pg_ctl start failed: {last_error}")
     }
 }
+
+/// How long a crash waits for the server's processes to be gone: SIGKILL
+/// ends a process at once, but a loaded machine may take a while to reap it.
+const EXIT_WAIT_MAX: Duration = Duration::from_secs(10);
 
 /// The data directories of servers this process crashed and has not started
 /// again, for [`restart_crashed`].
