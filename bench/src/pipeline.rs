@@ -45,7 +45,7 @@ use haunt_store::{AckMode, Baseline, DbUrl, LeaseClock, Store, StoreOptions};
 use haunt_telemetry::metrics::{OutcomeLabels, WorkerMetrics};
 use serde_json::json;
 
-use crate::worker_process::{WorkerCommand, cpu_seconds, worker_process};
+use crate::worker_process::{WorkerCommand, WorkerProcess, cpu_seconds, worker_process};
 
 /// What the pipeline bench runs.
 #[derive(Debug, Clone)]
@@ -449,7 +449,6 @@ pub async fn pipeline(options: PipelineOptions, mut progress: impl FnMut(&str)) 
         options.batch_size > 0 && !options.sweep_batch_sizes.contains(&0) && !options.sweep_workers.contains(&0),
         "batch sizes and worker counts must be positive"
     );
-    let postgres = options.db.is_postgres();
     // Opening it migrates it; it must hold nothing the bench would delete.
     // Its leases and acks are durable: the per-message phase drains through it,
     // the tutorial's design, which knows nothing of asynchronous commits.
@@ -461,274 +460,431 @@ pub async fn pipeline(options: PipelineOptions, mut progress: impl FnMut(&str)) 
     .with_context(|| format!("opening {}", options.db))?;
     anyhow::ensure!(store.is_empty().await?, "{} is not empty; the bench needs a database of its own", options.db);
     let baseline = Baseline::connect(&options.db, 32).await?;
-    let n = options.events;
-    let items = 64;
-    let mut report = serde_json::Map::new();
-    report.insert("machine".into(), json!(crate::machine()));
-    report.insert("db".into(), json!(if postgres { "postgres" } else { "sqlite" }));
-    report.insert("events".into(), json!(n));
-    report.insert("workers".into(), json!(options.workers));
-    report.insert("clients".into(), json!(options.clients));
-    report.insert("batch_size".into(), json!(options.batch_size));
-    let size = (n, items);
-    let log = options.worker_rust_log.as_str();
-    let command = WorkerCommand {
-        haunt: &options.haunt,
-        db: &options.db,
-        rust_log: log,
-        spans: &options.worker_spans,
-        batch_size: options.batch_size,
-        wrapper: None,
+    let bench = Bench { options: &options, store: &store, baseline: &baseline, progress: &mut progress };
+    let report = match &options.profile_worker {
+        Some(wrapper) => bench.profiled(wrapper).await?,
+        None => bench.every_phase().await?,
     };
+    baseline.housekeeping_back_on().await?;
+    baseline.close().await;
+    store.close().await;
+    Ok(serde_json::Value::Object(report))
+}
 
-    if let Some(wrapper) = &options.profile_worker {
-        let w = drain_phase(&baseline, size, "profiled worker process", || {
-            worker_process(&baseline, WorkerCommand { wrapper: Some(wrapper), ..command }, n, &store)
+/// Items the bench's orders are spread over.
+const ITEMS: usize = 64;
+
+/// One run of the pipeline bench: what each phase needs.
+struct Bench<'a> {
+    options: &'a PipelineOptions,
+    store: &'a Store,
+    baseline: &'a Baseline,
+    progress: &'a mut dyn FnMut(&str),
+}
+
+/// The server-side limit of each protocol: the best over the consumer counts.
+struct Limits {
+    /// Each protocol's limit at its best count.
+    best: Vec<(Protocol, Limit)>,
+    /// The best count of each protocol, by name.
+    best_at: serde_json::Map<String, serde_json::Value>,
+    /// Every count's figure, by protocol name.
+    by_consumers: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Limits {
+    fn of(&self, p: Protocol) -> Option<f64> {
+        self.best.iter().find(|(q, _)| *q == p).map(|(_, l)| l.events_per_s)
+    }
+}
+
+/// The three client-side SQL baselines: at their own batch, at haunt's, and
+/// locked in one transaction a batch (PostgreSQL only).
+type ClientSql = (Option<f64>, Option<f64>, Option<f64>);
+
+impl<'a> Bench<'a> {
+    fn size(&self) -> (usize, usize) {
+        (self.options.events, ITEMS)
+    }
+
+    fn command(&self) -> WorkerCommand<'a> {
+        WorkerCommand {
+            haunt: &self.options.haunt,
+            db: &self.options.db,
+            rust_log: self.options.worker_rust_log.as_str(),
+            spans: &self.options.worker_spans,
+            batch_size: self.options.batch_size,
+            wrapper: None,
+        }
+    }
+
+    /// What every report starts with: the machine and the run's sizes.
+    fn header(&self) -> serde_json::Map<String, serde_json::Value> {
+        let o = self.options;
+        let mut report = serde_json::Map::new();
+        report.insert("machine".into(), json!(crate::machine()));
+        report.insert("db".into(), json!(if o.db.is_postgres() { "postgres" } else { "sqlite" }));
+        report.insert("events".into(), json!(o.events));
+        report.insert("workers".into(), json!(o.workers));
+        report.insert("clients".into(), json!(o.clients));
+        report.insert("batch_size".into(), json!(o.batch_size));
+        report
+    }
+
+    /// The only phase of `--profile-worker`: a worker process under `wrapper`.
+    async fn profiled(self, wrapper: &str) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+        let mut report = self.header();
+        let (n, command) = (self.options.events, self.command());
+        let w = drain_phase(self.baseline, self.size(), "profiled worker process", || {
+            worker_process(self.baseline, WorkerCommand { wrapper: Some(wrapper), ..command }, n, self.store)
         })
         .await?;
-        progress(&format!("haunt worker process under {wrapper:?}: {:>10.0} events/s", w.events_per_s));
+        (self.progress)(&format!("haunt worker process under {wrapper:?}: {:>10.0} events/s", w.events_per_s));
         report.insert("profile_worker".into(), json!(wrapper));
         report.insert("worker_process".into(), w.json(n, &command));
-        baseline.housekeeping_back_on().await?;
-        baseline.close().await;
-        store.close().await;
-        return Ok(serde_json::Value::Object(report));
+        Ok(report)
     }
 
-    // The limit: haunt's protocol inside the database, at haunt's batch size.
-    // With commits that wait for the WAL flush, concurrency is throughput up
-    // to a point, past which the consumers contend on one queue; so the
-    // limit is the best of several consumer counts (2, 4, 8 and as many as
-    // haunt's workers run lease loops), the strongest baseline, not the one
-    // at haunt's own count. SQLite has one writer, so one connection is its
-    // limit, and no asynchronous commits. On PostgreSQL each protocol runs
-    // twice: every commit durable, and the lease's and the ack's commits
-    // asynchronous, as haunt's workers commit them by default
-    // (`StoreOptions::async_lease_ack`).
-    let batch = i64::from(options.batch_size);
-    let lease_loops = options.workers * haunt_worker::WorkerConfig::default().concurrency;
-    let mut counts: Vec<usize> = if postgres { vec![2, 4, 8, lease_loops] } else { vec![1] };
-    counts.sort_unstable();
-    counts.dedup();
-    baseline.install_server_side().await?;
-    let pool_size = *counts.last().unwrap_or(&1) as u32;
-    let limit_url = named(&options.db, LIMIT_APPLICATION_NAME);
-    let setup = LimitSetup { baseline: &baseline, url: &limit_url, pool_size, size, batch };
-    // The best over the consumer counts, its count, and every count's figure.
-    let mut by_consumers = serde_json::Map::new();
-    let mut best_at = serde_json::Map::new();
-    let mut limits = Vec::new();
-    for protocol in Protocol::ALL.into_iter().filter(|p| postgres || !p.async_lease_ack) {
-        let mut best: Option<(usize, Limit)> = None;
-        let mut figures = serde_json::Map::new();
-        for &tasks in &counts {
-            let l = limit_phase(setup, protocol, tasks).await?;
-            figures.insert(tasks.to_string(), json!(l.events_per_s));
-            if best.as_ref().is_none_or(|(_, b)| l.events_per_s > b.events_per_s) {
-                best = Some((tasks, l));
-            }
+    /// The setup of every limit phase, over a pool as large as the largest count.
+    fn limit_setup<'b>(&self, url: &'b DbUrl, counts: &[usize]) -> LimitSetup<'b>
+    where
+        'a: 'b,
+    {
+        let pool_size = *counts.last().unwrap_or(&1) as u32;
+        LimitSetup {
+            baseline: self.baseline,
+            url,
+            pool_size,
+            size: self.size(),
+            batch: i64::from(self.options.batch_size),
         }
-        let (tasks, l) = best.context("at least one consumer count")?;
-        progress(&format!(
-            "server-side limit, {:<34} {:>10.0} events/s (best at {tasks} consumers), its backends {:.1} us/event",
-            protocol.name,
-            l.events_per_s,
-            l.backends_cpu_us_per_event.unwrap_or(f64::NAN)
-        ));
-        by_consumers.insert(protocol.name.to_owned(), serde_json::Value::Object(figures));
-        best_at.insert(protocol.name.to_owned(), json!(tasks));
-        limits.push((protocol, l));
     }
-    let limit_of = |p: Protocol| limits.iter().find(|(q, _)| *q == p).map(|(_, l)| l.events_per_s);
-    let limit_cpu: serde_json::Map<String, serde_json::Value> =
-        limits.iter().map(|(p, l)| (p.key("server_side_limit"), json!(l.backends_cpu_us_per_event))).collect();
 
-    let (client_sql, client_sql_same_batch, client_sql_locked) = if baseline.has_client_sql_baseline() {
+    /// The limit: haunt's protocol inside the database, at haunt's batch size.
+    /// With commits that wait for the WAL flush, concurrency is throughput up
+    /// to a point, past which the consumers contend on one queue; so the limit
+    /// is the best of several consumer counts (2, 4, 8 and as many as haunt's
+    /// workers run lease loops), the strongest baseline, not the one at
+    /// haunt's own count. SQLite has one writer, so one connection is its
+    /// limit, and no asynchronous commits. On PostgreSQL each protocol runs
+    /// twice: every commit durable, and the lease's and the ack's commits
+    /// asynchronous, as haunt's workers commit them by default
+    /// (`StoreOptions::async_lease_ack`).
+    async fn limits(&mut self, setup: LimitSetup<'_>, counts: &[usize]) -> anyhow::Result<Limits> {
+        let mut limits =
+            Limits { best: Vec::new(), best_at: serde_json::Map::new(), by_consumers: serde_json::Map::new() };
+        for protocol in self.protocols() {
+            let mut best: Option<(usize, Limit)> = None;
+            let mut figures = serde_json::Map::new();
+            for &tasks in counts {
+                let l = limit_phase(setup, protocol, tasks).await?;
+                figures.insert(tasks.to_string(), json!(l.events_per_s));
+                if best.as_ref().is_none_or(|(_, b)| l.events_per_s > b.events_per_s) {
+                    best = Some((tasks, l));
+                }
+            }
+            let (tasks, l) = best.context("at least one consumer count")?;
+            (self.progress)(&format!(
+                "server-side limit, {:<34} {:>10.0} events/s (best at {tasks} consumers), its backends {:.1} us/event",
+                protocol.name,
+                l.events_per_s,
+                l.backends_cpu_us_per_event.unwrap_or(f64::NAN)
+            ));
+            limits.by_consumers.insert(protocol.name.to_owned(), serde_json::Value::Object(figures));
+            limits.best_at.insert(protocol.name.to_owned(), json!(tasks));
+            limits.best.push((protocol, l));
+        }
+        Ok(limits)
+    }
+
+    /// The protocols the database can run: on SQLite the asynchronous commits
+    /// do not exist.
+    fn protocols(&self) -> impl Iterator<Item = Protocol> + use<> {
+        let postgres = self.options.db.is_postgres();
+        Protocol::ALL.into_iter().filter(move |p| postgres || !p.async_lease_ack)
+    }
+
+    async fn client_sql(&mut self) -> anyhow::Result<ClientSql> {
+        let baseline = self.baseline;
+        if !baseline.has_client_sql_baseline() {
+            return Ok((None, None, None));
+        }
+        let (n, workers, size) = (self.options.events, self.options.workers, self.size());
+        let batch = i64::from(self.options.batch_size);
         let at = |batch: i64| {
             let b = baseline.clone();
-            timed(n, options.workers, move |t| {
+            timed(n, workers, move |t| {
                 let b = b.clone();
                 async move { Ok(b.client_sql_drain(t, batch).await?) }
             })
         };
-        let rate = drain_phase(&baseline, size, "client-side SQL baseline", || at(CLIENT_SQL_BATCH)).await?;
-        progress(&format!("client-side SQL, batch {CLIENT_SQL_BATCH:<4}                  {rate:>10.0} events/s"));
+        let rate = drain_phase(baseline, size, "client-side SQL baseline", || at(CLIENT_SQL_BATCH)).await?;
+        (self.progress)(&format!(
+            "client-side SQL, batch {CLIENT_SQL_BATCH:<4}                  {rate:>10.0} events/s"
+        ));
         let same_batch =
-            drain_phase(&baseline, size, "client-side SQL baseline at haunt's batch size", || at(batch)).await?;
-        progress(&format!("client-side SQL, batch {batch:<4}                  {same_batch:>10.0} events/s"));
+            drain_phase(baseline, size, "client-side SQL baseline at haunt's batch size", || at(batch)).await?;
+        (self.progress)(&format!("client-side SQL, batch {batch:<4}                  {same_batch:>10.0} events/s"));
         let b = baseline.clone();
-        let locked = drain_phase(&baseline, size, "client-side SQL, locked", || {
-            timed(n, options.workers, move |_| {
+        let locked = drain_phase(baseline, size, "client-side SQL, locked", || {
+            timed(n, workers, move |_| {
                 let b = b.clone();
                 async move { Ok(b.client_sql_locked_drain(CLIENT_SQL_BATCH).await?) }
             })
         })
         .await?;
-        progress(&format!("client-side SQL, locked, one txn per batch  {locked:>10.0} events/s"));
-        (Some(rate), Some(same_batch), Some(locked))
-    } else {
-        (None, None, None)
-    };
+        (self.progress)(&format!("client-side SQL, locked, one txn per batch  {locked:>10.0} events/s"));
+        Ok((Some(rate), Some(same_batch), Some(locked)))
+    }
 
-    let s = store.clone();
-    let pm = n.min(PER_MESSAGE_EVENTS_MAX);
-    let per_message = drain_phase(&baseline, (pm, items), "per-message", || {
-        timed(pm, lease_loops, move |_| per_message_drain(s.clone()))
-    })
-    .await?;
-    progress(&format!("per-message (3 txn/event)                   {per_message:>10.0} events/s"));
-
-    // haunt's workers under each protocol the database can run (on SQLite the
-    // asynchronous commits do not exist), each against the limit of its own
-    // protocol.
-    let mut haunt = Vec::new();
-    for protocol in Protocol::ALL.into_iter().filter(|p| postgres || !p.async_lease_ack) {
-        let how = Drain { batch_size: options.batch_size, protocol };
-        let rate = drain_phase(&baseline, size, &format!("haunt workers, {}", protocol.name), || {
-            haunt_drain(&options.db, options.workers, how, n)
+    /// The tutorial's design, lease one, apply it, ack it, over as many
+    /// tasks as haunt's lease loops: the events drained, and the rate.
+    async fn per_message(&mut self, lease_loops: usize) -> anyhow::Result<(usize, f64)> {
+        let s = self.store.clone();
+        let pm = self.options.events.min(PER_MESSAGE_EVENTS_MAX);
+        let per_message = drain_phase(self.baseline, (pm, ITEMS), "per-message", || {
+            timed(pm, lease_loops, move |_| per_message_drain(s.clone()))
         })
         .await?;
-        let limit = limit_of(protocol).context("a limit for each protocol haunt runs")?;
-        progress(&format!(
-            "haunt workers, {:<34} {rate:>10.0} events/s: {:.2} of its limit",
-            protocol.name,
-            rate / limit
-        ));
-        haunt.push((protocol, rate, limit));
+        (self.progress)(&format!("per-message (3 txn/event)                   {per_message:>10.0} events/s"));
+        Ok((pm, per_message))
     }
-    let rate_of = |p: Protocol| haunt.iter().find(|(q, ..)| *q == p).map(|h| h.1).unwrap_or(f64::NAN);
-    let (default, default_in_txn) = (Protocol::default_for(postgres, false), Protocol::default_for(postgres, true));
 
-    // The paired measurement, of the default and of `--ack-in-txn`.
-    let mut pairs = Vec::new();
-    for protocol in [default, default_in_txn].into_iter().filter(|_| options.paired_rounds > 0) {
-        let tasks = best_at.get(protocol.name).and_then(|t| t.as_u64()).context("the protocol's best count")? as usize;
-        let how = Drain { batch_size: options.batch_size, protocol };
-        let drain = || haunt_drain(&options.db, options.workers, how, n);
-        let p = paired(setup, protocol, tasks, drain, options.paired_rounds).await?;
-        progress(&format!(
-            "paired, {:<40} {:.2} of its limit (median of {}: {})",
-            protocol.name,
-            p.median_ratio(),
-            p.ratios.len(),
-            p.ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", ")
-        ));
-        pairs.push(p);
-    }
-    baseline.drop_server_side().await?;
-    let (haunt_default, haunt_ack_in_txn) = (rate_of(default), rate_of(default_in_txn));
-    let limit_default = limit_of(default).unwrap_or(f64::NAN);
-    let (limit_3, limit_2) =
-        (limit_of(Protocol::THREE).unwrap_or(f64::NAN), limit_of(Protocol::TWO).unwrap_or(f64::NAN));
-
-    // A worker process of its own, at the batch size measured above: memory,
-    // CPU, and what its connections cost the server.
-    let process =
-        drain_phase(&baseline, size, "worker process", || worker_process(&baseline, command, n, &store)).await?;
-    progress(&format!(
-        "haunt worker process, batch {:>4}, RUST_LOG={log}: {:.0} events/s ({:.2} of the limit of its protocol, \
-         {}), peak RSS {:.1} MiB, CPU {:.1} us/event, its server backends {:.1} us/event",
-        options.batch_size,
-        process.events_per_s,
-        process.events_per_s / limit_default,
-        default.name,
-        process.peak_rss_mib.unwrap_or(f64::NAN),
-        process.cpu_s.map_or(f64::NAN, |c| c * 1e6 / n as f64),
-        process.backends_cpu_s.map_or(f64::NAN, |c| c * 1e6 / n as f64),
-    ));
-
-    let b = baseline.clone();
-    let clients = options.clients;
-    let raw_insert = timed(n, clients, move |c| {
-        let b = b.clone();
-        async move { Ok(b.raw_ingest(c, clients, n).await?) }
-    })
-    .await?;
-    baseline.reset().await?;
-    progress(&format!("raw insert txn ({clients} clients)                {raw_insert:>10.0} orders/s"));
-
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}/orders", listener.local_addr()?);
-    let api_store =
-        Store::connect(&options.db, StoreOptions { max_connections: 32, ..StoreOptions::default() }).await?;
-    let server =
-        tokio::spawn(haunt_api::run(listener, api_store, haunt_api::ApiConfig::default(), std::future::pending()));
-    let http = reqwest::Client::builder().pool_max_idle_per_host(clients).build()?;
-    let api = timed(n, clients, move |c| http_ingest(http.clone(), url.clone(), c, clients, n)).await?;
-    server.abort();
-    baseline.reset().await?;
-    progress(&format!("API over HTTP ({clients} clients)                 {api:>10.0} orders/s"));
-
-    let mut sweep = Vec::new();
-    for &batch in &options.sweep_batch_sizes {
-        for &workers in &options.sweep_workers {
-            let rate = drain_phase(&baseline, size, "sweep", || {
-                haunt_drain(&options.db, workers, Drain { batch_size: batch, protocol: default }, n)
+    /// haunt's workers under each protocol the database can run, each
+    /// against the limit of its own protocol: (protocol, rate, limit).
+    async fn haunt_workers(&mut self, limits: &Limits) -> anyhow::Result<Vec<(Protocol, f64, f64)>> {
+        let o = self.options;
+        let mut haunt = Vec::new();
+        for protocol in self.protocols() {
+            let how = Drain { batch_size: o.batch_size, protocol };
+            let rate = drain_phase(self.baseline, self.size(), &format!("haunt workers, {}", protocol.name), || {
+                haunt_drain(&o.db, o.workers, how, o.events)
             })
             .await?;
-            progress(&format!("sweep: batch {batch:>4}, {workers} workers  {rate:>10.0} events/s"));
-            sweep.push(json!({"batch_size": batch, "workers": workers, "events_per_s": rate}));
+            let limit = limits.of(protocol).context("a limit for each protocol haunt runs")?;
+            (self.progress)(&format!(
+                "haunt workers, {:<34} {rate:>10.0} events/s: {:.2} of its limit",
+                protocol.name,
+                rate / limit
+            ));
+            haunt.push((protocol, rate, limit));
         }
+        Ok(haunt)
     }
 
-    report.insert("server_side_consumers_best".into(), serde_json::Value::Object(best_at));
-    report.insert("server_side_limit_by_consumers".into(), serde_json::Value::Object(by_consumers));
-    report.insert("lease_loops".into(), json!(lease_loops));
-    report.insert("per_message_events".into(), json!(pm));
-    report.insert("haunt_protocol".into(), json!({"default": default.name, "ack_in_txn": default_in_txn.name}));
-    let mut events_per_s = serde_json::Map::new();
-    for (protocol, l) in &limits {
-        events_per_s.insert(protocol.key("server_side_limit"), json!(l.events_per_s));
+    /// The paired measurement of each of `protocols` (the default and
+    /// `--ack-in-txn`), at the consumer count of its best limit.
+    async fn paired(
+        &mut self,
+        setup: LimitSetup<'_>,
+        limits: &Limits,
+        protocols: [Protocol; 2],
+    ) -> anyhow::Result<Vec<Paired>> {
+        let o = self.options;
+        let mut pairs = Vec::new();
+        for protocol in protocols.into_iter().filter(|_| o.paired_rounds > 0) {
+            let tasks =
+                limits.best_at.get(protocol.name).and_then(|t| t.as_u64()).context("the protocol's best count")?
+                    as usize;
+            let how = Drain { batch_size: o.batch_size, protocol };
+            let drain = || haunt_drain(&o.db, o.workers, how, o.events);
+            let p = paired(setup, protocol, tasks, drain, o.paired_rounds).await?;
+            (self.progress)(&format!(
+                "paired, {:<40} {:.2} of its limit (median of {}: {})",
+                protocol.name,
+                p.median_ratio(),
+                p.ratios.len(),
+                p.ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", ")
+            ));
+            pairs.push(p);
+        }
+        Ok(pairs)
     }
-    for (protocol, rate, _) in &haunt {
-        events_per_s.insert(protocol.key("haunt_workers"), json!(rate));
+
+    /// A worker process of its own, at the batch size measured above: memory,
+    /// CPU, and what its connections cost the server.
+    async fn worker_process(&mut self, default: Protocol, limit: f64) -> anyhow::Result<WorkerProcess> {
+        let (n, command) = (self.options.events, self.command());
+        let process = drain_phase(self.baseline, self.size(), "worker process", || {
+            worker_process(self.baseline, command, n, self.store)
+        })
+        .await?;
+        (self.progress)(&format!(
+            "haunt worker process, batch {:>4}, RUST_LOG={}: {:.0} events/s ({:.2} of the limit of its protocol, \
+             {}), peak RSS {:.1} MiB, CPU {:.1} us/event, its server backends {:.1} us/event",
+            self.options.batch_size,
+            self.options.worker_rust_log,
+            process.events_per_s,
+            process.events_per_s / limit,
+            default.name,
+            process.peak_rss_mib.unwrap_or(f64::NAN),
+            process.cpu_s.map_or(f64::NAN, |c| c * 1e6 / n as f64),
+            process.backends_cpu_s.map_or(f64::NAN, |c| c * 1e6 / n as f64),
+        ));
+        Ok(process)
     }
-    for (key, value) in [
-        ("client_sql_baseline", client_sql),
-        ("client_sql_baseline_same_batch", client_sql_same_batch),
-        ("client_sql_locked_one_txn", client_sql_locked),
-        ("per_message", Some(per_message)),
-        ("haunt_workers", Some(haunt_default)),
-        ("haunt_workers_ack_in_txn", Some(haunt_ack_in_txn)),
-        ("worker_process", Some(process.events_per_s)),
-    ] {
-        events_per_s.insert(key.into(), json!(value));
+
+    /// Orders per second: raw insert transactions, then the API over HTTP.
+    async fn ingest(&mut self) -> anyhow::Result<(f64, f64)> {
+        let (n, clients) = (self.options.events, self.options.clients);
+        let b = self.baseline.clone();
+        let raw_insert = timed(n, clients, move |c| {
+            let b = b.clone();
+            async move { Ok(b.raw_ingest(c, clients, n).await?) }
+        })
+        .await?;
+        self.baseline.reset().await?;
+        (self.progress)(&format!("raw insert txn ({clients} clients)                {raw_insert:>10.0} orders/s"));
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}/orders", listener.local_addr()?);
+        let api_store =
+            Store::connect(&self.options.db, StoreOptions { max_connections: 32, ..StoreOptions::default() }).await?;
+        let server =
+            tokio::spawn(haunt_api::run(listener, api_store, haunt_api::ApiConfig::default(), std::future::pending()));
+        let http = reqwest::Client::builder().pool_max_idle_per_host(clients).build()?;
+        let api = timed(n, clients, move |c| http_ingest(http.clone(), url.clone(), c, clients, n)).await?;
+        server.abort();
+        self.baseline.reset().await?;
+        (self.progress)(&format!("API over HTTP ({clients} clients)                 {api:>10.0} orders/s"));
+        Ok((raw_insert, api))
     }
-    report.insert("events_per_s".into(), serde_json::Value::Object(events_per_s));
-    report.insert("worker_process".into(), process.json(n, &command));
-    report.insert("postgres_backends_cpu_us_per_event".into(), serde_json::Value::Object(limit_cpu));
-    report.insert("worker_peak_rss_mib".into(), json!(process.peak_rss_mib));
-    report.insert("orders_per_s".into(), json!({"raw_insert_txn": raw_insert, "api_http": api}));
-    // Each of haunt's protocols against the limit of the same protocol, and
-    // haunt's defaults against the durable limits too.
-    let mut ratios: serde_json::Map<String, serde_json::Value> =
-        haunt.iter().map(|(p, rate, limit)| (p.key("haunt_vs_server_side"), json!(rate / limit))).collect();
-    for (key, value) in [
-        ("haunt_vs_own_limit", Some(haunt_default / limit_default)),
-        ("haunt_ack_in_txn_vs_own_limit", limit_of(default_in_txn).map(|l| haunt_ack_in_txn / l)),
-        ("haunt_default_vs_server_side_3_commits_durable", Some(haunt_default / limit_3)),
-        ("haunt_ack_in_txn_default_vs_server_side_2_commits_durable", Some(haunt_ack_in_txn / limit_2)),
-        ("worker_process_vs_own_limit", Some(process.events_per_s / limit_default)),
-        ("haunt_vs_client_sql_baseline", client_sql.map(|r| haunt_default / r)),
-        ("haunt_vs_client_sql_baseline_same_batch", client_sql_same_batch.map(|r| haunt_default / r)),
-        ("haunt_vs_client_sql_locked_one_txn", client_sql_locked.map(|r| haunt_default / r)),
-        ("haunt_vs_per_message", Some(haunt_default / per_message)),
-        ("api_vs_raw_insert", Some(api / raw_insert)),
-    ] {
-        ratios.insert(key.into(), json!(value));
+
+    /// The drain at each batch size and worker count of the sweep.
+    async fn sweep(&mut self, default: Protocol) -> anyhow::Result<Vec<serde_json::Value>> {
+        let o = self.options;
+        let mut sweep = Vec::new();
+        for &batch in &o.sweep_batch_sizes {
+            for &workers in &o.sweep_workers {
+                let rate = drain_phase(self.baseline, self.size(), "sweep", || {
+                    haunt_drain(&o.db, workers, Drain { batch_size: batch, protocol: default }, o.events)
+                })
+                .await?;
+                (self.progress)(&format!("sweep: batch {batch:>4}, {workers} workers  {rate:>10.0} events/s"));
+                sweep.push(json!({"batch_size": batch, "workers": workers, "events_per_s": rate}));
+            }
+        }
+        Ok(sweep)
     }
-    if let [p, in_txn] = &pairs[..] {
-        ratios.insert("haunt_vs_own_limit_paired".into(), json!(p.median_ratio()));
-        ratios.insert("haunt_ack_in_txn_vs_own_limit_paired".into(), json!(in_txn.median_ratio()));
-        report.insert("paired".into(), p.json());
-        report.insert("paired_ack_in_txn".into(), in_txn.json());
+
+    /// Every phase in turn, and the report of their figures.
+    async fn every_phase(mut self) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+        let o = self.options;
+        let postgres = o.db.is_postgres();
+        let lease_loops = o.workers * haunt_worker::WorkerConfig::default().concurrency;
+        let mut counts: Vec<usize> = if postgres { vec![2, 4, 8, lease_loops] } else { vec![1] };
+        counts.sort_unstable();
+        counts.dedup();
+        self.baseline.install_server_side().await?;
+        let limit_url = named(&o.db, LIMIT_APPLICATION_NAME);
+        let setup = self.limit_setup(&limit_url, &counts);
+        let limits = self.limits(setup, &counts).await?;
+        let client_sql = self.client_sql().await?;
+        let per_message = self.per_message(lease_loops).await?;
+        let haunt = self.haunt_workers(&limits).await?;
+        let (default, default_in_txn) = (Protocol::default_for(postgres, false), Protocol::default_for(postgres, true));
+        let pairs = self.paired(setup, &limits, [default, default_in_txn]).await?;
+        self.baseline.drop_server_side().await?;
+        let process = self.worker_process(default, limits.of(default).unwrap_or(f64::NAN)).await?;
+        let ingest = self.ingest().await?;
+        let sweep = self.sweep(default).await?;
+        let figures = Figures { lease_loops, limits, client_sql, per_message, haunt, pairs, process, ingest, sweep };
+        Ok(figures.report(self.header(), &self.command(), [default, default_in_txn]))
     }
-    report.insert("ratios".into(), serde_json::Value::Object(ratios));
-    if !sweep.is_empty() {
-        report.insert("sweep".into(), json!(sweep));
+}
+
+/// What every phase of a run measured.
+struct Figures {
+    lease_loops: usize,
+    limits: Limits,
+    client_sql: ClientSql,
+    /// Its events, and its rate.
+    per_message: (usize, f64),
+    haunt: Vec<(Protocol, f64, f64)>,
+    pairs: Vec<Paired>,
+    process: WorkerProcess,
+    /// Raw inserts and the API, orders/s.
+    ingest: (f64, f64),
+    sweep: Vec<serde_json::Value>,
+}
+
+impl Figures {
+    /// The report: `report` (the header) with every figure and the ratios.
+    fn report(
+        self,
+        mut report: serde_json::Map<String, serde_json::Value>,
+        command: &WorkerCommand<'_>,
+        [default, default_in_txn]: [Protocol; 2],
+    ) -> serde_json::Map<String, serde_json::Value> {
+        let Figures { lease_loops, limits, client_sql, per_message, haunt, pairs, process, ingest, sweep } = self;
+        let n = report.get("events").and_then(serde_json::Value::as_u64).unwrap_or(0) as usize;
+        let (client_sql, client_sql_same_batch, client_sql_locked) = client_sql;
+        let (pm, per_message) = per_message;
+        let (raw_insert, api) = ingest;
+        let rate_of = |p: Protocol| haunt.iter().find(|(q, ..)| *q == p).map(|h| h.1).unwrap_or(f64::NAN);
+        let (haunt_default, haunt_ack_in_txn) = (rate_of(default), rate_of(default_in_txn));
+        let limit_default = limits.of(default).unwrap_or(f64::NAN);
+        let (limit_3, limit_2) =
+            (limits.of(Protocol::THREE).unwrap_or(f64::NAN), limits.of(Protocol::TWO).unwrap_or(f64::NAN));
+        let limit_cpu: serde_json::Map<String, serde_json::Value> =
+            limits.best.iter().map(|(p, l)| (p.key("server_side_limit"), json!(l.backends_cpu_us_per_event))).collect();
+
+        report.insert("server_side_consumers_best".into(), serde_json::Value::Object(limits.best_at.clone()));
+        report.insert("server_side_limit_by_consumers".into(), serde_json::Value::Object(limits.by_consumers.clone()));
+        report.insert("lease_loops".into(), json!(lease_loops));
+        report.insert("per_message_events".into(), json!(pm));
+        report.insert("haunt_protocol".into(), json!({"default": default.name, "ack_in_txn": default_in_txn.name}));
+        let mut events_per_s = serde_json::Map::new();
+        for (protocol, l) in &limits.best {
+            events_per_s.insert(protocol.key("server_side_limit"), json!(l.events_per_s));
+        }
+        for (protocol, rate, _) in &haunt {
+            events_per_s.insert(protocol.key("haunt_workers"), json!(rate));
+        }
+        for (key, value) in [
+            ("client_sql_baseline", client_sql),
+            ("client_sql_baseline_same_batch", client_sql_same_batch),
+            ("client_sql_locked_one_txn", client_sql_locked),
+            ("per_message", Some(per_message)),
+            ("haunt_workers", Some(haunt_default)),
+            ("haunt_workers_ack_in_txn", Some(haunt_ack_in_txn)),
+            ("worker_process", Some(process.events_per_s)),
+        ] {
+            events_per_s.insert(key.into(), json!(value));
+        }
+        report.insert("events_per_s".into(), serde_json::Value::Object(events_per_s));
+        report.insert("worker_process".into(), process.json(n, command));
+        report.insert("postgres_backends_cpu_us_per_event".into(), serde_json::Value::Object(limit_cpu));
+        report.insert("worker_peak_rss_mib".into(), json!(process.peak_rss_mib));
+        report.insert("orders_per_s".into(), json!({"raw_insert_txn": raw_insert, "api_http": api}));
+        // Each of haunt's protocols against the limit of the same protocol, and
+        // haunt's defaults against the durable limits too.
+        let mut ratios: serde_json::Map<String, serde_json::Value> =
+            haunt.iter().map(|(p, rate, limit)| (p.key("haunt_vs_server_side"), json!(rate / limit))).collect();
+        for (key, value) in [
+            ("haunt_vs_own_limit", Some(haunt_default / limit_default)),
+            ("haunt_ack_in_txn_vs_own_limit", limits.of(default_in_txn).map(|l| haunt_ack_in_txn / l)),
+            ("haunt_default_vs_server_side_3_commits_durable", Some(haunt_default / limit_3)),
+            ("haunt_ack_in_txn_default_vs_server_side_2_commits_durable", Some(haunt_ack_in_txn / limit_2)),
+            ("worker_process_vs_own_limit", Some(process.events_per_s / limit_default)),
+            ("haunt_vs_client_sql_baseline", client_sql.map(|r| haunt_default / r)),
+            ("haunt_vs_client_sql_baseline_same_batch", client_sql_same_batch.map(|r| haunt_default / r)),
+            ("haunt_vs_client_sql_locked_one_txn", client_sql_locked.map(|r| haunt_default / r)),
+            ("haunt_vs_per_message", Some(haunt_default / per_message)),
+            ("api_vs_raw_insert", Some(api / raw_insert)),
+        ] {
+            ratios.insert(key.into(), json!(value));
+        }
+        if let [p, in_txn] = &pairs[..] {
+            ratios.insert("haunt_vs_own_limit_paired".into(), json!(p.median_ratio()));
+            ratios.insert("haunt_ack_in_txn_vs_own_limit_paired".into(), json!(in_txn.median_ratio()));
+            report.insert("paired".into(), p.json());
+            report.insert("paired_ack_in_txn".into(), in_txn.json());
+        }
+        report.insert("ratios".into(), serde_json::Value::Object(ratios));
+        if !sweep.is_empty() {
+            report.insert("sweep".into(), json!(sweep));
+        }
+        report
     }
-    baseline.housekeeping_back_on().await?;
-    baseline.close().await;
-    store.close().await;
-    Ok(serde_json::Value::Object(report))
 }

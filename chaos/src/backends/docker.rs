@@ -159,6 +159,21 @@ pub struct ContainerSpec {
     pub workdir: Option<PathBuf>,
 }
 
+impl ContainerSpec {
+    /// `node` from `image` with `args`, one port published, nothing else.
+    pub fn new(node: Node, image: &str, args: Vec<String>, port: (u16, u16)) -> ContainerSpec {
+        ContainerSpec {
+            node,
+            image: image.to_owned(),
+            args,
+            env: Vec::new(),
+            ports: vec![port],
+            mounts: Vec::new(),
+            workdir: None,
+        }
+    }
+}
+
 /// One node and the container that runs it (a name or an id).
 #[derive(Debug, Clone)]
 struct Member {

@@ -23,8 +23,8 @@
 //! twice. Each run is a child `haunt run`, as in `haunt matrix`.
 
 pub mod page;
+mod table;
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -38,6 +38,8 @@ use serde::Serialize;
 use crate::core::fault::Fault;
 use crate::core::options::RunOptions;
 use crate::suites::matrix::child_run;
+pub use table::table;
+use table::write_outputs;
 
 /// What `haunt guarantees` runs.
 #[derive(Debug, Clone)]
@@ -556,168 +558,6 @@ pub async fn run(options: &GuaranteesOptions, mut progress: impl FnMut(&str)) ->
     }
     let table = write_outputs(&dir, &mut rows, options, true)?;
     Ok(GuaranteesOutcome { dir, rows, table })
-}
-
-/// Writes `guarantees.txt`, `guarantees.json` (with `"complete"`: whether
-/// every row has run) and `guarantees.html` for the rows so far, their speeds
-/// against the fastest of them; returns the table.
-fn write_outputs(dir: &Path, rows: &mut [Row], options: &GuaranteesOptions, complete: bool) -> anyhow::Result<String> {
-    set_speeds(rows);
-    let command = format!(
-        "haunt guarantees --transports {} --seeds {} --time-limit-s {} --throughput-time-limit-s {}",
-        options.transports.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(","),
-        options.seeds,
-        options.time_limit_s,
-        options.throughput_time_limit_s
-    );
-    let table = table(rows, &command);
-    std::fs::write(dir.join("guarantees.txt"), &table)?;
-    let json = serde_json::json!({
-        "command": command,
-        "complete": complete,
-        "seeds": options.seeds,
-        "time_limit_s": options.time_limit_s,
-        "throughput_time_limit_s": options.throughput_time_limit_s,
-        "rows": rows,
-    });
-    std::fs::write(dir.join("guarantees.json"), serde_json::to_string_pretty(&json)? + "\n")?;
-    std::fs::write(dir.join("guarantees.html"), page::render(rows, &command))?;
-    Ok(table)
-}
-
-fn yes_no(b: bool) -> &'static str {
-    if b { "yes" } else { "no" }
-}
-
-/// What the tutorial's table says of a guarantee: lost, duplicated, speed.
-fn tutorial(claim: &str) -> (&'static str, &'static str, &'static str) {
-    match claim {
-        "at-most-once" => ("yes", "no", "fast"),
-        "at-least-once" => ("no", "yes", "normal"),
-        _ => ("no", "no", "slow"),
-    }
-}
-
-/// The terminal table: the tutorial's shape first (each guarantee, the claim
-/// beside what its rows without an inbox measured, then at-least-once with
-/// the inbox), then every row.
-pub fn table(rows: &[Row], command: &str) -> String {
-    let mut t = String::new();
-    let _ = writeln!(t, "{command}\n");
-    let _ = writeln!(
-        t,
-        "{:<24} {:<24} {:<26} {:<34} rows",
-        "guarantee", "lost: claim / measured", "duplicated: claim / measured", "speed: claim / measured (fastest 1)"
-    );
-    let classes: [(&str, &str, bool); 4] = [
-        ("at-most-once", "at-most-once", false),
-        ("at-least-once", "at-least-once", false),
-        ("exactly-once", "exactly-once", false),
-        // With the inbox, "duplicated" is about effects: applied twice.
-        ("at-least-once + inbox", "at-least-once", true),
-    ];
-    for (name, claim, inbox) in classes {
-        let done: Vec<&Row> =
-            rows.iter().filter(|r| r.claim == claim && r.inbox == inbox && r.matches_claim.is_some()).collect();
-        if done.is_empty() {
-            continue;
-        }
-        let (lost, duplicated, speed) = tutorial(claim);
-        let duplicated = if inbox { "no" } else { duplicated };
-        let lost_measured = done.iter().any(|r| r.lost > 0);
-        let dup_measured = done
-            .iter()
-            .any(|r| r.applied_more_than_once > 0 || (!inbox && r.delivered_more_than_once.unwrap_or(0) > 0));
-        let speeds: Vec<f64> = done.iter().filter_map(|r| r.speed).collect();
-        let speed_range = match (speeds.iter().copied().reduce(f64::min), speeds.iter().copied().reduce(f64::max)) {
-            (Some(lo), Some(hi)) if hi - lo < 0.005 => format!("{lo:.2}"),
-            (Some(lo), Some(hi)) => format!("{lo:.2}-{hi:.2}"),
-            _ => "-".into(),
-        };
-        let _ = writeln!(
-            t,
-            "{name:<24} {:<24} {:<26} {:<34} {}",
-            format!("{lost} / {}", yes_no(lost_measured)),
-            format!("{duplicated} / {}", yes_no(dup_measured)),
-            format!("{speed} / {speed_range}"),
-            done.len()
-        );
-    }
-    let _ = writeln!(t);
-    let _ = writeln!(
-        t,
-        "{:<22} {:<6} {:<14} {:>6} {:>11} {:>13} {:>9} {:>6} {:>11} {:<26} matches",
-        "transport",
-        "inbox",
-        "claim",
-        "lost",
-        "delivered>1",
-        "applied twice",
-        "events/s",
-        "speed",
-        "p99 lag ms",
-        "reconcile"
-    );
-    for r in rows {
-        let reconcile = match &r.repaired_by_reconcile {
-            Some(p) => format!(
-                "{} re-enqueued, {} fixed, {}",
-                p.requeued,
-                p.projection_corrected,
-                if p.lost_after == 0 && p.projection_mismatch_after == 0 { "then valid" } else { "STILL WRONG" }
-            ),
-            None if r.inbox => "-".into(),
-            None => "n/a (needs the inbox)".into(),
-        };
-        let _ = writeln!(
-            t,
-            "{:<22} {:<6} {:<14} {:>6} {:>11} {:>13} {:>9} {:>6} {:>11} {:<26} {}",
-            r.transport,
-            yes_no(r.inbox),
-            r.claim,
-            r.lost,
-            r.delivered_more_than_once.map_or("-".into(), |d| d.to_string()),
-            r.applied_more_than_once,
-            r.events_per_s.map_or("-".into(), |e| format!("{e:.0}")),
-            r.speed.map_or("-".into(), |s| format!("{s:.2}")),
-            r.effect_lag_ms_p99.map_or("-".into(), |l| format!("{l:.0}")),
-            reconcile,
-            match r.matches_claim {
-                Some(true) => "yes",
-                Some(false) => "NO",
-                None => "not measured",
-            }
-        );
-    }
-    let findings: Vec<&Row> = rows.iter().filter(|r| r.finding.is_some()).collect();
-    if !findings.is_empty() {
-        let _ = writeln!(t, "\nfindings:");
-        for r in findings {
-            let dirs: Vec<&str> = r.runs.iter().filter_map(|run| run.run_dir.as_deref()).collect();
-            let _ = writeln!(
-                t,
-                "  {} ({}): {}\n    runs: {}",
-                r.transport,
-                if r.inbox { "inbox" } else { "no inbox" },
-                r.finding.as_deref().unwrap_or_default(),
-                dirs.join(" ")
-            );
-        }
-    }
-    let errors: Vec<String> = rows
-        .iter()
-        .flat_map(|r| {
-            let name = format!("{} {}", r.transport, if r.inbox { "inbox" } else { "no-inbox" });
-            let runs = r.runs.iter().filter_map(move |run| run.error.as_ref().map(|e| (run.seed, e.clone())));
-            let n = name.clone();
-            runs.map(move |(seed, e)| format!("  {n} seed {seed}: {e}"))
-                .chain(r.throughput.error.iter().map(move |e| format!("  {name} no faults: {e}")))
-        })
-        .collect();
-    if !errors.is_empty() {
-        let _ = writeln!(t, "\nnot measured:\n{}", errors.join("\n"));
-    }
-    t
 }
 
 #[cfg(test)]

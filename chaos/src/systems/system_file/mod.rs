@@ -275,24 +275,7 @@ impl Foreign {
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let system_dir = std::path::absolute(&spec.system_dir)?;
         // Held until every proxy listens, so that no two names share a port.
-        let mut held = Vec::new();
-        let mut ports = BTreeMap::new();
-        for name in port_names(&spec) {
-            if adopted {
-                let decl = spec.nodes.iter().find(|n| n.name == name).context("a port of no node")?;
-                let inner = decl.port.with_context(|| {
-                    format!("node {name}: {{port:{name}}} needs `port`, the container's port it is published from")
-                })?;
-                ports.insert(
-                    name.clone(),
-                    crate::backends::docker::host_port(decl.container.as_deref().unwrap_or(""), inner).await?,
-                );
-                continue;
-            }
-            let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-            ports.insert(name, listener.local_addr()?.port());
-            held.push(listener);
-        }
+        let (ports, held) = ports(&spec, adopted).await?;
         let reach = match docker {
             None => Reach::Proxy,
             Some(_) => Reach::Network {
@@ -311,72 +294,7 @@ impl Foreign {
             ports,
             proxies: BTreeMap::new(),
         };
-        let mut containers = Vec::new();
-        let mut adopt = Vec::new();
-
-        let mut specs = Vec::new();
-        let mut ready = Vec::new();
-        let mut node_faults: Vec<(Fault, Vec<Node>)> = vec![(Fault::Kill, Vec::new()), (Fault::Pause, Vec::new())];
-        for decl in &spec.nodes {
-            // The node the final state is read from stays up until it is read.
-            let holds_state = spec::pieces(&spec.final_state.database)
-                .unwrap_or_default()
-                .iter()
-                .any(|p| matches!(p, Err(Placeholder::Port(n)) if *n == decl.name));
-            let role = if holds_state { Role::Database } else { Role::Service };
-            let node = Node { name: decl.name.clone(), role };
-            let mut command = Vec::new();
-            for arg in &decl.command {
-                command.push(fill.fill(arg, Some(&decl.name)).await?);
-            }
-            let mut env = Vec::new();
-            for (k, v) in &decl.env {
-                env.push((k.clone(), fill.fill(v, Some(&decl.name)).await?));
-            }
-            if let Some(probe) = &decl.ready {
-                ready.push((node.clone(), fill.fill(probe, None).await?));
-            }
-            for (fault, nodes) in &mut node_faults {
-                let takes = match fault {
-                    Fault::Kill => decl.faults.contains(&NodeFault::Kill),
-                    _ => decl.faults.contains(&NodeFault::Pause),
-                };
-                if takes {
-                    nodes.push(node.clone());
-                }
-            }
-            if let Some(container) = &decl.container {
-                adopt.push((node, container.clone()));
-                continue;
-            }
-            if let Some(image) = &decl.image {
-                // Published on the host at the node's own port: `{port:NAME}`
-                // means the same inside and out.
-                let host = fill.ports.get(&decl.name).copied();
-                let inner = decl.port.or(host);
-                containers.push(ContainerSpec {
-                    node,
-                    image: image.clone(),
-                    args: command,
-                    env,
-                    ports: host.zip(inner).into_iter().collect(),
-                    mounts: Vec::new(),
-                    workdir: None,
-                });
-                continue;
-            }
-            // A program given by a relative path is the system's, not the harness's.
-            let program = PathBuf::from(&command[0]);
-            let program =
-                if command[0].contains('/') && program.is_relative() { system_dir.join(program) } else { program };
-            specs.push(NodeSpec {
-                node,
-                args: command[1..].to_vec(),
-                program: Some(program),
-                env,
-                cwd: Some(system_dir.clone()),
-            });
-        }
+        let declared = Declared::fill(&spec, &mut fill, &system_dir).await?;
         let mut client_decl = spec.client.clone();
         client_decl.url = fill.fill(&spec.client.url, Some("client")).await?;
         let database = Database::new(fill.fill(&spec.final_state.database, None).await?);
@@ -387,36 +305,18 @@ impl Foreign {
             fill.proxies.iter().map(|((from, to), p)| (format!("{from}<->{to}"), p.clone())).collect();
         let mut links: Vec<(String, SharedLink)> =
             proxies.iter().map(|(n, p)| (n.clone(), p.clone() as SharedLink)).collect();
+        let Declared { specs, containers, adopt, ready, node_faults } = declared;
+        let logs = run_dir.join("logs");
         // Links between containers: cut (partition) or lossy (loss) by iptables.
-        let mut lossy: Vec<(String, Arc<IptablesLink>)> = Vec::new();
-        let (nodes, backend): (Nodes, Arc<dyn Backend>) = match docker {
-            _ if adopted => {
-                let by_name: BTreeMap<String, Node> = adopt.iter().map(|(n, _)| (n.name.clone(), n.clone())).collect();
-                let docker = Arc::new(DockerBackend::adopt(&run_id, adopt, tools_image).await?);
-                for decl in &spec.nodes {
-                    for peer in &decl.links {
-                        let (from, to) = (by_name[&decl.name].clone(), by_name[peer].clone());
-                        let link = Arc::new(IptablesLink::new(docker.clone(), from, Peer::Node(to)));
-                        lossy.push((format!("{}<->{peer}", decl.name), link));
-                    }
-                }
-                (Nodes::Containers(docker.clone(), run_dir.join("logs")), docker)
-            }
+        let (nodes, backend, lossy) = match docker {
+            _ if adopted => adopt_containers(&spec, &run_id, adopt, tools_image, logs).await?,
             None => {
-                let processes = Arc::new(LocalBackend::new(PathBuf::new(), run_dir.join("logs"), Vec::new(), specs));
-                (Nodes::Processes(processes.clone()), processes)
+                let processes = Arc::new(LocalBackend::new(PathBuf::new(), logs, Vec::new(), specs));
+                (Nodes::Processes(processes.clone()), processes as Arc<dyn Backend>, Vec::new())
             }
             Some(options) => {
                 let mount = options.mount_exe.then(|| haunt.to_owned());
-                let by_name: BTreeMap<String, Node> =
-                    containers.iter().map(|c| (c.node.name.clone(), c.node.clone())).collect();
-                let docker = Arc::new(DockerBackend::create(&run_id, mount, containers, &options.image).await?);
-                for (from, to) in &fill.container_links {
-                    let (caller, callee) = (by_name[from].clone(), by_name[to].clone());
-                    let link = Arc::new(IptablesLink::new(docker.clone(), caller, Peer::Node(callee)));
-                    lossy.push((format!("{from}<->{to}"), link));
-                }
-                (Nodes::Containers(docker.clone(), run_dir.join("logs")), docker)
+                start_containers(&run_id, mount, containers, options, &fill.container_links, logs).await?
             }
         };
         links.extend(lossy.iter().map(|(name, link)| (name.clone(), link.clone() as SharedLink)));
@@ -444,6 +344,160 @@ impl Foreign {
             log.display()
         )
     }
+}
+
+/// A port for each name `{port:…}` or `{addr:…}` uses: a free one on
+/// 127.0.0.1, held open (the second value) until every proxy listens, or an
+/// adopted container's published port.
+async fn ports(
+    spec: &SystemSpec,
+    adopted: bool,
+) -> anyhow::Result<(BTreeMap<String, u16>, Vec<std::net::TcpListener>)> {
+    let mut held = Vec::new();
+    let mut ports = BTreeMap::new();
+    for name in port_names(spec) {
+        if adopted {
+            let decl = spec.nodes.iter().find(|n| n.name == name).context("a port of no node")?;
+            let inner = decl.port.with_context(|| {
+                format!("node {name}: {{port:{name}}} needs `port`, the container's port it is published from")
+            })?;
+            ports.insert(
+                name.clone(),
+                crate::backends::docker::host_port(decl.container.as_deref().unwrap_or(""), inner).await?,
+            );
+            continue;
+        }
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        ports.insert(name, listener.local_addr()?.port());
+        held.push(listener);
+    }
+    Ok((ports, held))
+}
+
+/// The nodes of a system file, their placeholders filled: processes to
+/// start, containers to start or containers to adopt, by how each is given.
+struct Declared {
+    specs: Vec<NodeSpec>,
+    containers: Vec<ContainerSpec>,
+    adopt: Vec<(Node, String)>,
+    /// Each node's readiness probe.
+    ready: Vec<(Node, String)>,
+    node_faults: Vec<(Fault, Vec<Node>)>,
+}
+
+impl Declared {
+    async fn fill(spec: &SystemSpec, fill: &mut Fill, system_dir: &Path) -> anyhow::Result<Declared> {
+        let mut out = Declared {
+            specs: Vec::new(),
+            containers: Vec::new(),
+            adopt: Vec::new(),
+            ready: Vec::new(),
+            node_faults: vec![(Fault::Kill, Vec::new()), (Fault::Pause, Vec::new())],
+        };
+        for decl in &spec.nodes {
+            // The node the final state is read from stays up until it is read.
+            let holds_state = spec::pieces(&spec.final_state.database)
+                .unwrap_or_default()
+                .iter()
+                .any(|p| matches!(p, Err(Placeholder::Port(n)) if *n == decl.name));
+            let role = if holds_state { Role::Database } else { Role::Service };
+            let node = Node { name: decl.name.clone(), role };
+            let mut command = Vec::new();
+            for arg in &decl.command {
+                command.push(fill.fill(arg, Some(&decl.name)).await?);
+            }
+            let mut env = Vec::new();
+            for (k, v) in &decl.env {
+                env.push((k.clone(), fill.fill(v, Some(&decl.name)).await?));
+            }
+            if let Some(probe) = &decl.ready {
+                out.ready.push((node.clone(), fill.fill(probe, None).await?));
+            }
+            for (fault, nodes) in &mut out.node_faults {
+                let takes = match fault {
+                    Fault::Kill => decl.faults.contains(&NodeFault::Kill),
+                    _ => decl.faults.contains(&NodeFault::Pause),
+                };
+                if takes {
+                    nodes.push(node.clone());
+                }
+            }
+            if let Some(container) = &decl.container {
+                out.adopt.push((node, container.clone()));
+            } else if let Some(image) = &decl.image {
+                // Published on the host at the node's own port: `{port:NAME}`
+                // means the same inside and out.
+                let host = fill.ports.get(&decl.name).copied();
+                let inner = decl.port.or(host);
+                out.containers.push(ContainerSpec {
+                    node,
+                    image: image.clone(),
+                    args: command,
+                    env,
+                    ports: host.zip(inner).into_iter().collect(),
+                    mounts: Vec::new(),
+                    workdir: None,
+                });
+            } else {
+                // A program given by a relative path is the system's, not the harness's.
+                let program = PathBuf::from(&command[0]);
+                let program =
+                    if command[0].contains('/') && program.is_relative() { system_dir.join(program) } else { program };
+                out.specs.push(NodeSpec {
+                    node,
+                    args: command[1..].to_vec(),
+                    program: Some(program),
+                    env,
+                    cwd: Some(system_dir.to_owned()),
+                });
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// What a system's nodes run on, and its links between containers.
+type Started = (Nodes, Arc<dyn Backend>, Vec<(String, Arc<IptablesLink>)>);
+
+/// Running containers someone else started, each link of theirs lossy.
+async fn adopt_containers(
+    spec: &SystemSpec,
+    run_id: &str,
+    adopt: Vec<(Node, String)>,
+    tools_image: &str,
+    logs: PathBuf,
+) -> anyhow::Result<Started> {
+    let by_name: BTreeMap<String, Node> = adopt.iter().map(|(n, _)| (n.name.clone(), n.clone())).collect();
+    let docker = Arc::new(DockerBackend::adopt(run_id, adopt, tools_image).await?);
+    let mut lossy = Vec::new();
+    for decl in &spec.nodes {
+        for peer in &decl.links {
+            let (from, to) = (by_name[&decl.name].clone(), by_name[peer].clone());
+            let link = Arc::new(IptablesLink::new(docker.clone(), from, Peer::Node(to)));
+            lossy.push((format!("{}<->{peer}", decl.name), link));
+        }
+    }
+    Ok((Nodes::Containers(docker.clone(), logs), docker, lossy))
+}
+
+/// The nodes as containers of the run, on its private network.
+async fn start_containers(
+    run_id: &str,
+    mount: Option<PathBuf>,
+    containers: Vec<ContainerSpec>,
+    options: &crate::core::options::DockerOptions,
+    container_links: &[(String, String)],
+    logs: PathBuf,
+) -> anyhow::Result<Started> {
+    let by_name: BTreeMap<String, Node> = containers.iter().map(|c| (c.node.name.clone(), c.node.clone())).collect();
+    let docker = Arc::new(DockerBackend::create(run_id, mount, containers, &options.image).await?);
+    let mut lossy = Vec::new();
+    for (from, to) in container_links {
+        let (caller, callee) = (by_name[from].clone(), by_name[to].clone());
+        let link = Arc::new(IptablesLink::new(docker.clone(), caller, Peer::Node(callee)));
+        lossy.push((format!("{from}<->{to}"), link));
+    }
+    Ok((Nodes::Containers(docker.clone(), logs), docker, lossy))
 }
 
 impl System for Foreign {

@@ -287,126 +287,71 @@ pub fn parse(path: &Path, text: &str) -> Result<SystemSpec, SpecError> {
     }
 
     // Instances first: placeholders may name any of them.
-    let mut nodes = Vec::new();
-    // The [[node]] of each instance.
-    let mut origin = Vec::new();
-    let mut counted = BTreeSet::new();
+    let mut instances = Instances::default();
     for (i, node) in raw.nodes.iter().enumerate() {
-        let field = |f: &str| format!("node[{i}].{f}");
-        let base = node.name.get_ref().clone();
-        if !valid_name(&base) {
-            return Err(c.at(node.name.span(), &field("name"), "letters, digits, `-` and `_` only"));
-        }
-        let count = match &node.count {
-            None => None,
-            Some(n) if (1..=64).contains(n.get_ref()) => Some(*n.get_ref() as u32),
-            Some(n) => return Err(c.at(n.span(), &field("count"), "between 1 and 64")),
-        };
-        let image = match &node.image {
-            Some(image) if image.get_ref().trim().is_empty() => {
-                return Err(c.at(image.span(), &field("image"), "empty: name the image the node runs from"));
-            }
-            Some(image) => Some(image.get_ref().clone()),
-            None => None,
-        };
-        let command_empty = node.command.get_ref().first().is_none_or(String::is_empty);
-        let container = match &node.container {
-            Some(name) if name.get_ref().trim().is_empty() => {
-                return Err(c.at(name.span(), &field("container"), "empty: name or id of a running container"));
-            }
-            Some(name) => {
-                let clash = if image.is_some() {
-                    Some("image")
-                } else if !command_empty {
-                    Some("command")
-                } else if count.is_some() {
-                    Some("count")
-                } else if !node.env.is_empty() {
-                    Some("env")
-                } else {
-                    None
-                };
-                if let Some(other) = clash {
-                    return Err(c.at(
-                        name.span(),
-                        &field("container"),
-                        format!("a running container has no {other}: haunt adopts it as it is"),
-                    ));
-                }
-                Some(name.get_ref().clone())
-            }
-            None => None,
-        };
-        let links = match &node.links {
-            Some(links) if container.is_none() => {
-                return Err(c.at(
-                    links.span(),
-                    &field("links"),
-                    "only for a container: a node haunt starts names its links with {addr:NAME}",
-                ));
-            }
-            Some(links) => links.get_ref().clone(),
-            None => Vec::new(),
-        };
-        if image.is_none() && container.is_none() && command_empty {
-            let span = if node.command.span().end > 0 { node.command.span() } else { node.name.span() };
-            return Err(c.at(span, &field("command"), "empty: give the program and its arguments (or an image)"));
-        }
-        let port = match &node.port {
-            None => None,
-            Some(p) if image.is_none() && container.is_none() => {
-                return Err(c.at(
-                    p.span(),
-                    &field("port"),
-                    "only for a node with an image or a container: its port inside",
-                ));
-            }
-            Some(p) => match u16::try_from(*p.get_ref()) {
-                Ok(port) if port > 0 => Some(port),
-                _ => return Err(c.at(p.span(), &field("port"), "a TCP port, 1 to 65535")),
-            },
-        };
-        if let Some(ready) = &node.ready
-            && !(ready.get_ref().starts_with("http://") || ready.get_ref().starts_with("tcp://"))
-        {
-            return Err(c.at(ready.span(), &field("ready"), "an http://… URL polled until 2xx, or tcp://HOST:PORT"));
-        }
-        let mut faults = Vec::new();
-        let no_faults = Spanned::new(0..0, Vec::new());
-        let listed = node.faults.as_ref().unwrap_or(&no_faults);
-        for f in listed.get_ref() {
-            faults.push(match f.as_str() {
-                "kill" => NodeFault::Kill,
-                "pause" => NodeFault::Pause,
-                "partition" | "delay" => {
-                    return Err(c.at(
-                        listed.span(),
-                        &field("faults"),
-                        format!("{f:?} is a fault of links, not of nodes: any link through {{addr:NAME}} can take it"),
-                    ));
-                }
-                other => {
-                    return Err(c.at(
-                        listed.span(),
-                        &field("faults"),
-                        format!("{other:?} is not a fault a node takes (kill, pause)"),
-                    ));
-                }
-            });
-        }
+        let shape = c.node(i, node)?;
+        instances.add(&c, i, node, shape)?;
+    }
+    let places =
+        Places { c: &c, names: instances.decls.iter().map(|n| n.name.as_str()).collect(), counted: &instances.counted };
+    for (decl, &i) in instances.decls.iter().zip(&instances.origin) {
+        places.node(i, &raw.nodes[i], decl)?;
+    }
+    c.adoption_and_links(&raw.nodes, &instances)?;
+    let client = c.client(raw.client.get_ref(), &places)?;
+    let final_state = c.final_state(&raw.final_state, &places)?;
+
+    let system_dir = path.parent().map(Path::to_owned).unwrap_or_default();
+    let system_dir = if system_dir.as_os_str().is_empty() { PathBuf::from(".") } else { system_dir };
+    Ok(SystemSpec {
+        file: path.to_owned(),
+        name: name.clone(),
+        system_dir,
+        nodes: instances.decls,
+        client,
+        final_state,
+    })
+}
+
+/// What one `[[node]]` declares, checked, before its instances are made.
+struct Shape {
+    base: String,
+    count: Option<u32>,
+    image: Option<String>,
+    container: Option<String>,
+    port: Option<u16>,
+    links: Vec<String>,
+    faults: Vec<NodeFault>,
+}
+
+/// The nodes' instances, in order, with the `[[node]]` each came from.
+#[derive(Default)]
+struct Instances {
+    decls: Vec<NodeDecl>,
+    /// The index of each instance's `[[node]]`.
+    origin: Vec<usize>,
+    /// The names of the nodes with a count.
+    counted: BTreeSet<String>,
+}
+
+impl Instances {
+    /// The instances of `[[node]]` number `i`: one, or `count` of them named
+    /// `NAME-1` … `NAME-count`.
+    fn add(&mut self, c: &Checker<'_>, i: usize, node: &RawNode, shape: Shape) -> Result<(), SpecError> {
+        let Shape { base, count, image, container, port, links, faults } = shape;
         if count.is_some() {
-            counted.insert(base.clone());
+            self.counted.insert(base.clone());
         }
         for n in 1..=count.unwrap_or(1) {
             let name = if count.is_some() { format!("{base}-{n}") } else { base.clone() };
-            if nodes.iter().any(|d: &NodeDecl| d.name == name) {
-                return Err(c.at(node.name.span(), &field("name"), format!("a second node named {name}")));
+            if self.decls.iter().any(|d| d.name == name) {
+                return Err(c.at(node.name.span(), &format!("node[{i}].name"), format!("a second node named {name}")));
             }
             // `{n}` is filled per instance of a node with a count; anywhere
             // else it stays, and the placeholder check refuses it.
             let fill_n = |s: &String| if count.is_some() { s.replace("{n}", &n.to_string()) } else { s.clone() };
-            origin.push(i);
-            nodes.push(NodeDecl {
+            self.origin.push(i);
+            self.decls.push(NodeDecl {
                 name,
                 base: base.clone(),
                 n,
@@ -420,11 +365,21 @@ pub fn parse(path: &Path, text: &str) -> Result<SystemSpec, SpecError> {
                 faults: faults.clone(),
             });
         }
+        Ok(())
     }
+}
 
-    // Placeholders, where they stand.
-    let names: BTreeSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
-    let check = |s: &str, span: std::ops::Range<usize>, field: &str, place: Place| -> Result<(), SpecError> {
+/// The placeholders of a system file, checked where they stand.
+struct Places<'a> {
+    c: &'a Checker<'a>,
+    /// Every instance's name.
+    names: BTreeSet<&'a str>,
+    counted: &'a BTreeSet<String>,
+}
+
+impl Places<'_> {
+    fn check(&self, s: &str, span: std::ops::Range<usize>, field: &str, place: Place) -> Result<(), SpecError> {
+        let c = self.c;
         for piece in pieces(s).map_err(|m| c.at(span.clone(), field, m))? {
             let Err(p) = piece else { continue };
             let allowed = match (&p, place) {
@@ -448,114 +403,210 @@ pub fn parse(path: &Path, text: &str) -> Result<SystemSpec, SpecError> {
                 return Err(c.at(span.clone(), field, why));
             }
             if let Placeholder::Port(name) | Placeholder::Addr(name) = p
-                && !names.contains(name)
+                && !self.names.contains(name)
             {
-                let message = if counted.contains(name) {
+                let message = if self.counted.contains(name) {
                     format!("{name} has a count: name one instance ({name}-1, or {name}-{{n}} in its own command)")
                 } else {
-                    let known: Vec<&str> = names.iter().copied().collect();
+                    let known: Vec<&str> = self.names.iter().copied().collect();
                     format!("names an unknown node {name:?} (nodes: {})", known.join(", "))
                 };
                 return Err(c.at(span.clone(), field, message));
             }
         }
         Ok(())
-    };
-    for (decl, &i) in nodes.iter().zip(&origin) {
-        let node = &raw.nodes[i];
+    }
+
+    /// An instance's command, env and readiness check.
+    fn node(&self, i: usize, node: &RawNode, decl: &NodeDecl) -> Result<(), SpecError> {
         let place = Place::Node { counted: node.count.is_some() };
         for arg in &decl.command {
-            check(arg, node.command.span(), &format!("node[{i}].command"), place)?;
+            self.check(arg, node.command.span(), &format!("node[{i}].command"), place)?;
         }
         for (k, v) in &decl.env {
-            check(v, node.name.span(), &format!("node[{i}].env.{k}"), place)?;
+            self.check(v, node.name.span(), &format!("node[{i}].env.{k}"), place)?;
         }
         if let (Some(ready), Some(raw_ready)) = (&decl.ready, &node.ready) {
-            check(ready, raw_ready.span(), &format!("node[{i}].ready"), Place::Ready)?;
+            self.check(ready, raw_ready.span(), &format!("node[{i}].ready"), Place::Ready)?;
         }
+        Ok(())
+    }
+}
+
+impl Checker<'_> {
+    /// `[[node]]` number `i`, alone.
+    fn node(&self, i: usize, node: &RawNode) -> Result<Shape, SpecError> {
+        let field = |f: &str| format!("node[{i}].{f}");
+        let base = node.name.get_ref().clone();
+        if !valid_name(&base) {
+            return Err(self.at(node.name.span(), &field("name"), "letters, digits, `-` and `_` only"));
+        }
+        let count = match &node.count {
+            None => None,
+            Some(n) if (1..=64).contains(n.get_ref()) => Some(*n.get_ref() as u32),
+            Some(n) => return Err(self.at(n.span(), &field("count"), "between 1 and 64")),
+        };
+        let image = match &node.image {
+            Some(image) if image.get_ref().trim().is_empty() => {
+                return Err(self.at(image.span(), &field("image"), "empty: name the image the node runs from"));
+            }
+            Some(image) => Some(image.get_ref().clone()),
+            None => None,
+        };
+        let command_empty = node.command.get_ref().first().is_none_or(String::is_empty);
+        let container = self.container(i, node, image.is_some(), command_empty)?;
+        let links = match &node.links {
+            Some(links) if container.is_none() => {
+                return Err(self.at(
+                    links.span(),
+                    &field("links"),
+                    "only for a container: a node haunt starts names its links with {addr:NAME}",
+                ));
+            }
+            Some(links) => links.get_ref().clone(),
+            None => Vec::new(),
+        };
+        if image.is_none() && container.is_none() && command_empty {
+            let span = if node.command.span().end > 0 { node.command.span() } else { node.name.span() };
+            return Err(self.at(span, &field("command"), "empty: give the program and its arguments (or an image)"));
+        }
+        let port = match &node.port {
+            None => None,
+            Some(p) if image.is_none() && container.is_none() => {
+                return Err(self.at(
+                    p.span(),
+                    &field("port"),
+                    "only for a node with an image or a container: its port inside",
+                ));
+            }
+            Some(p) => match u16::try_from(*p.get_ref()) {
+                Ok(port) if port > 0 => Some(port),
+                _ => return Err(self.at(p.span(), &field("port"), "a TCP port, 1 to 65535")),
+            },
+        };
+        if let Some(ready) = &node.ready
+            && !(ready.get_ref().starts_with("http://") || ready.get_ref().starts_with("tcp://"))
+        {
+            return Err(self.at(ready.span(), &field("ready"), "an http://… URL polled until 2xx, or tcp://HOST:PORT"));
+        }
+        let faults = self.node_faults(i, node)?;
+        Ok(Shape { base, count, image, container, port, links, faults })
     }
 
-    let adopted = nodes.iter().filter(|n| n.container.is_some()).count();
-    for (decl, &i) in nodes.iter().zip(&origin) {
-        let node = &raw.nodes[i];
-        if adopted > 0 && decl.container.is_none() {
-            return Err(c.at(
-                node.name.span(),
-                &format!("node[{i}].container"),
-                "missing: other nodes are running containers, and haunt adopts all of a system's nodes or none",
+    /// A node's `container`: a running container haunt adopts as it is, so
+    /// nothing that would start one may stand beside it.
+    fn container(
+        &self,
+        i: usize,
+        node: &RawNode,
+        has_image: bool,
+        command_empty: bool,
+    ) -> Result<Option<String>, SpecError> {
+        let Some(name) = &node.container else { return Ok(None) };
+        let field = format!("node[{i}].container");
+        if name.get_ref().trim().is_empty() {
+            return Err(self.at(name.span(), &field, "empty: name or id of a running container"));
+        }
+        let clash = if has_image {
+            Some("image")
+        } else if !command_empty {
+            Some("command")
+        } else if node.count.is_some() {
+            Some("count")
+        } else if !node.env.is_empty() {
+            Some("env")
+        } else {
+            None
+        };
+        if let Some(other) = clash {
+            return Err(self.at(
+                name.span(),
+                &field,
+                format!("a running container has no {other}: haunt adopts it as it is"),
             ));
         }
-        let span = node.links.as_ref().map_or(node.name.span(), |l| l.span());
-        for link in &decl.links {
-            let Some(peer) = nodes.iter().find(|n| &n.name == link) else {
-                let known: Vec<&str> = names.iter().copied().collect();
-                let message = format!("names an unknown node {link:?} (nodes: {})", known.join(", "));
-                return Err(c.at(span, &format!("node[{i}].links"), message));
-            };
-            if peer.name == decl.name {
-                return Err(c.at(span, &format!("node[{i}].links"), "a node has no link to itself"));
-            }
-        }
+        Ok(Some(name.get_ref().clone()))
     }
 
-    let client = raw.client.get_ref();
-    let method = client.method.get_ref().to_ascii_uppercase();
-    if !["GET", "POST", "PUT", "PATCH"].contains(&method.as_str()) {
-        return Err(c.at(client.method.span(), "client.method", "GET, POST, PUT or PATCH"));
-    }
-    if !client.url.get_ref().starts_with("http://") {
-        return Err(c.at(client.url.span(), "client.url", "an http://… URL (through {addr:NAME})"));
-    }
-    check(client.url.get_ref(), client.url.span(), "client.url", Place::Client)?;
-    if let Some(body) = &client.body {
-        check(body.get_ref(), body.span(), "client.body", Place::Client)?;
-    }
-    let statuses = |list: &Spanned<Vec<i64>>, field: &str| -> Result<Vec<u16>, SpecError> {
-        list.get_ref()
+    fn node_faults(&self, i: usize, node: &RawNode) -> Result<Vec<NodeFault>, SpecError> {
+        let Some(listed) = &node.faults else { return Ok(Vec::new()) };
+        let field = format!("node[{i}].faults");
+        listed
+            .get_ref()
             .iter()
-            .map(|s| match u16::try_from(*s) {
-                Ok(s) if (100..=599).contains(&s) => Ok(s),
-                _ => Err(c.at(list.span(), field, format!("{s} is not an HTTP status"))),
+            .map(|f| match f.as_str() {
+                "kill" => Ok(NodeFault::Kill),
+                "pause" => Ok(NodeFault::Pause),
+                "partition" | "delay" => Err(self.at(
+                    listed.span(),
+                    &field,
+                    format!("{f:?} is a fault of links, not of nodes: any link through {{addr:NAME}} can take it"),
+                )),
+                other => {
+                    Err(self.at(listed.span(), &field, format!("{other:?} is not a fault a node takes (kill, pause)")))
+                }
             })
             .collect()
-    };
-    let ok = statuses(&client.ok, "client.ok")?;
-    let no_fail = Spanned::new(0..0, Vec::new());
-    let fail_list = client.fail.as_ref().unwrap_or(&no_fail);
-    let fail = statuses(fail_list, "client.fail")?;
-    if ok.is_empty() {
-        return Err(c.at(client.ok.span(), "client.ok", "empty: which statuses mean the order was committed?"));
-    }
-    if let Some(both) = ok.iter().find(|s| fail.contains(s)) {
-        return Err(c.at(fail_list.span(), "client.fail", format!("{both} is also in client.ok")));
-    }
-    if let Some(pointer) = &client.event_id
-        && !pointer.get_ref().starts_with('/')
-    {
-        return Err(c.at(pointer.span(), "client.event_id", "a JSON pointer, such as /event_id"));
     }
 
-    let fin = raw.final_state.get_ref();
-    let db = fin.database.get_ref();
-    // Its placeholders are filled at layout; the scheme is known now.
-    if haunt_store::DbUrl::parse(db).is_err() {
-        return Err(c.at(fin.database.span(), "final_state.database", "sqlite://PATH or postgres://…"));
-    }
-    check(db, fin.database.span(), "final_state.database", Place::Database)?;
-    for (field, query) in [("final_state.orders", &fin.orders), ("final_state.projection", &fin.projection)] {
-        if query.trim().is_empty() {
-            return Err(c.at(raw.final_state.span(), field, "empty: a SELECT"));
+    /// All of a system's nodes are adopted containers or none are, and each
+    /// container's links name another node.
+    fn adoption_and_links(&self, raw: &[RawNode], instances: &Instances) -> Result<(), SpecError> {
+        let nodes = &instances.decls;
+        let adopted = nodes.iter().filter(|n| n.container.is_some()).count();
+        for (decl, &i) in nodes.iter().zip(&instances.origin) {
+            let node = &raw[i];
+            if adopted > 0 && decl.container.is_none() {
+                return Err(self.at(
+                    node.name.span(),
+                    &format!("node[{i}].container"),
+                    "missing: other nodes are running containers, and haunt adopts all of a system's nodes or none",
+                ));
+            }
+            let span = node.links.as_ref().map_or(node.name.span(), |l| l.span());
+            for link in &decl.links {
+                let Some(peer) = nodes.iter().find(|n| &n.name == link) else {
+                    let known: BTreeSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+                    let known: Vec<&str> = known.into_iter().collect();
+                    let message = format!("names an unknown node {link:?} (nodes: {})", known.join(", "));
+                    return Err(self.at(span, &format!("node[{i}].links"), message));
+                };
+                if peer.name == decl.name {
+                    return Err(self.at(span, &format!("node[{i}].links"), "a node has no link to itself"));
+                }
+            }
         }
+        Ok(())
     }
 
-    let system_dir = path.parent().map(Path::to_owned).unwrap_or_default();
-    let system_dir = if system_dir.as_os_str().is_empty() { PathBuf::from(".") } else { system_dir };
-    Ok(SystemSpec {
-        file: path.to_owned(),
-        name: name.clone(),
-        system_dir,
-        nodes,
-        client: ClientDecl {
+    fn client(&self, client: &RawClient, places: &Places<'_>) -> Result<ClientDecl, SpecError> {
+        let method = client.method.get_ref().to_ascii_uppercase();
+        if !["GET", "POST", "PUT", "PATCH"].contains(&method.as_str()) {
+            return Err(self.at(client.method.span(), "client.method", "GET, POST, PUT or PATCH"));
+        }
+        if !client.url.get_ref().starts_with("http://") {
+            return Err(self.at(client.url.span(), "client.url", "an http://… URL (through {addr:NAME})"));
+        }
+        places.check(client.url.get_ref(), client.url.span(), "client.url", Place::Client)?;
+        if let Some(body) = &client.body {
+            places.check(body.get_ref(), body.span(), "client.body", Place::Client)?;
+        }
+        let ok = self.statuses(&client.ok, "client.ok")?;
+        let no_fail = Spanned::new(0..0, Vec::new());
+        let fail_list = client.fail.as_ref().unwrap_or(&no_fail);
+        let fail = self.statuses(fail_list, "client.fail")?;
+        if ok.is_empty() {
+            return Err(self.at(client.ok.span(), "client.ok", "empty: which statuses mean the order was committed?"));
+        }
+        if let Some(both) = ok.iter().find(|s| fail.contains(s)) {
+            return Err(self.at(fail_list.span(), "client.fail", format!("{both} is also in client.ok")));
+        }
+        if let Some(pointer) = &client.event_id
+            && !pointer.get_ref().starts_with('/')
+        {
+            return Err(self.at(pointer.span(), "client.event_id", "a JSON pointer, such as /event_id"));
+        }
+        Ok(ClientDecl {
             method,
             url: client.url.get_ref().clone(),
             headers: client.headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
@@ -563,8 +614,33 @@ pub fn parse(path: &Path, text: &str) -> Result<SystemSpec, SpecError> {
             ok,
             fail,
             event_id: client.event_id.as_ref().map(|p| p.get_ref().clone()),
-        },
-        final_state: FinalDecl {
+        })
+    }
+
+    fn statuses(&self, list: &Spanned<Vec<i64>>, field: &str) -> Result<Vec<u16>, SpecError> {
+        list.get_ref()
+            .iter()
+            .map(|s| match u16::try_from(*s) {
+                Ok(s) if (100..=599).contains(&s) => Ok(s),
+                _ => Err(self.at(list.span(), field, format!("{s} is not an HTTP status"))),
+            })
+            .collect()
+    }
+
+    fn final_state(&self, raw: &Spanned<RawFinal>, places: &Places<'_>) -> Result<FinalDecl, SpecError> {
+        let fin = raw.get_ref();
+        let db = fin.database.get_ref();
+        // Its placeholders are filled at layout; the scheme is known now.
+        if haunt_store::DbUrl::parse(db).is_err() {
+            return Err(self.at(fin.database.span(), "final_state.database", "sqlite://PATH or postgres://…"));
+        }
+        places.check(db, fin.database.span(), "final_state.database", Place::Database)?;
+        for (field, query) in [("final_state.orders", &fin.orders), ("final_state.projection", &fin.projection)] {
+            if query.trim().is_empty() {
+                return Err(self.at(raw.span(), field, "empty: a SELECT"));
+            }
+        }
+        Ok(FinalDecl {
             database: db.clone(),
             orders: fin.orders.clone(),
             projection: fin.projection.clone(),
@@ -572,8 +648,8 @@ pub fn parse(path: &Path, text: &str) -> Result<SystemSpec, SpecError> {
             pending: fin.pending.clone(),
             dead_letters: fin.dead_letters.clone(),
             quiet: fin.quiet.clone(),
-        },
-    })
+        })
+    }
 }
 
 /// The field a toml/serde message is about: `missing field `x``, `unknown

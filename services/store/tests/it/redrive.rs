@@ -94,86 +94,14 @@ async fn race(db: &TestDb, redrivers: Redrivers) {
         };
     }
 
+    let shared = Shared { store: store.clone(), parked: Arc::default(), recent: Arc::default() };
     let stop = Arc::new(AtomicBool::new(false));
-    let parked = Arc::new(AtomicU64::new(0));
-    let recent: Arc<Mutex<Vec<String>>> = Arc::default();
     let mut workers = tokio::task::JoinSet::new();
     for w in 0..WORKERS {
-        let (store, stop, parked, recent) = (store.clone(), stop.clone(), parked.clone(), recent.clone());
-        workers.spawn(async move {
-            let mut rng = Rng::new(w);
-            for _ in 0..WORKER_ROUNDS_MAX {
-                if stop.load(Ordering::Relaxed) {
-                    break;
-                }
-                let batch = store.lease(LEASE_BATCH, Duration::from_secs(30), LeaseClock::Database).await?;
-                if batch.is_empty() {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                    continue;
-                }
-                {
-                    let mut recent = recent.lock().unwrap();
-                    recent.extend(batch.iter().map(|m| m.message_id.clone()));
-                    let excess = recent.len().saturating_sub(RECENT_MAX);
-                    recent.drain(..excess);
-                }
-                for m in &batch {
-                    if rng.below(APPLY_ONE_IN) == 0 {
-                        let applied = store.apply(m, &m.event().expect("an event"), "w").await?;
-                        assert!(matches!(applied, Applied::Applied { .. }), "{applied:?}");
-                        assert!(store.ack(&m.message_id, &m.lease_token).await?, "acking what it holds");
-                    } else {
-                        let failed = store.fail(m, "poison", Duration::ZERO, 1).await?;
-                        assert_eq!(failed, Failed::DeadLettered);
-                        parked.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }
-            Ok::<_, StoreError>(())
-        });
+        workers.spawn(shared.clone().work(w, stop.clone()));
     }
-
-    // A redriver runs its rounds, and more while the workers have parked
-    // too few (a loaded machine runs the workers slower than the rounds),
-    // within a bound: the assertions below need the race to have happened.
-    let racing = |rounds: usize, parked: Arc<AtomicU64>| {
-        move |done: usize| {
-            done < rounds
-                || (rounds > 0 && parked.load(Ordering::Relaxed) <= MESSAGES as u64 && done < rounds * ROUNDS_STRETCH)
-        }
-    };
-    let all = tokio::spawn({
-        let store = store.clone();
-        let more = racing(if redrivers == Redrivers::One { 0 } else { REDRIVES_ALL }, parked.clone());
-        async move {
-            let (mut moved, mut done) = (0, 0);
-            while more(done) {
-                moved += store.redrive(None).await?;
-                done += 1;
-            }
-            Ok::<_, StoreError>(moved)
-        }
-    });
-    let one = tokio::spawn({
-        let (store, recent) = (store.clone(), recent.clone());
-        let more = racing(if redrivers == Redrivers::All { 0 } else { REDRIVES_ONE }, parked.clone());
-        async move {
-            let mut rng = Rng::new(99);
-            let (mut moved, mut done) = (0, 0);
-            while more(done) {
-                done += 1;
-                let id = {
-                    let recent = recent.lock().unwrap();
-                    (!recent.is_empty()).then(|| recent[rng.below(recent.len() as u64) as usize].clone())
-                };
-                match id {
-                    Some(id) => moved += store.redrive(Some(&id)).await?,
-                    None => tokio::time::sleep(Duration::from_millis(1)).await,
-                }
-            }
-            Ok::<_, StoreError>(moved)
-        }
-    });
+    let all = tokio::spawn(shared.clone().redrive_all(if redrivers == Redrivers::One { 0 } else { REDRIVES_ALL }));
+    let one = tokio::spawn(shared.clone().redrive_one(if redrivers == Redrivers::All { 0 } else { REDRIVES_ONE }));
     let moved_all = all.await.unwrap();
     let moved_one = one.await.unwrap();
     stop.store(true, Ordering::Relaxed);
@@ -182,12 +110,101 @@ async fn race(db: &TestDb, redrivers: Redrivers) {
     }
     let moved_all = moved_all.unwrap_or_else(|e| panic!("{kind}: redrive all: {e:?}"));
     let moved_one = moved_one.unwrap_or_else(|e| panic!("{kind}: redrive one: {e:?}"));
-    let parked = parked.load(Ordering::Relaxed);
+    let parked = shared.parked.load(Ordering::Relaxed);
     eprintln!("{kind}: {parked} parks, {moved_all} redriven by all, {moved_one} by id");
     // The race was run, not just the code: many parks, many of them redriven.
     assert!(parked > MESSAGES as u64, "{kind}: only {parked} parks");
     assert!(moved_all + moved_one > MESSAGES as u64 / 2, "{kind}: only {} redriven", moved_all + moved_one);
+    nothing_lost(&store, &events, &kind).await;
+    store.close().await;
+}
 
+/// What the workers and the redrivers of a race share.
+#[derive(Clone)]
+struct Shared {
+    store: Store,
+    /// Dead-lettered so far.
+    parked: Arc<AtomicU64>,
+    /// The ids of the messages leased last, for the redrives by id.
+    recent: Arc<Mutex<Vec<String>>>,
+}
+
+impl Shared {
+    /// A worker: leases, applies one delivery in `APPLY_ONE_IN` and parks
+    /// the rest, until `stop`.
+    async fn work(self, w: u64, stop: Arc<AtomicBool>) -> Result<(), StoreError> {
+        let store = &self.store;
+        let mut rng = Rng::new(w);
+        for _ in 0..WORKER_ROUNDS_MAX {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let batch = store.lease(LEASE_BATCH, Duration::from_secs(30), LeaseClock::Database).await?;
+            if batch.is_empty() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                continue;
+            }
+            {
+                let mut recent = self.recent.lock().unwrap();
+                recent.extend(batch.iter().map(|m| m.message_id.clone()));
+                let excess = recent.len().saturating_sub(RECENT_MAX);
+                recent.drain(..excess);
+            }
+            for m in &batch {
+                if rng.below(APPLY_ONE_IN) == 0 {
+                    let applied = store.apply(m, &m.event().expect("an event"), "w").await?;
+                    assert!(matches!(applied, Applied::Applied { .. }), "{applied:?}");
+                    assert!(store.ack(&m.message_id, &m.lease_token).await?, "acking what it holds");
+                } else {
+                    let failed = store.fail(m, "poison", Duration::ZERO, 1).await?;
+                    assert_eq!(failed, Failed::DeadLettered);
+                    self.parked.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a redriver of `rounds` rounds goes on after `done`: its
+    /// rounds, and more while the workers have parked too few (a loaded
+    /// machine runs the workers slower than the rounds), within a bound: the
+    /// assertions need the race to have happened.
+    fn more(&self, rounds: usize, done: usize) -> bool {
+        done < rounds
+            || (rounds > 0 && self.parked.load(Ordering::Relaxed) <= MESSAGES as u64 && done < rounds * ROUNDS_STRETCH)
+    }
+
+    /// Redrives every dead letter, round after round; what it moved.
+    async fn redrive_all(self, rounds: usize) -> Result<u64, StoreError> {
+        let (mut moved, mut done) = (0, 0);
+        while self.more(rounds, done) {
+            moved += self.store.redrive(None).await?;
+            done += 1;
+        }
+        Ok(moved)
+    }
+
+    /// Redrives one recently leased message by id, round after round.
+    async fn redrive_one(self, rounds: usize) -> Result<u64, StoreError> {
+        let mut rng = Rng::new(99);
+        let (mut moved, mut done) = (0, 0);
+        while self.more(rounds, done) {
+            done += 1;
+            let id = {
+                let recent = self.recent.lock().unwrap();
+                (!recent.is_empty()).then(|| recent[rng.below(recent.len() as u64) as usize].clone())
+            };
+            match id {
+                Some(id) => moved += self.store.redrive(Some(&id)).await?,
+                None => tokio::time::sleep(Duration::from_millis(1)).await,
+            }
+        }
+        Ok(moved)
+    }
+}
+
+/// Every event is queued, parked or applied, and none both queued and parked.
+async fn nothing_lost(store: &Store, events: &HashSet<String>, kind: &str) {
     let (mut queued, mut dead, mut applied) = (HashSet::new(), HashSet::new(), HashSet::new());
     let mut queued_ids = HashSet::new();
     // Lines come in a fixed order: pending messages before dead letters.
@@ -216,7 +233,6 @@ async fn race(db: &TestDb, redrivers: Redrivers) {
         lost.len()
     );
     assert!(!applied.is_empty(), "{kind}: no delivery was applied");
-    store.close().await;
 }
 
 #[tokio::test]
