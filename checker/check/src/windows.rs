@@ -189,8 +189,8 @@ impl Attribution {
     }
 }
 
-/// The p99 latency of the client ops invoked inside each window, and of those
-/// invoked outside every window. Returns the latter's quantiles (ms), `None`
+/// The median and p99 latency of the client ops invoked inside each window,
+/// and of those invoked outside every window. Returns the latter's quantiles (ms), `None`
 /// when there are no windows.
 fn op_latencies(fold: &Fold, index: &WindowIndex, windows: &mut [FaultWindow]) -> Option<Quantiles> {
     if index.is_empty() {
@@ -215,8 +215,11 @@ fn op_latencies(fold: &Fold, index: &WindowIndex, windows: &mut [FaultWindow]) -
         w.ops_invoked = latencies.len() as u64;
         w.ops_failed = Some(0);
         w.ops_indeterminate = Some(0);
-        w.latency_ms_p99 = quantile(&mut latencies, 0.99);
+        let q = quantiles(&mut latencies);
+        w.latency_ms_p99 = (q.count > 0).then_some(q.p99);
+        w.latency_ms_p50 = (q.count > 0).then_some(q.p50);
         w.latency_ms_p99_outside = (outside.count > 0).then_some(outside.p99);
+        w.latency_ms_p50_outside = (outside.count > 0).then_some(outside.p50);
     }
     for (times, failed) in [(&fold.failed_timed_ns, true), (&fold.info_timed_ns, false)] {
         let mut hint = 0;
