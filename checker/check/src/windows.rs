@@ -14,7 +14,7 @@
 
 use crate::fold::{Fold, Order};
 use crate::results::{FaultWindow, Quantiles};
-use crate::stats::{quantile, quantiles};
+use crate::stats::quantiles;
 
 /// The windows of a run as segments of the history's clock, for overlap
 /// queries.

@@ -22,12 +22,10 @@
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use futures_util::StreamExt;
 pub use testcontainers::bollard;
 use testcontainers::bollard::Docker;
 use testcontainers::bollard::errors::Error as ApiError;
@@ -35,13 +33,16 @@ use testcontainers::bollard::models::{
     ContainerCreateBody, EndpointSettings, HealthStatusEnum, HostConfig, NetworkCreateRequest, NetworkingConfig,
     PortBinding,
 };
-use testcontainers::bollard::query_parameters::{
-    CreateContainerOptions, KillContainerOptions, ListContainersOptions, ListNetworksOptions, LogsOptions,
-    RemoveContainerOptions, StopContainerOptions, WaitContainerOptions,
-};
+use testcontainers::bollard::query_parameters::{CreateContainerOptions, KillContainerOptions, StopContainerOptions};
 use tokio::time::Instant;
 
 use crate::core::roles::{Backend, BoxFuture, Node, Role};
+
+mod engine;
+mod link;
+use engine::{Helper, logs, remove_labelled};
+pub use engine::{clean, has_image, leftovers, leftovers_of_run};
+pub use link::{IptablesLink, Peer};
 
 /// The label on every container and network of a run; its value is the run id.
 pub const RUN_LABEL: &str = "io.haunt.run";
@@ -443,134 +444,6 @@ impl Drop for DockerBackend {
     }
 }
 
-/// A short-lived container of the tools image in `target`'s network namespace.
-struct Helper<'a> {
-    tools_image: &'a str,
-    labels: HashMap<String, String>,
-    target: String,
-}
-
-impl Helper<'_> {
-    async fn run(self, docker: &Docker, script: &str) -> anyhow::Result<String> {
-        let body = ContainerCreateBody {
-            image: Some(self.tools_image.to_owned()),
-            entrypoint: Some(vec!["sh".into(), "-c".into()]),
-            cmd: Some(vec![script.to_owned()]),
-            user: Some("root".into()),
-            labels: Some(self.labels),
-            host_config: Some(HostConfig {
-                network_mode: Some(format!("container:{}", self.target)),
-                cap_add: Some(vec!["NET_ADMIN".into()]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let helper = docker
-            .create_container(None::<CreateContainerOptions>, body)
-            .await
-            .map_err(|e| anyhow::anyhow!("creating a helper: {}", said(&e)))?
-            .id;
-        let outcome = async {
-            docker.start_container(&helper, None).await.map_err(|e| anyhow::anyhow!("{}", said(&e)))?;
-            let mut wait = docker.wait_container(&helper, None::<WaitContainerOptions>);
-            let code = match wait.next().await {
-                Some(Ok(done)) => done.status_code,
-                Some(Err(ApiError::DockerContainerWaitError { code, .. })) => code,
-                Some(Err(e)) => anyhow::bail!("{}", said(&e)),
-                None => anyhow::bail!("the helper's wait ended without a status"),
-            };
-            let output = logs(docker, &helper).await;
-            anyhow::ensure!(code == 0, "exit status {code}: {}", output.trim());
-            Ok(output)
-        }
-        .await;
-        let remove = RemoveContainerOptions { force: true, ..Default::default() };
-        let _ = docker.remove_container(&helper, Some(remove)).await;
-        outcome
-    }
-}
-
-/// A container's output so far, both streams.
-async fn logs(docker: &Docker, container: &str) -> String {
-    let options = LogsOptions { stdout: true, stderr: true, ..Default::default() };
-    let mut stream = docker.logs(container, Some(options));
-    let mut text = Vec::new();
-    while let Some(Ok(chunk)) = stream.next().await {
-        text.extend_from_slice(&chunk.into_bytes());
-    }
-    String::from_utf8_lossy(&text).into_owned()
-}
-
-/// Removes the containers (with their anonymous volumes) and networks that
-/// carry `label` (`key` or `key=value`). Returns how many of each.
-fn remove_labelled(label: &str) -> anyhow::Result<(usize, usize)> {
-    blocking(|docker| async move {
-        let (containers, networks) = labelled(&docker, label).await?;
-        for (id, _) in &containers {
-            let options = RemoveContainerOptions { force: true, v: true, ..Default::default() };
-            match docker.remove_container(id, Some(options)).await {
-                Err(e) if !not_running(&e) => anyhow::bail!("removing container {id}: {}", said(&e)),
-                _ => {}
-            }
-        }
-        for (id, name) in &networks {
-            docker.remove_network(id).await.map_err(|e| anyhow::anyhow!("removing network {name}: {}", said(&e)))?;
-        }
-        Ok((containers.len(), networks.len()))
-    })
-}
-
-/// The `(id, name)` of every container and every network carrying `label`.
-async fn labelled(docker: &Docker, label: &str) -> anyhow::Result<(Vec<(String, String)>, Vec<(String, String)>)> {
-    let filters = HashMap::from([("label".to_owned(), vec![label.to_owned()])]);
-    let options = ListContainersOptions { all: true, filters: Some(filters.clone()), ..Default::default() };
-    let containers = docker.list_containers(Some(options)).await.map_err(|e| anyhow::anyhow!("{}", said(&e)))?;
-    let containers = containers
-        .into_iter()
-        .filter_map(|c| {
-            let name = c.names.unwrap_or_default().first().map(|n| n.trim_start_matches('/').to_owned());
-            Some((c.id?, name.unwrap_or_default()))
-        })
-        .collect();
-    let networks = docker
-        .list_networks(Some(ListNetworksOptions { filters: Some(filters) }))
-        .await
-        .map_err(|e| anyhow::anyhow!("{}", said(&e)))?;
-    let networks = networks.into_iter().filter_map(|n| Some((n.id?, n.name.unwrap_or_default()))).collect();
-    Ok((containers, networks))
-}
-
-/// `haunt clean`: removes every container and network any haunt run created.
-pub fn clean() -> anyhow::Result<(usize, usize)> {
-    remove_labelled(RUN_LABEL)
-}
-
-/// The names of what a haunt run left: containers, then `network NAME`s
-/// (for tests and `haunt clean --dry-run`).
-pub fn leftovers() -> anyhow::Result<Vec<String>> {
-    leftovers_of(RUN_LABEL)
-}
-
-/// [`leftovers`] of one run.
-pub fn leftovers_of_run(run_id: &str) -> anyhow::Result<Vec<String>> {
-    leftovers_of(&format!("{RUN_LABEL}={run_id}"))
-}
-
-fn leftovers_of(label: &str) -> anyhow::Result<Vec<String>> {
-    let label = label.to_owned();
-    blocking(|docker| async move {
-        let (containers, networks) = labelled(&docker, &label).await?;
-        let names = containers.into_iter().map(|(_, name)| name);
-        Ok(names.chain(networks.into_iter().map(|(_, name)| format!("network {name}"))).collect())
-    })
-}
-
-/// What the engine reports, for tests: whether it answers and has `image`.
-pub fn has_image(image: &str) -> anyhow::Result<bool> {
-    let image = image.to_owned();
-    blocking(|docker| async move { Ok(docker.inspect_image(&image).await.is_ok()) })
-}
-
 impl Backend for DockerBackend {
     fn nodes(&self) -> Vec<Node> {
         self.members.iter().map(|m| m.node.clone()).collect()
@@ -663,118 +536,6 @@ impl Backend for DockerBackend {
         answer.unwrap_or(false)
     }
 }
-/// The far end of a link, seen from the container whose rules cut it.
-#[derive(Debug, Clone)]
-pub enum Peer {
-    /// Another container of the run (the database).
-    Node(Node),
-    /// The host, through a published port: the harness's clients.
-    Host { port: u16 },
-}
-
-/// A link cut by iptables rules in one container's network namespace. The
-/// rules live in two chains of their own (`haunt-partition`, `haunt-loss`), so
-/// healing one fault flushes only its chain. A container that is restarted gets
-/// a fresh namespace, and with it a healed link.
-#[derive(Debug)]
-pub struct IptablesLink {
-    backend: Arc<DockerBackend>,
-    node: Node,
-    peer: Peer,
-}
-
-/// Creates both chains on first use and hooks them into INPUT and OUTPUT.
-const CHAINS: &str = "for c in haunt-partition haunt-loss; do \
-    if iptables -N $c 2>/dev/null; then iptables -I INPUT -j $c && iptables -I OUTPUT -j $c || exit 1; fi; done";
-
-impl IptablesLink {
-    pub fn new(backend: Arc<DockerBackend>, node: Node, peer: Peer) -> IptablesLink {
-        IptablesLink { backend, node, peer }
-    }
-
-    /// The match for packets from the peer, then for packets to it.
-    async fn matches(&self) -> anyhow::Result<(String, String)> {
-        Ok(match &self.peer {
-            Peer::Node(peer) => {
-                let ip = self.backend.ip_toward(&self.node, peer).await?;
-                (format!("-s {ip}"), format!("-d {ip}"))
-            }
-            Peer::Host { port } => {
-                let gw = self.backend.gateway(&self.node).await?;
-                (format!("-s {gw} -p tcp --dport {port}"), format!("-d {gw} -p tcp --sport {port}"))
-            }
-        })
-    }
-
-    async fn add(&self, chain: &str, extra: &str) -> anyhow::Result<()> {
-        let (from, to) = self.matches().await?;
-        let script =
-            format!("{CHAINS}; iptables -A {chain} {from} {extra} -j DROP && iptables -A {chain} {to} {extra} -j DROP");
-        self.backend.in_netns(&self.node, &script).await.map(drop)
-    }
-
-    /// Drops every packet both ways.
-    pub async fn cut(&self) -> anyhow::Result<()> {
-        self.add("haunt-partition", "").await
-    }
-
-    /// Drops each packet, both ways, with this probability.
-    pub async fn lose(&self, probability: f64) -> anyhow::Result<()> {
-        self.add("haunt-loss", &format!("-m statistic --mode random --probability {probability:.3}")).await
-    }
-
-    /// Flushes one chain. A container that is not running has nothing to heal
-    /// (it gets a fresh namespace when it starts).
-    async fn flush(&self, chain: &str) -> anyhow::Result<()> {
-        match self.backend.in_netns(&self.node, &format!("iptables -F {chain} 2>/dev/null; true")).await {
-            Err(e) if format!("{e:#}").contains("non running container") => Ok(()),
-            other => other.map(drop),
-        }
-    }
-
-    pub async fn heal(&self) -> anyhow::Result<()> {
-        self.flush("haunt-partition").await
-    }
-
-    pub async fn heal_loss(&self) -> anyhow::Result<()> {
-        self.flush("haunt-loss").await
-    }
-}
-
-impl crate::core::link::Link for IptablesLink {
-    fn cut(&self) -> BoxFuture<'_, anyhow::Result<()>> {
-        Box::pin(IptablesLink::cut(self))
-    }
-    fn heal(&self) -> BoxFuture<'_, anyhow::Result<()>> {
-        Box::pin(IptablesLink::heal(self))
-    }
-    /// Nothing for the backend's own containers: the rules live in the
-    /// container's network namespace, which goes with the container when the
-    /// backend drops. An adopted container outlives the run, so both chains
-    /// are flushed.
-    fn heal_blocking(&self) {
-        if !self.backend.adopted() {
-            return;
-        }
-        let helper = Helper {
-            tools_image: &self.backend.tools_image,
-            labels: self.backend.labels(None),
-            target: self.backend.container(&self.node),
-        };
-        let script = "iptables -F haunt-partition 2>/dev/null; iptables -F haunt-loss 2>/dev/null; true";
-        let _ = blocking(|docker| async move { helper.run(&docker, script).await });
-    }
-}
-
-impl crate::core::link::Lossy for IptablesLink {
-    fn lose(&self, probability: f64) -> BoxFuture<'_, anyhow::Result<()>> {
-        Box::pin(IptablesLink::lose(self, probability))
-    }
-    fn heal_loss(&self) -> BoxFuture<'_, anyhow::Result<()>> {
-        Box::pin(IptablesLink::heal_loss(self))
-    }
-}
-
 /// The database node of a Docker run.
 pub fn postgres_node() -> Node {
     Node { name: "postgres".into(), role: Role::Database }
