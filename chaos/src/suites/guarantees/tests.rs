@@ -1,0 +1,65 @@
+use super::*;
+
+fn run(seed: u64, lost: u64, delivered_twice: Option<u64>, applied_twice: u64) -> FaultRun {
+    FaultRun {
+        seed,
+        run_dir: None,
+        verdict: Some("true".into()),
+        acknowledged: 100,
+        lost,
+        delivered_more_than_once: delivered_twice,
+        redeliveries: delivered_twice,
+        applied_more_than_once: applied_twice,
+        unlisted: 0,
+        faults_fired: serde_json::Value::Null,
+        repair: None,
+        error: None,
+    }
+}
+
+#[test]
+fn each_claim_is_judged_by_what_it_forbids() {
+    let runs = [run(1, 0, Some(3), 0), run(2, 2, Some(0), 0)];
+    let refs: Vec<&FaultRun> = runs.iter().collect();
+    // At-least-once that lost: a finding naming the seed.
+    let (ok, finding) = judge(Guarantee::AtLeastOnce, 2, Some(3), 0, &refs);
+    assert_eq!(ok, Some(false));
+    assert!(finding.unwrap().contains("seed 2"));
+    // At-most-once that lost and never duplicated: as claimed.
+    assert_eq!(judge(Guarantee::AtMostOnce, 2, Some(0), 0, &refs).0, Some(true));
+    // At-most-once that delivered twice: contradicted.
+    assert_eq!(judge(Guarantee::AtMostOnce, 2, Some(3), 0, &refs).0, Some(false));
+    // At-most-once that lost nothing: as claimed, and said out loud.
+    let (ok, finding) = judge(Guarantee::AtMostOnce, 0, Some(0), 0, &refs);
+    assert_eq!(ok, Some(true));
+    assert!(finding.unwrap().contains("lose nothing"));
+    // Exactly-once that applied twice (no inbox: deliveries unknown).
+    assert_eq!(judge(Guarantee::ExactlyOnce, 0, None, 4, &refs).0, Some(false));
+    assert_eq!(judge(Guarantee::ExactlyOnce, 0, None, 0, &refs), (Some(true), None));
+}
+
+#[test]
+fn speed_is_a_ratio_to_the_fastest_row() {
+    let t = |e| Throughput { run_dir: None, events_per_s: e, effect_lag_ms_p99: None, error: None };
+    let spec: TransportSpec = "db".parse().unwrap();
+    let mut rows = vec![
+        Row::new(spec, true, vec![run(1, 0, Some(1), 0)], t(Some(200.0))),
+        Row::new(spec, false, vec![run(1, 0, None, 1)], t(Some(400.0))),
+        Row::new(spec, true, vec![], t(None)),
+    ];
+    set_speeds(&mut rows);
+    assert_eq!(rows.iter().map(|r| r.speed).collect::<Vec<_>>(), [Some(0.5), Some(1.0), None]);
+    assert_eq!(rows[2].matches_claim, None, "a row with no finished run is not judged");
+}
+
+#[test]
+fn the_fault_schedule_reaches_the_broker_and_the_relay_only_where_there_are_some() {
+    use Fault::*;
+    let (faults, targets) = fault_schedule("db".parse().unwrap());
+    assert_eq!((faults, targets), (vec![Kill, Partition, AckLoss], vec!["worker-1".into(), "worker-1<->db".into()]));
+    let (faults, targets) = fault_schedule("rabbitmq".parse().unwrap());
+    assert_eq!(faults, [Kill, BrokerRestart, Partition, AckLoss, RelayKill]);
+    assert_eq!(targets, ["worker-1", "worker-1<->broker", "relay"]);
+    let (faults, _) = fault_schedule("sqs".parse().unwrap());
+    assert!(!faults.contains(&BrokerRestart), "moto keeps nothing through a restart: {faults:?}");
+}
