@@ -5,6 +5,7 @@
 //! and the `[final_state]` queries read the result.
 
 pub mod client;
+pub mod decl;
 pub mod final_state;
 pub mod spec;
 

@@ -1,0 +1,78 @@
+//! A system file once checked: its nodes, its client and where its final
+//! state is read, typed ([`super::spec::load`] makes them).
+
+use std::path::PathBuf;
+
+/// What the nemesis may do to a node itself (links are faulted where they
+/// pass through a fault proxy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeFault {
+    Kill,
+    Pause,
+}
+
+/// One process of the system, once per instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeDecl {
+    /// `api`, or `worker-1` for the first of a node with `count`.
+    pub name: String,
+    /// The `[[node]]` it comes from.
+    pub base: String,
+    /// Its instance number (1 without `count`).
+    pub n: u32,
+    /// Program and arguments, placeholders not yet filled (but `{n}`); for a
+    /// node with an image, the arguments after the image's entrypoint.
+    pub command: Vec<String>,
+    /// The image the node runs from, as a container (`--backend docker`).
+    pub image: Option<String>,
+    /// A container that is already running (a name or an id), which haunt
+    /// faults but neither starts nor removes: a test's testcontainers, a
+    /// compose service.
+    pub container: Option<String>,
+    /// The port the image's service listens on inside its container, when it
+    /// is not `{port:NAME}` itself (a database image's 5432); for a
+    /// `container`, the port whose published host port `{port:NAME}` is.
+    pub port: Option<u16>,
+    /// For a `container`: the nodes it talks to, each link cut with iptables
+    /// in its network namespace (`NAME<->OTHER`).
+    pub links: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub ready: Option<String>,
+    pub faults: Vec<NodeFault>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientDecl {
+    pub method: String,
+    pub url: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Option<String>,
+    pub ok: Vec<u16>,
+    pub fail: Vec<u16>,
+    /// A JSON pointer into an ok answer.
+    pub event_id: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FinalDecl {
+    pub database: String,
+    pub orders: String,
+    pub projection: String,
+    pub applied: Option<String>,
+    pub pending: Option<String>,
+    pub dead_letters: Option<String>,
+    pub quiet: Option<String>,
+}
+
+/// A checked system file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SystemSpec {
+    pub file: PathBuf,
+    pub name: String,
+    /// The folder that holds the file: `{system_dir}`, and where commands start.
+    pub system_dir: PathBuf,
+    /// Every instance, in file order.
+    pub nodes: Vec<NodeDecl>,
+    pub client: ClientDecl,
+    pub final_state: FinalDecl,
+}
