@@ -789,7 +789,7 @@ impl<'a> Bench<'a> {
         let ingest = self.ingest().await?;
         let sweep = self.sweep(default).await?;
         let figures = Figures { lease_loops, limits, client_sql, per_message, haunt, pairs, process, ingest, sweep };
-        Ok(figures.report(self.header(), &self.command(), [default, default_in_txn]))
+        Ok(figures.report(self.header(), &self.command(), o.events, [default, default_in_txn]))
     }
 }
 
@@ -809,15 +809,16 @@ struct Figures {
 }
 
 impl Figures {
-    /// The report: `report` (the header) with every figure and the ratios.
+    /// The report: `report` (the header) with every figure and the ratios;
+    /// `n`: the events of each drain.
     fn report(
         self,
         mut report: serde_json::Map<String, serde_json::Value>,
         command: &WorkerCommand<'_>,
+        n: usize,
         [default, default_in_txn]: [Protocol; 2],
     ) -> serde_json::Map<String, serde_json::Value> {
-        let Figures { lease_loops, limits, client_sql, per_message, haunt, pairs, process, ingest, sweep } = self;
-        let n = report.get("events").and_then(serde_json::Value::as_u64).unwrap_or(0) as usize;
+        let Figures { lease_loops, mut limits, client_sql, per_message, haunt, pairs, process, ingest, sweep } = self;
         let (client_sql, client_sql_same_batch, client_sql_locked) = client_sql;
         let (pm, per_message) = per_message;
         let (raw_insert, api) = ingest;
@@ -829,8 +830,14 @@ impl Figures {
         let limit_cpu: serde_json::Map<String, serde_json::Value> =
             limits.best.iter().map(|(p, l)| (p.key("server_side_limit"), json!(l.backends_cpu_us_per_event))).collect();
 
-        report.insert("server_side_consumers_best".into(), serde_json::Value::Object(limits.best_at.clone()));
-        report.insert("server_side_limit_by_consumers".into(), serde_json::Value::Object(limits.by_consumers.clone()));
+        report.insert(
+            "server_side_consumers_best".into(),
+            serde_json::Value::Object(std::mem::take(&mut limits.best_at)),
+        );
+        report.insert(
+            "server_side_limit_by_consumers".into(),
+            serde_json::Value::Object(std::mem::take(&mut limits.by_consumers)),
+        );
         report.insert("lease_loops".into(), json!(lease_loops));
         report.insert("per_message_events".into(), json!(pm));
         report.insert("haunt_protocol".into(), json!({"default": default.name, "ack_in_txn": default_in_txn.name}));
