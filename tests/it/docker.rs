@@ -332,6 +332,10 @@ fn a_docker_run_over_a_broker_container_is_valid(transport: &str, restart: bool)
     for node in ["broker", "relay", "worker-1"] {
         let log = std::fs::read_to_string(run.join("logs").join(format!("{node}.log"))).unwrap_or_default();
         assert!(!log.is_empty(), "{test}: {node}'s container log was kept");
+        if node == "broker" && transport == "sqs" {
+            let patched = haunt_chaos::systems::brokers::MOTO_PATCHED_LINE;
+            assert!(log.contains(patched), "{test}: moto ran without haunt's patch of its delete race:\n{log}");
+        }
     }
     let run_id = run_id_in(&stderr);
     assert_eq!(containers_of(&run_id), Vec::<String>::new(), "{test}: every container and the network are removed");

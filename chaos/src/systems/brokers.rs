@@ -232,7 +232,14 @@ impl Broker {
                 write(&dir.join("mosquitto.conf"), &conf)?;
                 vec!["-c".into(), d("mosquitto.conf")]
             }
-            Broker::Moto => vec!["-H".into(), bind.into(), "-p".into(), port.to_string()],
+            Broker::Moto => {
+                // moto's delete under its queue's lock: see MOTO_DELETE_LOCKED.
+                let python = dir.join("python");
+                std::fs::create_dir_all(&python)?;
+                write(&python.join("sitecustomize.py"), MOTO_DELETE_LOCKED)?;
+                env.push(("PYTHONPATH".to_owned(), d("python")));
+                vec!["-H".into(), bind.into(), "-p".into(), port.to_string()]
+            }
             Broker::Tansu => {
                 let listener = format!("tcp://{bind}:{port}");
                 let args = ["broker", "--listener-url", &listener, "--advertised-listener-url", &listener];
@@ -245,6 +252,18 @@ impl Broker {
         Ok((spec, dir))
     }
 }
+
+/// A `sitecustomize.py` that makes moto's SQS delete take its queue's lock,
+/// put on the PYTHONPATH of every moto that haunt starts. moto 5.2 deletes
+/// a message by filtering its queue's message list outside that lock, and
+/// answers requests on threads, so a message sent while a delete filters is
+/// dropped after its send was confirmed: a lost effect that is moto's, not
+/// the pipeline's (`chaos/tests/it/moto_race.py` forces the interleaving).
+/// The broker's log says whether the patch took.
+pub const MOTO_DELETE_LOCKED: &str = include_str!("moto/sitecustomize.py");
+
+/// The line a patched moto writes to its log at start.
+pub const MOTO_PATCHED_LINE: &str = "haunt: moto's SQS delete runs under the queue's lock";
 
 /// A free loopback port for a broker, and the next one, both below the
 /// kernel's ephemeral range, as is RabbitMQ's distribution port (20000

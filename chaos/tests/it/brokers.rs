@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use haunt_chaos::backends::local::LocalBackend;
 use haunt_chaos::core::roles::Backend;
-use haunt_chaos::systems::brokers::{Broker, Ready, free_ports};
+use haunt_chaos::systems::brokers::{Broker, MOTO_DELETE_LOCKED, MOTO_PATCHED_LINE, Ready, free_ports};
 
 async fn lifecycle(broker: Broker) {
     for opt_out in ["HAUNT_SKIP_BROKERS"].into_iter().chain((broker == Broker::Tansu).then_some("HAUNT_SKIP_KAFKA")) {
@@ -41,6 +41,9 @@ async fn lifecycle(broker: Broker) {
     };
     backend.start(&node).await.unwrap();
     ready("answers after its start").await;
+    if broker == Broker::Moto {
+        assert!(log().contains(MOTO_PATCHED_LINE), "moto started without haunt's patch:\n{}", log());
+    }
 
     // A paused server accepts connections in the kernel, so only a protocol
     // answer tells; a plain TCP check cannot see the pause.
@@ -88,4 +91,37 @@ async fn moto() {
 #[tokio::test(flavor = "multi_thread")]
 async fn tansu() {
     lifecycle(Broker::Tansu).await;
+}
+
+/// moto's own race (`moto_race.py` forces it): a message sent while a
+/// delete stores its filtered list is lost after a confirmed send, unless
+/// haunt's patch makes the delete take the queue's lock. The patched half
+/// is asserted; the unpatched half is reported, so that a moto that fixed
+/// it says the patch may go.
+#[test]
+fn moto_keeps_a_send_that_lands_inside_a_delete_with_haunts_patch() {
+    if std::env::var("HAUNT_SKIP_BROKERS").as_deref() == Ok("1") {
+        eprintln!("SKIPPED: moto's delete race (HAUNT_SKIP_BROKERS=1)");
+        return;
+    }
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/moto_race.py");
+    let patch = tempfile::tempdir().unwrap();
+    std::fs::write(patch.path().join("sitecustomize.py"), MOTO_DELETE_LOCKED).unwrap();
+    let run = |pythonpath: Option<&std::path::Path>| {
+        let mut cmd = std::process::Command::new("python3");
+        cmd.arg(&script).env_remove("PYTHONPATH");
+        if let Some(p) = pythonpath {
+            cmd.env("PYTHONPATH", p);
+        }
+        let out = cmd.output().expect("python3 runs");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "moto_race.py failed (is moto installed? scripts/brokers):\n{stdout}{stderr}");
+        (stdout, stderr)
+    };
+    let (unpatched, _) = run(None);
+    eprintln!("moto without the patch: {}", unpatched.trim());
+    let (patched, log) = run(Some(patch.path()));
+    assert!(log.contains(MOTO_PATCHED_LINE), "the patch did not take: {log}");
+    assert!(patched.starts_with("kept"), "moto with the patch lost the send: {patched}");
 }

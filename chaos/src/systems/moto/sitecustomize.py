@@ -1,0 +1,37 @@
+# Written by haunt into a moto broker's directory and put on its PYTHONPATH,
+# so that Python imports it at start-up, before moto's server runs.
+#
+# moto 5.2's SQS queue appends a sent message under the queue's lock
+# (Queue.add_message) but deletes by rebuilding the message list without it
+# (Queue.delete_message reads the list, filters it, and assigns the result).
+# Its server answers each request on a thread of its own, so a send that
+# lands while a delete is filtering is appended to the old list and then
+# dropped with it: the sender was told the message was stored, and no
+# receiver ever sees it. haunt's checker caught exactly that as a lost
+# effect with an empty queue (docs/brokers.md). Here the delete takes the
+# same lock, which makes it atomic with every send; nothing else changes.
+import functools
+import sys
+
+
+def _delete_under_the_queue_lock():
+    from moto.sqs.models import Queue
+
+    unlocked = Queue.delete_message
+    if getattr(unlocked, "haunt_locked", False):
+        return
+
+    @functools.wraps(unlocked)
+    def delete_message(self, receipt_handle):
+        with self._messages_lock:
+            return unlocked(self, receipt_handle)
+
+    delete_message.haunt_locked = True
+    Queue.delete_message = delete_message
+    sys.stderr.write("haunt: moto's SQS delete runs under the queue's lock (sitecustomize)\n")
+
+
+try:
+    _delete_under_the_queue_lock()
+except Exception as e:  # a Python without moto, or a moto without the lock
+    sys.stderr.write(f"haunt: moto's SQS delete NOT patched: {e!r}\n")
