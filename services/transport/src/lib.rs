@@ -109,6 +109,33 @@ impl Guarantee {
     }
 }
 
+/// What a transport's mode promises about the order in which a key's
+/// messages reach the consumers (issue 33): `haunt run` writes it into
+/// `run.json`, and the checker judges the run's inversions against it, as
+/// data (the checker knows no transport).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OrderClaim {
+    /// No order: consumers compete for the messages (several workers, each
+    /// with several lease loops), and a redelivery comes back after later
+    /// messages.
+    None,
+    /// Publish order within one key: the key is the broker's own unit of
+    /// order (SQS FIFO's message group, Pub/Sub's ordering key, a Kafka
+    /// partition), and the next message of a key waits until the one before
+    /// it is acked.
+    PerKey,
+}
+
+impl OrderClaim {
+    pub fn name(self) -> &'static str {
+        match self {
+            OrderClaim::None => "none",
+            OrderClaim::PerKey => "per-key",
+        }
+    }
+}
+
 /// A broker, or the database queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
@@ -187,6 +214,19 @@ impl TransportSpec {
     /// What the broker promises in this mode.
     pub fn claim(&self) -> Guarantee {
         self.guarantee
+    }
+
+    /// What the broker promises about order in this mode. Only SQS FIFO
+    /// claims one among the transports here: a message group's next message
+    /// is not delivered while one before it is in flight. RabbitMQ keeps a
+    /// queue's order for one consumer until a requeue, NATS JetStream a
+    /// stream's for one pending ack, and Redis a stream's for one reader:
+    /// with competing consumers, as haunt runs them, none of them claims it.
+    pub fn order_claim(&self) -> OrderClaim {
+        match (self.kind, self.mode) {
+            (Kind::Sqs, "fifo") => OrderClaim::PerKey,
+            _ => OrderClaim::None,
+        }
     }
 
     /// Whether a broker (and a relay in front of it) is in the pipeline.
@@ -638,6 +678,19 @@ mod tests {
             ("sqs:fifo", Guarantee::ExactlyOnce),
         ];
         assert_eq!(claims, want.map(|(n, g)| (n.to_owned(), g)));
+    }
+
+    #[test]
+    fn only_the_modes_that_keep_a_keys_order_claim_it() {
+        let claiming: Vec<String> = TransportSpec::all()
+            .into_iter()
+            .filter(|s| s.order_claim() == OrderClaim::PerKey)
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(claiming, ["sqs:fifo"]);
+        assert_eq!(TransportSpec::default().order_claim(), OrderClaim::None, "the database queue claims none");
+        assert_eq!(serde_json::to_value(OrderClaim::PerKey).unwrap(), serde_json::json!("per-key"));
+        assert_eq!(OrderClaim::PerKey.name(), "per-key");
     }
 
     #[test]
