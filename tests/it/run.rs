@@ -72,6 +72,7 @@ fn a_short_run_with_every_local_fault_on_sqlite_is_valid() {
     assert!(faults.len() >= 3, "the nemesis must have acted: {faults:?}");
     let run_json = read_json(&run.join("run.json"));
     assert_eq!((run_json["seed"].as_u64(), run_json["aborted"].as_bool()), (Some(7), Some(false)));
+    assert_eq!(run_json["order_claim"], "none", "the database queue claims no order");
     assert_eq!(run_json["faults_never_fired"], serde_json::json!([]), "every fault fired: {run_json}");
     assert!(!stdout.contains("never fired"), "{stdout}");
     assert!(!stdout.contains("caused no redelivery"), "{stdout}");

@@ -91,6 +91,7 @@ fn at_least_once_is_valid(transport: &str, restart: bool) {
     let (out, results, run) = run(tmp.path(), transport, &faults);
     assert_eq!(out.status.code(), Some(0), "{}", why(&out, &results));
     assert_eq!(run["transport"], spec.to_string(), "run.json names the transport");
+    assert_eq!(run["order_claim"], spec.order_claim().name(), "run.json says what the transport claims of order");
     let fired = &run["faults_fired"];
     let expected = if restart {
         &["kill", "broker-restart", "partition", "ack-loss"][..]
@@ -260,6 +261,14 @@ fn sqs_standard_on_moto_is_valid_under_consumer_faults() {
 #[test]
 fn sqs_standard_without_an_inbox_double_applies() {
     no_inbox_is_caught_as_double_applied("sqs");
+}
+
+/// FIFO, one message group per key (the order's item): a consumer killed
+/// holding a group's batch holds the whole key back for the visibility
+/// timeout, and the run still drains, valid.
+#[test]
+fn sqs_fifo_on_moto_is_valid_under_consumer_faults() {
+    at_least_once_is_valid_under_broker_faults("sqs:fifo");
 }
 
 /// MQTT resends an unacked message only to a reconnecting session: the

@@ -108,6 +108,7 @@ pub async fn execute(
         backend: options.backend.name(),
         db: system.database(),
         transport: options.transport.to_string(),
+        order_claim: options.transport.order_claim().name(),
         options: options.clone(),
         started_at_ms,
         ended_at_ms: None,

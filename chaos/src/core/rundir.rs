@@ -19,6 +19,10 @@ pub struct RunFile {
     /// Where messages travelled: `db` (the database queue) or a broker
     /// transport as `--transport` spells it.
     pub transport: String,
+    /// What the transport promises about the order of a key's events:
+    /// `none`, or `per-key` (publish order within a key). Data for the
+    /// checker, which knows no transport.
+    pub order_claim: &'static str,
     pub options: RunOptions,
     pub started_at_ms: i64,
     pub ended_at_ms: Option<i64>,

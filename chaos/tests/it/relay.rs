@@ -74,6 +74,7 @@ fn envelope(l: &Leased) -> Envelope {
         payload: l.payload.clone(),
         headers: serde_json::to_string(&l.headers).unwrap(),
         enqueued_at_ms: l.enqueued_at_ms,
+        key: l.event().ok().map(|e| e.item_id),
     }
 }
 

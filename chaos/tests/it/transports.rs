@@ -74,6 +74,7 @@ fn envelopes(from: usize, n: usize) -> Vec<Envelope> {
             payload: format!("{{\"event_id\":\"e{i:03}\",\"order_id\":\"o{i:03}\",\"item_id\":\"sku\",\"qty\":1}}"),
             headers: "{\"correlation_id\":\"c\"}".into(),
             enqueued_at_ms: i as i64,
+            key: Some("sku".into()),
         })
         .collect()
 }

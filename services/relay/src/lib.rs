@@ -125,6 +125,8 @@ fn envelope(leased: &Leased) -> Envelope {
         payload: leased.payload.clone(),
         headers: serde_json::to_string(&leased.headers).expect("headers serialize"),
         enqueued_at_ms: leased.enqueued_at_ms,
+        // An unreadable payload travels without a key; its consumer parks it.
+        key: leased.event().ok().map(|event| event.item_id),
     }
 }
 
@@ -236,5 +238,32 @@ async fn wait(how_long: Duration, shutdown: &watch::Receiver<bool>) {
     tokio::select! {
         _ = tokio::time::sleep(how_long) => {}
         _ = shutdown.changed() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leased(payload: &str) -> Leased {
+        Leased {
+            message_id: "m1".into(),
+            event_id: "e1".into(),
+            payload: payload.into(),
+            headers: Default::default(),
+            delivery_count: 1,
+            lease_token: "t".into(),
+            lease_until_ms: 0,
+            enqueued_at_ms: 7,
+        }
+    }
+
+    #[test]
+    fn an_envelope_is_keyed_by_its_events_item_and_an_unreadable_one_by_nothing() {
+        let event = r#"{"event_id":"e1","order_id":"o1","item_id":"item-4","qty":2}"#;
+        let keyed = envelope(&leased(event));
+        assert_eq!(keyed.key.as_deref(), Some("item-4"));
+        assert_eq!((keyed.message_id.as_str(), keyed.payload.as_str(), keyed.enqueued_at_ms), ("m1", event, 7));
+        assert_eq!(envelope(&leased("not json")).key, None);
     }
 }

@@ -336,6 +336,12 @@ pub struct Envelope {
     pub headers: String,
     /// When the API committed the order and its outbox row.
     pub enqueued_at_ms: i64,
+    /// The unit of order its event belongs to (the order's item): what a
+    /// broker that keeps order per key is given as that key (SQS FIFO's
+    /// message group). Absent from envelopes of haunt before it had one,
+    /// which still parse.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 impl Envelope {

@@ -19,10 +19,11 @@
 //!
 //! FIFO (`haunt-orders.fifo`): each message carries its message id as the
 //! `MessageDeduplicationId`, so SQS drops a resend of it within five minutes
-//! of the first send, and the event's order id as the `MessageGroupId`:
-//! SQS delivers a group in order and holds back a group's later messages
-//! while an earlier one is in flight, so one group per order keeps an
-//! order's events in order without serializing all of them. **moto**
+//! of the first send, and the envelope's key (the order's item) as the
+//! `MessageGroupId`: SQS delivers a group in order and holds back a group's
+//! later messages while an earlier one is in flight, so one group per key
+//! keeps a key's events in publish order (`OrderClaim::PerKey`) without
+//! serializing all of them; a key has at most one receive in flight. **moto**
 //! deduplicates only against messages still in the queue: a resend after
 //! the first copy was deleted is delivered again (real SQS would drop it
 //! within the window); the contract test checks both halves.
@@ -145,12 +146,11 @@ struct SqsPublisher {
     confirms: bool,
 }
 
-/// The FIFO group of an envelope: its event's order, else the message.
-fn group_of(envelope: &Envelope) -> String {
-    serde_json::from_str::<serde_json::Value>(&envelope.payload)
-        .ok()
-        .and_then(|event| event.get("order_id").and_then(|id| id.as_str()).map(str::to_owned))
-        .unwrap_or_else(|| envelope.message_id.clone())
+/// The FIFO group of an envelope: its key (the order's item), so that SQS
+/// keeps a key's events in publish order; an envelope without a key (from
+/// a haunt before keys) is a group of its own, which promises nothing.
+fn group_of(envelope: &Envelope) -> &str {
+    envelope.key.as_deref().unwrap_or(&envelope.message_id)
 }
 
 impl SqsPublisher {
@@ -333,5 +333,21 @@ impl Inspector for Queue {
             }
             Ok(Depth::Counted(total))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fifo_group_is_the_key_and_an_envelope_without_one_is_its_own_group() {
+        let body = br#"{"message_id":"m1","event_id":"e1","payload":"{\"order_id\":\"o1\",\"item_id\":\"i1\"}","headers":"{}","enqueued_at_ms":1}"#;
+        let old = Envelope::from_body(body).expect("an envelope from before keys parses");
+        assert_eq!(old.key, None);
+        assert_eq!(group_of(&old), "m1");
+        let keyed = Envelope { key: Some("item-3".into()), ..old };
+        assert_eq!(group_of(&keyed), "item-3");
+        assert_eq!(Envelope::from_body(&keyed.to_body()).unwrap(), keyed, "the key travels");
     }
 }
