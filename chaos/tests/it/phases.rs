@@ -80,6 +80,7 @@ impl System for Memory {
                         delivery_attempt: attempt,
                         worker_id: "memory".into(),
                         applied_at_ms: 0,
+                        key_seq: None,
                     }))?;
                 }
             }

@@ -41,6 +41,12 @@ pub struct Applied {
     pub delivery_attempt: u32,
     pub worker_id: String,
     pub applied_at_ms: i64,
+    /// The application's place in its item's order: strictly increasing
+    /// over an item's applications in the order they committed (taken with
+    /// the item's projection row). Optional: absent where the system does
+    /// not number them, and on ledger rows from before haunt did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_seq: Option<u64>,
 }
 
 /// A row of the projection.

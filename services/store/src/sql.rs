@@ -34,10 +34,11 @@ pub struct Dialect {
     /// `$1` `[[event id, delivery count], …]` into the inbox, in that order;
     /// returns the events that were new and when they were processed.
     pub insert_inbox: &'static str,
-    /// `$1` `[[item, quantity], …]` added to the projection.
+    /// `$1` `[[item, quantity, events], …]` added to the projection; returns
+    /// each item's count of applied events after it.
     pub add_to_projection: &'static str,
-    /// `$1` `[[event id, order id, item, quantity, delivery count], …]` into
-    /// the ledger, applied by worker `$2` now.
+    /// `$1` `[[event id, order id, item, quantity, delivery count, key
+    /// seq], …]` into the ledger, applied by worker `$2` now.
     pub insert_ledger: &'static str,
     /// Deletes the messages `$1` (their ids) that `$2` holds (any holder when
     /// NULL).
@@ -115,16 +116,19 @@ macro_rules! dialect {
             // true`: SQLite would read the `ON` of `ON CONFLICT` after a bare
             // `FROM` as a join's.)
             add_to_projection: concat!(
-                "INSERT INTO inventory_projection (item_id, reserved_qty) ",
-                "SELECT value ->> 0, CAST(value ->> 1 AS BIGINT) FROM ", $rows, " WHERE true ORDER BY key ",
+                "INSERT INTO inventory_projection (item_id, reserved_qty, applied_seq) ",
+                "SELECT value ->> 0, CAST(value ->> 1 AS BIGINT), CAST(value ->> 2 AS BIGINT) FROM ", $rows,
+                " WHERE true ORDER BY key ",
                 "ON CONFLICT (item_id) DO UPDATE ",
-                "SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty"
+                "SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty, ",
+                "applied_seq = inventory_projection.applied_seq + excluded.applied_seq ",
+                "RETURNING item_id, applied_seq"
             ),
             insert_ledger: concat!(
                 "INSERT INTO projection_ledger ",
-                "(event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms) ",
+                "(event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms, key_seq) ",
                 "SELECT value ->> 0, value ->> 1, value ->> 2, CAST(value ->> 3 AS BIGINT), ",
-                "CAST(value ->> 4 AS BIGINT), $2, ", $now, " FROM ", $rows, " ORDER BY key"
+                "CAST(value ->> 4 AS BIGINT), $2, ", $now, ", CAST(value ->> 5 AS BIGINT) FROM ", $rows, " ORDER BY key"
             ),
             delete_held: concat!(
                 "DELETE FROM queue_messages WHERE ($2 IS NULL OR lease_token = $2) AND message_id ", $ids
@@ -174,8 +178,11 @@ pub const PLACE_ORDER_AND_ENQUEUE_POSTGRES: &str = "WITH o AS (\
 /// wait on each other's keys in one order), with the highest delivery count
 /// of the batch and its other copies counted as duplicates; events the inbox
 /// already held count their copies on their row; each item's projection gets
-/// the sum of its new events, in item order; each new event gets one ledger
-/// row, for its first copy in batch order.
+/// the sum of its new events, in item order, and counts them in its
+/// `applied_seq`; each new event gets one ledger row, for its first copy in
+/// batch order, numbered within its item (`key_seq`) from the count the
+/// projection row had before, in batch order: the row's lock orders the
+/// numbers of two batches on one item as their commits.
 ///
 /// Every new event's inbox and ledger rows carry one time, the statement's
 /// (`t`): they commit together.
@@ -214,12 +221,15 @@ macro_rules! apply_batch_postgres {
      deliveries = GREATEST(i.deliveries, old.attempt_max) FROM old \
      WHERE i.event_id = ANY(ARRAY(SELECT event_id FROM old)) AND i.event_id = old.event_id RETURNING i.event_id), \
      firsts AS (SELECT ev.* FROM ev JOIN fresh f ON f.event_id = ev.event_id), \
-     projection AS (INSERT INTO inventory_projection (item_id, reserved_qty) \
-     SELECT item_id, SUM(qty) FROM firsts GROUP BY item_id ORDER BY item_id \
-     ON CONFLICT (item_id) DO UPDATE SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty), \
+     projection AS (INSERT INTO inventory_projection (item_id, reserved_qty, applied_seq) \
+     SELECT item_id, SUM(qty), COUNT(*) FROM firsts GROUP BY item_id ORDER BY item_id \
+     ON CONFLICT (item_id) DO UPDATE SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty, \
+     applied_seq = inventory_projection.applied_seq + excluded.applied_seq RETURNING item_id, applied_seq), \
      ledger AS (INSERT INTO projection_ledger \
-     (event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms) \
-     SELECT event_id, order_id, item_id, qty, attempt, $8, (SELECT now FROM t) FROM firsts ORDER BY ord), \
+     (event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms, key_seq) \
+     SELECT f.event_id, f.order_id, f.item_id, f.qty, f.attempt, $8, (SELECT now FROM t), \
+     p.applied_seq - COUNT(*) OVER (PARTITION BY f.item_id) + ROW_NUMBER() OVER (PARTITION BY f.item_id ORDER BY f.ord) \
+     FROM firsts f JOIN projection p USING (item_id) ORDER BY f.ord), \
      acked AS (DELETE FROM queue_messages WHERE $9 AND message_id = ANY($2) AND lease_token = $1) \
      SELECT 'l', message_id, CAST(NULL AS BIGINT) FROM b WHERE NOT EXISTS (SELECT 1 FROM held WHERE held.message_id = b.message_id) \
      UNION ALL SELECT 'd', event_id, NULL FROM counted \
@@ -289,6 +299,10 @@ pub const UPSERT_PROJECTION: &str = "INSERT INTO inventory_projection (item_id, 
      ON CONFLICT (item_id) DO UPDATE SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty";
 pub const SET_PROJECTION: &str = "INSERT INTO inventory_projection (item_id, reserved_qty) VALUES ($1, $2) \
      ON CONFLICT (item_id) DO UPDATE SET reserved_qty = excluded.reserved_qty";
+/// The read-modify-write bug mode's count of an item's applications: its
+/// projection row is written apart from the count.
+pub const COUNT_APPLIED: &str =
+    "UPDATE inventory_projection SET applied_seq = applied_seq + $2 WHERE item_id = $1 RETURNING applied_seq";
 pub const READ_PROJECTION_ROW: &str = "SELECT reserved_qty FROM inventory_projection WHERE item_id = $1";
 /// `(first, rows, columns)` → `($first, $first+1, …), (…)`: VALUES for a
 /// multi-row statement, with `extra` appended inside each row.
@@ -359,8 +373,8 @@ pub const FINAL_ORDERS: &str = "SELECT o.order_id, o.item_id, o.qty, o.event_id,
      (SELECT MAX(d.delivery_count) FROM dead_letters d WHERE d.event_id = o.event_id)) AS BIGINT), \
      CAST(i.duplicates AS BIGINT) \
      FROM orders o LEFT JOIN inbox_processed i ON i.event_id = o.event_id ORDER BY o.created_at_ms, o.order_id";
-pub const FINAL_LEDGER: &str = "SELECT event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms \
-     FROM projection_ledger ORDER BY id";
+pub const FINAL_LEDGER: &str = "SELECT event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms, \
+     key_seq FROM projection_ledger ORDER BY id";
 pub const FINAL_PENDING: &str =
     "SELECT message_id, event_id, delivery_count FROM queue_messages ORDER BY enqueued_at_ms, message_id";
 pub const FINAL_DEAD: &str =

@@ -187,49 +187,7 @@ impl Store {
             sort_out(&deliveries, |id| held.contains(id), |id| fresh.get(id).copied(), applies_every_copy);
         self.count_duplicates(&mut tx, &mut duplicates).await?;
 
-        // One write per item, with the sum of its new events.
-        let mut per_item: BTreeMap<&str, i64> = BTreeMap::new();
-        for (_, event) in &first_copies {
-            *per_item.entry(event.item_id.as_str()).or_default() += event.qty;
-        }
-        let items: Vec<(&str, i64)> = per_item.into_iter().collect();
-        if self.bug == Some(Bug::ReadModifyWriteProjection) {
-            // BUG MODE read-modify-write-projection: read, add, write back. Two
-            // workers on the same item both read the old value; one update is lost.
-            for (item, qty) in &items {
-                let current: Option<i64> = sqlx::query_scalar(sql::READ_PROJECTION_ROW)
-                    .bind(*item)
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(NotCommitted)?;
-                sqlx::query(sql::SET_PROJECTION)
-                    .bind(*item)
-                    .bind(current.unwrap_or(0) + qty)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(NotCommitted)?;
-            }
-        } else if !items.is_empty() {
-            sqlx::query(self.dialect.add_to_projection)
-                .bind(json_rows(&items))
-                .execute(&mut *tx)
-                .await
-                .map_err(NotCommitted)?;
-        }
-
-        // The ledger: one row per application.
-        if !first_copies.is_empty() {
-            let rows: Vec<(&str, &str, &str, i64, i64)> = first_copies
-                .iter()
-                .map(|(l, e)| (e.event_id.as_str(), e.order_id.as_str(), e.item_id.as_str(), e.qty, l.delivery_count))
-                .collect();
-            sqlx::query(self.dialect.insert_ledger)
-                .bind(json_rows(&rows))
-                .bind(worker_id)
-                .execute(&mut *tx)
-                .await
-                .map_err(NotCommitted)?;
-        }
+        self.write_effect(&mut tx, &first_copies, worker_id).await?;
         if ack == AckMode::InApplyTxn {
             let ids: Vec<&str> = held_deliveries.iter().map(|(l, _)| l.message_id.as_str()).collect();
             self.delete_held(&mut tx, &ids, self.holder(Some(token))).await?;
@@ -241,6 +199,87 @@ impl Store {
         tx.commit().await.map_err(CommitUnknown)?;
 
         Ok(outcomes)
+    }
+
+    /// The effect of a batch's new events: one projection write per item,
+    /// with the sum of its new events and their count, then one ledger row
+    /// per application, numbered within its item in batch order up to the
+    /// item's count after this batch.
+    async fn write_effect(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        first_copies: &[(&Leased, &OrderEvent)],
+        worker_id: &str,
+    ) -> Result<(), StoreError> {
+        let mut per_item: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
+        for (_, event) in first_copies {
+            let (qty, events) = per_item.entry(event.item_id.as_str()).or_default();
+            *qty += event.qty;
+            *events += 1;
+        }
+        let items: Vec<(&str, i64, i64)> = per_item.into_iter().map(|(item, (qty, n))| (item, qty, n)).collect();
+        // Each item's count of applied events after this batch.
+        let mut counted: HashMap<String, i64> = HashMap::with_capacity(items.len());
+        if self.bug == Some(Bug::ReadModifyWriteProjection) {
+            // BUG MODE read-modify-write-projection: read, add, write back. Two
+            // workers on the same item both read the old value; one update is lost.
+            for (item, qty, events) in &items {
+                let current: Option<i64> = sqlx::query_scalar(sql::READ_PROJECTION_ROW)
+                    .bind(*item)
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err(NotCommitted)?;
+                sqlx::query(sql::SET_PROJECTION)
+                    .bind(*item)
+                    .bind(current.unwrap_or(0) + qty)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(NotCommitted)?;
+                let seq: i64 = sqlx::query_scalar(sql::COUNT_APPLIED)
+                    .bind(*item)
+                    .bind(events)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(NotCommitted)?;
+                counted.insert((*item).to_owned(), seq);
+            }
+        } else if !items.is_empty() {
+            let rows = sqlx::query(self.dialect.add_to_projection)
+                .bind(json_rows(&items))
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(NotCommitted)?;
+            for row in rows {
+                let c = corrupt("inventory_projection");
+                counted.insert(row.try_get(0).map_err(&c)?, row.try_get(1).map_err(&c)?);
+            }
+        }
+
+        if !first_copies.is_empty() {
+            let mut next: HashMap<&str, i64> = HashMap::with_capacity(items.len());
+            for (item, _, events) in &items {
+                let after = counted.get(*item).ok_or_else(|| StoreError::Corrupt {
+                    table: "inventory_projection",
+                    why: format!("no count returned for item {item}"),
+                })?;
+                next.insert(*item, after - events + 1);
+            }
+            let rows: Vec<(&str, &str, &str, i64, i64, i64)> = first_copies
+                .iter()
+                .map(|(l, e)| {
+                    let seq = next.get_mut(e.item_id.as_str()).expect("every item of the batch is counted");
+                    *seq += 1;
+                    (e.event_id.as_str(), e.order_id.as_str(), e.item_id.as_str(), e.qty, l.delivery_count, *seq - 1)
+                })
+                .collect();
+            sqlx::query(self.dialect.insert_ledger)
+                .bind(json_rows(&rows))
+                .bind(worker_id)
+                .execute(&mut *conn)
+                .await
+                .map_err(NotCommitted)?;
+        }
+        Ok(())
     }
 
     /// Whether a batch is applied by [`sql::APPLY_BATCH_POSTGRES`]: on

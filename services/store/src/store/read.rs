@@ -83,6 +83,7 @@ impl Store {
                     delivery_attempt: count(row.try_get(4).map_err(&c)?),
                     worker_id: row.try_get(5).map_err(&c)?,
                     applied_at_ms: row.try_get(6).map_err(&c)?,
+                    key_seq: row.try_get::<Option<i64>, _>(7).map_err(&c)?.and_then(|s| u64::try_from(s).ok()),
                 }))?;
             }
         }
