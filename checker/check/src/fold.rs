@@ -80,6 +80,8 @@ pub struct Application {
     pub attempt: u32,
     pub worker: u32,
     pub applied_at_ms: i64,
+    /// Its place in its item's order, where the system numbers them.
+    pub key_seq: Option<u64>,
 }
 
 /// The applications joined to an order's row event.
@@ -89,6 +91,9 @@ pub struct Applications {
     pub first: Option<Application>,
     pub min_attempt: u32,
     pub min_applied_at_ms: i64,
+    /// The earliest place in its item's order of any of its applications:
+    /// where the event first took effect.
+    pub min_key_seq: Option<u64>,
     /// Why the first application that does not match the order is wrong.
     pub mismatch: Option<String>,
 }
@@ -275,6 +280,8 @@ pub struct Fold {
     unjoined_pending: Vec<Box<str>>,
     unjoined_dead: Vec<Box<str>>,
     pub applied_lines: u64,
+    /// `applied` lines that carried a `key_seq`: the run recorded application order.
+    pub key_seq_lines: u64,
     /// Applied qty by item, over every applied line (i128: no sum of i64s wraps).
     pub applied_sum: HashMap<u32, i128, hashbrown::DefaultHashBuilder>,
     pub projection: HashMap<u32, i64, hashbrown::DefaultHashBuilder>,
@@ -685,7 +692,11 @@ impl Fold {
                     attempt,
                     worker: self.strings.id(l.worker_id.as_deref().unwrap_or_default()),
                     applied_at_ms: l.applied_at_ms.unwrap_or_default(),
+                    key_seq: l.key_seq,
                 };
+                if l.key_seq.is_some() {
+                    self.key_seq_lines += 1;
+                }
                 let (event, order_id) =
                     (l.event_id.as_deref().unwrap_or_default(), l.order_id.as_deref().unwrap_or_default());
                 // Usually the row came first; what it cannot join yet waits for the
@@ -787,7 +798,12 @@ impl Fold {
                 apps.first = Some(application);
                 apps.min_attempt = application.attempt;
                 apps.min_applied_at_ms = application.applied_at_ms;
+                apps.min_key_seq = application.key_seq;
             } else {
+                apps.min_key_seq = match (apps.min_key_seq, application.key_seq) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
                 apps.min_attempt = apps.min_attempt.min(application.attempt);
                 apps.min_applied_at_ms = apps.min_applied_at_ms.min(application.applied_at_ms);
                 self.extra_applications.entry(i).or_default().push(application);

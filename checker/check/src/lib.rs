@@ -11,6 +11,8 @@
 //! - [`fold`]: streams both files into one compact table of orders, enforcing
 //!   Jepsen's op rules on the way, with latencies and fault windows.
 //! - [`rules`]: the anomaly definitions and the verdict.
+//! - [`order`]: per key, the orders fixed in real time that took effect out
+//!   of that order (inversions) or never (skipped).
 //! - [`results`]: the results as data (`results.json`).
 //! - [`series`]: the bounded time series of ops and applications the report
 //!   plots, gathered in the same pass.
@@ -19,6 +21,7 @@
 //! - [`windows`]: events and ops attributed to the fault windows they overlap.
 
 pub mod fold;
+pub mod order;
 pub mod results;
 pub mod rules;
 pub mod series;

@@ -87,6 +87,10 @@ pub struct Results {
     pub delivery: Delivery,
     pub latency_ms: Latency,
     pub faults: Vec<FaultWindow>,
+    /// Order within each key (an order's item), where the final state numbers
+    /// each key's applications (`key_seq`); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<crate::order::OrderReport>,
     /// The run over time, for plots. Absent from a results.json written
     /// before it was added.
     #[serde(default)]

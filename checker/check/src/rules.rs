@@ -257,6 +257,7 @@ pub fn check(fold: &Fold) -> Results {
         delivery,
         latency_ms,
         faults,
+        order: crate::order::check(fold),
         series,
     }
 }

@@ -87,6 +87,21 @@ fn faults_table(out: &mut String, results: &Results) {
 }
 
 /// `1204` as `1,204`.
+/// What the order check found, in one line.
+fn order_line(o: &crate::order::OrderReport) -> String {
+    let mut line = format!(
+        "order: {} pairs fixed in real time checked over {} keys, {} orders overtaken",
+        thousands(o.pairs_checked),
+        thousands(o.keys),
+        thousands(o.inversions)
+    );
+    if let Some(ex) = o.inversion_examples.first() {
+        line.push_str(&format!(" (first: {} before {} on {})", ex.later, ex.earlier, ex.key));
+    }
+    line.push_str(&format!(", {} skipped", thousands(o.skipped)));
+    line
+}
+
 fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
@@ -154,6 +169,9 @@ pub fn render(results: &Results) -> String {
 
     if let Some(line) = delivery_line(&results.delivery) {
         let _ = writeln!(out, "delivery: {line}");
+    }
+    if let Some(order) = &results.order {
+        let _ = writeln!(out, "{}", order_line(order));
     }
     faults_table(&mut out, results);
 

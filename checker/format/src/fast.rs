@@ -396,6 +396,10 @@ fn final_row_as_haunt_writes_it(line: &str) -> Option<FinalRef<'_>> {
         l.worker_id = Some(borrowed(s.str()?));
         s.lit(br#","applied_at_ms":"#)?;
         l.applied_at_ms = Some(s.i64()?);
+        // The order evidence, when the writer has it.
+        if s.lit(br#","key_seq":"#).is_some() {
+            l.key_seq = Some(s.u64()?);
+        }
     }
     s.lit(b"}")?;
     s.end()?;
@@ -476,6 +480,10 @@ fn final_line_any_key_order(line: &str) -> Option<FinalRef<'_>> {
             "duplicates_absorbed" => {
                 l.duplicates_absorbed = s.nullable(Scan::u32)?;
                 1 << 16
+            }
+            "key_seq" => {
+                l.key_seq = s.nullable(Scan::u64)?;
+                1 << 17
             }
             _ => return None,
         })
@@ -691,6 +699,9 @@ mod tests {
                             fields.push(("delivery_attempt", attempt.into()));
                             fields.push(("worker_id", "w".into()));
                             fields.push(("applied_at_ms", at.into()));
+                            if let Some(d) = deliveries {
+                                fields.push(("key_seq", d.into()));
+                            }
                         }
                         if reorder {
                             fields.reverse();

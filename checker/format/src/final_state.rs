@@ -135,6 +135,9 @@ pub struct FinalRef<'a> {
     pub worker_id: Option<std::borrow::Cow<'a, str>>,
     #[serde(default)]
     pub applied_at_ms: Option<i64>,
+    /// On `applied` lines, optional: the application's place in its item's order.
+    #[serde(default)]
+    pub key_seq: Option<u64>,
     #[serde(default)]
     pub reserved_qty: Option<i64>,
     #[serde(default, borrow)]

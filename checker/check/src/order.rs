@@ -1,0 +1,172 @@
+//! Order: whether each key's orders took effect in the order the clients
+//! fixed in real time.
+//!
+//! A key is an order's item. Two orders A and B on one key are fixed in real
+//! time when A's first `ok` precedes B's first invoke: no system may apply B
+//! before A and still claim to keep the key's order. B is **overtaken** when
+//! some such A first took effect after B did, by the applications' places in
+//! their key's order (`key_seq` on `applied` lines, never `applied_at_ms`,
+//! which two workers' clocks can disagree on). `inversions` counts each
+//! overtaken B once. An order acknowledged and never applied (lost, or parked
+//! as a dead letter) while a later order on its key was applied is
+//! **skipped**: Jepsen's poll-skip.
+//!
+//! The pass is per key and never quadratic: a key's applied orders walked in
+//! reverse application order, keeping the earliest `ok` of those applied
+//! after, show every overtaken order; the pairs fixed in real time are
+//! counted by binary search over the key's sorted `ok` times.
+
+use serde::{Deserialize, Serialize};
+
+use crate::fold::{Fold, Order};
+
+/// The `order` section of `results.json`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OrderReport {
+    /// Keys (items) with at least one order applied and numbered.
+    pub keys: u64,
+    /// Pairs of applied orders on one key whose order was fixed in real time.
+    pub pairs_checked: u64,
+    /// Applied orders that some order fixed before them overtook.
+    pub inversions: u64,
+    /// Acknowledged orders never applied while a later order on their key was.
+    pub skipped: u64,
+    /// Up to [`crate::results::EXAMPLES_MAX`] overtaken orders.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inversion_examples: Vec<Inversion>,
+    /// Up to [`crate::results::EXAMPLES_MAX`] skipped orders.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped_examples: Vec<Skipped>,
+}
+
+/// An overtaken order: `later` was invoked after `earlier` was acknowledged,
+/// and took effect first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inversion {
+    pub key: String,
+    pub earlier: String,
+    pub later: String,
+    pub earlier_ok_ns: u64,
+    pub later_invoke_ns: u64,
+    /// Where each first took effect in the key's order.
+    pub earlier_key_seq: u64,
+    pub later_key_seq: u64,
+}
+
+/// A skipped order: acknowledged, never applied, and `later` (invoked after
+/// its acknowledgement) was.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Skipped {
+    pub key: String,
+    pub order: String,
+    pub later: String,
+    /// `lost` or `dead-lettered`.
+    pub fate: String,
+}
+
+/// One applied order of a key, as the pass needs it.
+#[derive(Debug, Clone, Copy)]
+struct Applied {
+    order: u32,
+    invoke_ns: u64,
+    ok_ns: Option<u64>,
+    key_seq: u64,
+}
+
+/// The order figures of a checked run, or `None` when its applications
+/// carry no place in their key's order (nothing to judge from).
+pub fn check(fold: &Fold) -> Option<OrderReport> {
+    if fold.key_seq_lines == 0 {
+        return None;
+    }
+    // Per key: its applied orders, and its acknowledged orders that never
+    // took effect (an order counts once, by its first invoke's item).
+    let keys = fold.strings.names.len();
+    let mut applied: Vec<Vec<Applied>> = vec![Vec::new(); keys];
+    let mut unapplied: Vec<Vec<u32>> = vec![Vec::new(); keys];
+    for (i, o) in fold.orders.iter().enumerate() {
+        if !o.invoked {
+            continue;
+        }
+        let key = o.item as usize;
+        match o.applied.min_key_seq {
+            Some(key_seq) if o.applied.count > 0 => applied[key].push(Applied {
+                order: i as u32,
+                invoke_ns: o.first_invoke_ns,
+                ok_ns: o.first_ok_ns,
+                key_seq,
+            }),
+            _ if o.acknowledged() && o.applied.count == 0 && !o.pending => unapplied[key].push(i as u32),
+            _ => {}
+        }
+    }
+    let mut report = OrderReport::default();
+    for (key, mut orders) in applied.into_iter().enumerate() {
+        if orders.is_empty() {
+            continue;
+        }
+        report.keys += 1;
+        let name = fold.strings.name(key as u32);
+        pairs_and_inversions(fold, name, &mut orders, &mut report);
+        skipped(fold, name, &orders, &unapplied[key], &mut report);
+    }
+    Some(report)
+}
+
+/// Counts a key's pairs fixed in real time and its overtaken orders.
+fn pairs_and_inversions(fold: &Fold, key: &str, orders: &mut [Applied], report: &mut OrderReport) {
+    let mut oks: Vec<u64> = orders.iter().filter_map(|a| a.ok_ns).collect();
+    oks.sort_unstable();
+    for b in orders.iter() {
+        // Every A acknowledged before B was invoked (B's own ok is after its invoke).
+        report.pairs_checked += oks.partition_point(|&ok| ok < b.invoke_ns) as u64;
+    }
+    orders.sort_unstable_by_key(|a| std::cmp::Reverse(a.key_seq));
+    // The earliest ok among the orders applied after this one, and whose.
+    let mut earliest_ok_after: Option<Applied> = None;
+    for b in orders.iter() {
+        if let Some(a) = earliest_ok_after
+            && a.ok_ns.is_some_and(|ok| ok < b.invoke_ns)
+        {
+            report.inversions += 1;
+            if report.inversion_examples.len() < crate::results::EXAMPLES_MAX {
+                report.inversion_examples.push(Inversion {
+                    key: key.to_owned(),
+                    earlier: order_id(fold, a.order),
+                    later: order_id(fold, b.order),
+                    earlier_ok_ns: a.ok_ns.unwrap_or_default(),
+                    later_invoke_ns: b.invoke_ns,
+                    earlier_key_seq: a.key_seq,
+                    later_key_seq: b.key_seq,
+                });
+            }
+        }
+        if b.ok_ns.is_some_and(|ok| earliest_ok_after.and_then(|a| a.ok_ns).is_none_or(|e| ok < e)) {
+            earliest_ok_after = Some(*b);
+        }
+    }
+}
+
+/// Counts a key's acknowledged orders that never took effect though an
+/// order invoked after their acknowledgement did.
+fn skipped(fold: &Fold, key: &str, applied: &[Applied], unapplied: &[u32], report: &mut OrderReport) {
+    let Some(last) = applied.iter().max_by_key(|a| a.invoke_ns) else { return };
+    for &i in unapplied {
+        let o: &Order = &fold.orders[i as usize];
+        if o.first_ok_ns.is_some_and(|ok| ok < last.invoke_ns) {
+            report.skipped += 1;
+            if report.skipped_examples.len() < crate::results::EXAMPLES_MAX {
+                report.skipped_examples.push(Skipped {
+                    key: key.to_owned(),
+                    order: o.id.to_string(),
+                    later: order_id(fold, last.order),
+                    fate: if o.dead { "dead-lettered" } else { "lost" }.to_owned(),
+                });
+            }
+        }
+    }
+}
+
+fn order_id(fold: &Fold, i: u32) -> String {
+    fold.orders[i as usize].id.to_string()
+}
