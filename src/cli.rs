@@ -88,6 +88,12 @@ struct CheckArgs {
     /// Print the results as JSON instead of the human summary.
     #[arg(long)]
     json: bool,
+    /// What the run promises about the order of one key's (item's) orders,
+    /// instead of run.json's `order_claim`: `per-key` makes each order that
+    /// took effect before one acknowledged ahead of it the anomaly
+    /// `reordered`; `none` leaves inversions as figures.
+    #[arg(long, value_name = "CLAIM", value_parser = ["none", "per-key"])]
+    claim_order: Option<String>,
 }
 
 pub fn main() -> i32 {
@@ -180,7 +186,8 @@ async fn healthcheck(args: HealthcheckArgs) -> anyhow::Result<()> {
 }
 
 fn check(args: CheckArgs) -> i32 {
-    let results = match haunt_checker::check_dir(&args.dir) {
+    let claim = args.claim_order.as_deref().map(|c| c.parse().expect("clap checked the value"));
+    let results = match haunt_checker::check_dir_claiming(&args.dir, claim) {
         Ok(results) => results,
         Err(e) => {
             eprintln!("haunt check: {e}");

@@ -105,6 +105,14 @@ fn at_least_once_is_valid(transport: &str, restart: bool) {
     assert!(delivery["redeliveries"].as_u64().unwrap() > 0, "no redelivery recorded: {delivery}");
     assert!(delivery["duplicates_absorbed"].as_u64().unwrap() > 0, "no duplicate absorbed: {delivery}");
     assert!(results["counts"]["acknowledged"].as_u64().unwrap() > 100, "{results}");
+    if spec.order_claim() == haunt_transport::OrderClaim::PerKey {
+        // Judged, not merely claimed: pairs fixed in real time were checked,
+        // and none was applied out of order.
+        let order = &results["order"];
+        assert_eq!(order["claim"], "per-key", "{order}");
+        assert!(order["pairs_checked"].as_u64().unwrap() > 100, "{order}");
+        assert_eq!(results["anomalies"]["reordered"]["count"], 0, "{order}");
+    }
 }
 
 /// Without the inbox, an ack the ack-loss fault drops is a second application.

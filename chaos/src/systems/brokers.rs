@@ -253,13 +253,15 @@ impl Broker {
     }
 }
 
-/// A `sitecustomize.py` that makes moto's SQS delete take its queue's lock,
-/// put on the PYTHONPATH of every moto that haunt starts. moto 5.2 deletes
-/// a message by filtering its queue's message list outside that lock, and
-/// answers requests on threads, so a message sent while a delete filters is
-/// dropped after its send was confirmed: a lost effect that is moto's, not
-/// the pipeline's (`chaos/tests/it/moto_race.py` forces the interleaving).
-/// The broker's log says whether the patch took.
+/// A `sitecustomize.py` that makes moto's SQS delete and receive take their
+/// queue's lock, put on the PYTHONPATH of every moto that haunt starts.
+/// moto 5.2 deletes a message by filtering its queue's message list outside
+/// that lock, and answers requests on threads, so a message sent while a
+/// delete filters is dropped after its send was confirmed: a lost effect
+/// that is moto's, not the pipeline's. Its FIFO receive breaks a group's
+/// order (concurrent receives, and an expired batch given back last message
+/// first), which the patch also closes. `chaos/tests/it/moto_race.py`
+/// forces each. The broker's log says whether the patch took.
 pub const MOTO_DELETE_LOCKED: &str = include_str!("moto/sitecustomize.py");
 
 /// The line a patched moto writes to its log at start.

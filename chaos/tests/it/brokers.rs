@@ -93,13 +93,15 @@ async fn tansu() {
     lifecycle(Broker::Tansu).await;
 }
 
-/// moto's own race (`moto_race.py` forces it): a message sent while a
-/// delete stores its filtered list is lost after a confirmed send, unless
-/// haunt's patch makes the delete take the queue's lock. The patched half
-/// is asserted; the unpatched half is reported, so that a moto that fixed
-/// it says the patch may go.
+/// moto's own faults (`moto_race.py` forces them): a message sent while a
+/// delete stores its filtered list is lost after a confirmed send, and a
+/// FIFO group whose batch expired comes back last message first, unless
+/// haunt's patch puts the delete and the receive under the queue's lock and
+/// releases expired receipts first. The patched half is asserted; the
+/// unpatched half is reported, so that a moto that fixed them says the
+/// patch may go.
 #[test]
-fn moto_keeps_a_send_that_lands_inside_a_delete_with_haunts_patch() {
+fn moto_keeps_a_send_inside_a_delete_and_a_fifo_groups_order_with_haunts_patch() {
     if std::env::var("HAUNT_SKIP_BROKERS").as_deref() == Ok("1") {
         eprintln!("SKIPPED: moto's delete race (HAUNT_SKIP_BROKERS=1)");
         return;
@@ -124,4 +126,8 @@ fn moto_keeps_a_send_that_lands_inside_a_delete_with_haunts_patch() {
     let (patched, log) = run(Some(patch.path()));
     assert!(log.contains(MOTO_PATCHED_LINE), "the patch did not take: {log}");
     assert!(patched.starts_with("kept"), "moto with the patch lost the send: {patched}");
+    assert!(
+        patched.contains("fifo in order"),
+        "moto with the patch gave an expired group back out of order: {patched}"
+    );
 }

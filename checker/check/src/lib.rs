@@ -31,7 +31,7 @@ pub mod windows;
 
 use std::path::{Path, PathBuf};
 
-use haunt_format::{FINAL_STATE_FILE, FormatError, HISTORY_FILE, JsonlReader};
+use haunt_format::{FINAL_STATE_FILE, FormatError, HISTORY_FILE, JsonlReader, RUN_FILE};
 
 pub use results::{ANOMALIES, AnomalyReport, Example, Results, Verdict};
 
@@ -55,11 +55,21 @@ impl InputError {
 }
 
 /// Checks the run directory `dir`. Reads `history.jsonl` and, when present,
-/// `final-state.jsonl`; writes nothing.
+/// `final-state.jsonl` and `run.json`'s `order_claim`; writes nothing.
 pub fn check_dir(dir: &Path) -> Result<Results, InputError> {
+    check_dir_claiming(dir, None)
+}
+
+/// [`check_dir`], with the run's claim of order given (`haunt check
+/// --claim-order`) instead of read from `run.json`.
+pub fn check_dir_claiming(dir: &Path, claim: Option<order::Claim>) -> Result<Results, InputError> {
     if !dir.is_dir() {
         return Err(InputError::MissingDir(dir.to_owned()));
     }
+    let claim = match claim {
+        Some(claim) => claim,
+        None => claim_in_run_file(&dir.join(RUN_FILE))?,
+    };
     let mut fold = fold::Fold::default();
     let history_path = dir.join(HISTORY_FILE);
     // About two ops of ~150 bytes per order; capped, so that a strange file
@@ -74,7 +84,27 @@ pub fn check_dir(dir: &Path) -> Result<Results, InputError> {
     if final_path.exists() {
         fold::fold_final(&mut fold, &final_path, JsonlReader::open(&final_path)?)?;
     }
-    Ok(rules::check(&fold))
+    Ok(rules::check(&fold, claim))
+}
+
+/// `run.json`'s `order_claim`: none when the file or the field is absent (a
+/// run of a haunt before claims, or of another tool), an error naming the
+/// file when it is there and unreadable or the claim unknown.
+fn claim_in_run_file(path: &Path) -> Result<order::Claim, FormatError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(order::Claim::None),
+        Err(e) => return Err(FormatError::line(path, 1, format!("reading it: {e}"))),
+    };
+    let run: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| FormatError::line(path, e.line() as u64, e.to_string()))?;
+    match run.get("order_claim") {
+        None | Some(serde_json::Value::Null) => Ok(order::Claim::None),
+        Some(serde_json::Value::String(s)) => {
+            s.parse().map_err(|e| FormatError::line(path, 1, format!("order_claim: {e}")))
+        }
+        Some(other) => Err(FormatError::line(path, 1, format!("order_claim: {other} is not a string"))),
+    }
 }
 
 /// Checks a history and a final state given as JSONL streams; the files are
@@ -90,5 +120,5 @@ pub fn check_readers(
         let final_path = Path::new(FINAL_STATE_FILE);
         fold::fold_final(&mut fold, final_path, JsonlReader::new(r, final_path))?;
     }
-    Ok(rules::check(&fold))
+    Ok(rules::check(&fold, order::Claim::None))
 }

@@ -20,9 +20,41 @@ use serde::{Deserialize, Serialize};
 
 use crate::fold::{Fold, Order};
 
+/// What a run claims about the order of a key's events: data the harness
+/// writes into `run.json` (`order_claim`), or `haunt check --claim-order`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Claim {
+    /// No order: inversions are figures.
+    #[default]
+    None,
+    /// Within a key, in the order fixed in real time: an inversion is the
+    /// anomaly `reordered`.
+    PerKey,
+}
+
+impl std::str::FromStr for Claim {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Claim, String> {
+        match s {
+            "none" => Ok(Claim::None),
+            "per-key" => Ok(Claim::PerKey),
+            other => Err(format!("order claim {other:?} is neither \"none\" nor \"per-key\"")),
+        }
+    }
+}
+
+/// The anomaly an inversion is when the run claims order.
+pub const REORDERED: &str = "reordered";
+
 /// The `order` section of `results.json`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct OrderReport {
+    /// What the run claimed; with `per-key`, every inversion is also the
+    /// anomaly `reordered`.
+    #[serde(default)]
+    pub claim: Claim,
     /// Keys (items) with at least one order applied and numbered.
     pub keys: u64,
     /// Pairs of applied orders on one key whose order was fixed in real time.
@@ -75,7 +107,7 @@ struct Applied {
 
 /// The order figures of a checked run, or `None` when its applications
 /// carry no place in their key's order (nothing to judge from).
-pub fn check(fold: &Fold) -> Option<OrderReport> {
+pub fn check(fold: &Fold, claim: Claim) -> Option<OrderReport> {
     if fold.key_seq_lines == 0 {
         return None;
     }
@@ -100,7 +132,7 @@ pub fn check(fold: &Fold) -> Option<OrderReport> {
             _ => {}
         }
     }
-    let mut report = OrderReport::default();
+    let mut report = OrderReport { claim, ..OrderReport::default() };
     for (key, mut orders) in applied.into_iter().enumerate() {
         if orders.is_empty() {
             continue;

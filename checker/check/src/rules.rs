@@ -17,6 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use crate::fold::{Fold, Order};
+use crate::order::{Claim, OrderReport, REORDERED};
 use crate::results::{ANOMALIES, AnomalyReport, Counts, Delivery, EXAMPLES_MAX, Example, Latency, Results, Verdict};
 use crate::series::ApplicationSeries;
 use crate::stats::quantiles;
@@ -189,7 +190,7 @@ impl Evidence {
 }
 
 /// Decides the run.
-pub fn check(fold: &Fold) -> Results {
+pub fn check(fold: &Fold, claim: Claim) -> Results {
     let mut rules = Rules::new(fold);
     let evidence = rules.evidence;
 
@@ -230,6 +231,8 @@ pub fn check(fold: &Fold) -> Results {
         attribution.finish(fold, &mut faults, tally.deliveries.is_some(), tally.duplicates_absorbed.is_some());
     let latency_ms = Latency { ops_outside_faults, ..latency(fold) };
 
+    let order = crate::order::check(fold, claim);
+    rules.reordered(claim, order.as_ref());
     let anomalies = rules.anomalies.reports;
     let failing = anomalies.values().any(|r| r.count > 0);
     let mut unknown_reasons = unknown_reasons(fold, &evidence);
@@ -247,7 +250,7 @@ pub fn check(fold: &Fold) -> Results {
     Results {
         valid,
         unknown_reasons,
-        not_evaluated: not_evaluated(&evidence),
+        not_evaluated: not_evaluated(&evidence, claim, order.is_some()),
         ledger: evidence.ledger,
         counts,
         anomalies,
@@ -257,9 +260,53 @@ pub fn check(fold: &Fold) -> Results {
         delivery,
         latency_ms,
         faults,
-        order: crate::order::check(fold),
+        order,
         series,
     }
+}
+
+impl Rules<'_> {
+    /// Under a claim of order, each overtaken order is the anomaly
+    /// `reordered`, which is then reported (with a count of 0 when none was);
+    /// without one, it is not an anomaly of the run at all.
+    fn reordered(&mut self, claim: Claim, order: Option<&OrderReport>) {
+        if claim != Claim::PerKey {
+            return;
+        }
+        let report = self.anomalies.reports.entry(REORDERED.to_owned()).or_default();
+        let Some(order) = order else { return };
+        report.count = order.inversions;
+        for ex in &order.inversion_examples {
+            let later = self.fold.order(&ex.later);
+            report.first_time_ns = Some(report.first_time_ns.map_or(ex.later_invoke_ns, |t| t.min(ex.later_invoke_ns)));
+            report.examples.push(Example {
+                order_id: Some(ex.later.clone()),
+                event_id: later.and_then(|o| o.event()).map(str::to_owned),
+                item_id: Some(ex.key.clone()),
+                time_ns: Some(ex.later_invoke_ns),
+                direction: None,
+                why: format!(
+                    "invoked after {} was acknowledged on key {}, it took effect first ({} of the key's applications, {} {})",
+                    ex.earlier,
+                    ex.key,
+                    ordinal(ex.later_key_seq),
+                    ex.earlier,
+                    ordinal(ex.earlier_key_seq)
+                ),
+            });
+        }
+    }
+}
+
+fn ordinal(n: u64) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (1, 11) | (2, 12) | (3, 13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
 }
 
 /// The anomaly rules, one method each, and what they share: the run, what its
@@ -574,7 +621,7 @@ fn unknown_reasons(fold: &Fold, evidence: &Evidence) -> Vec<String> {
 }
 
 /// The rules that the final state could not support, each named once.
-fn not_evaluated(evidence: &Evidence) -> Vec<String> {
+fn not_evaluated(evidence: &Evidence, claim: Claim, order_recorded: bool) -> Vec<String> {
     let final_present = evidence.final_present;
     let mut not_evaluated: Vec<String> =
         if final_present && !evidence.absence_proves { ABSENCE_RULES.map(str::to_owned).to_vec() } else { Vec::new() };
@@ -586,6 +633,10 @@ fn not_evaluated(evidence: &Evidence) -> Vec<String> {
                 not_evaluated.push((*rule).to_owned());
             }
         }
+    }
+    // A claim of order with no record of the order things took effect in.
+    if claim == Claim::PerKey && final_present && !order_recorded {
+        not_evaluated.push(REORDERED.to_owned());
     }
     not_evaluated
 }
