@@ -131,6 +131,13 @@ pub struct RunArgs {
     /// Distinct items ordered: few on purpose, so rows are hot.
     #[arg(long, default_value_t = 5)]
     pub items: usize,
+    /// Keys (items named key-0, key-1, …) that each belong to one client,
+    /// which orders them in turn: each key's orders form a chain fixed in
+    /// real time, for the order check (results.json's `order`). Key k
+    /// belongs to client k mod --concurrency; clients left without a key
+    /// order the --items as usual.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub ordered_keys: usize,
     /// The data directory of the PostgreSQL server behind --db, which the
     /// harness may kill and restart (needed by --nemesis db-restart).
     #[arg(long, value_name = "DIR")]
@@ -242,6 +249,7 @@ fn options_from_flags(args: RunArgs) -> anyhow::Result<RunOptions> {
         quiet: args.quiet,
         request_timeout: Duration::from_millis(args.request_timeout_ms),
         items: args.items,
+        ordered_keys: args.ordered_keys,
         exe: std::env::current_exe().context("finding the haunt executable")?,
         git_revision: revision().to_owned(),
         pg_data: args.pg_data,

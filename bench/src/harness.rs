@@ -69,6 +69,7 @@ pub async fn harness(options: HarnessOptions) -> anyhow::Result<serde_json::Valu
         concurrency: options.concurrency,
         rate: 1e9,
         items: 5,
+        ordered_keys: 0,
         retries_max: 3,
         seed: 1,
         deadline: tokio::time::Instant::now() + duration,

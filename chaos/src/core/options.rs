@@ -110,6 +110,12 @@ pub struct RunOptions {
     pub quiet: bool,
     pub request_timeout: Duration,
     pub items: usize,
+    /// Keys that each belong to one client (`key-0`, `key-1`, …), which
+    /// places them in turn, so that each key's orders are a chain fixed in
+    /// real time; the clients left without one order `items` as before. 0:
+    /// none (absent from a `run.json` written before keys, which still runs).
+    #[serde(default)]
+    pub ordered_keys: usize,
     /// The data directory of the PostgreSQL server behind `db`, when the
     /// harness may crash and restart it (`db-restart`).
     pub pg_data: Option<PathBuf>,
@@ -170,6 +176,7 @@ impl Default for RunOptions {
             quiet: false,
             request_timeout: Duration::from_secs(2),
             items: 5,
+            ordered_keys: 0,
             pg_data: None,
             exe: PathBuf::from("haunt"),
             git_revision: "unknown".into(),

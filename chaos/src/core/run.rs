@@ -220,6 +220,7 @@ async fn drive(
         concurrency: options.concurrency,
         rate: options.rate,
         items: options.items,
+        ordered_keys: options.ordered_keys,
         retries_max: 3,
         seed: options.seed,
         deadline,

@@ -81,6 +81,8 @@ pub struct WorkloadOptions {
     /// Target ops per second across all clients.
     pub rate: f64,
     pub items: usize,
+    /// Keys that each belong to one client ([`owned_keys`]).
+    pub ordered_keys: usize,
     /// Retries of one order after an indeterminate answer, each under a new
     /// process. Three covers a kill and a restart of the API.
     pub retries_max: u32,
@@ -88,6 +90,13 @@ pub struct WorkloadOptions {
     pub deadline: Instant,
     /// Where to count completed ops and their durations, if anywhere.
     pub metrics: Option<Arc<haunt_telemetry::metrics::HarnessMetrics>>,
+}
+
+/// The keys client `thread` of `concurrency` owns when there are `keys`
+/// ordered keys: `key-k` belongs to client `k % concurrency`, so every key
+/// has exactly one client and no client has two more than another.
+pub fn owned_keys(thread: usize, concurrency: usize, keys: usize) -> Vec<usize> {
+    (0..keys).filter(|k| k % concurrency.max(1) == thread).collect()
 }
 
 /// Spaces the ops of all clients `1/rate` apart.
@@ -134,6 +143,7 @@ async fn client_loop(
 ) {
     let mut rng = Rng::new(RunSeed(options.seed).client(thread));
     let stride = options.concurrency.max(1) as u64;
+    let own = owned_keys(thread, options.concurrency, options.ordered_keys);
     let mut process = thread as u64;
     let mut n = 0u64;
     let running = || !stop.load(Ordering::Relaxed) && Instant::now() < options.deadline;
@@ -145,7 +155,13 @@ async fn client_loop(
         n += 1;
         let order = OrderValue {
             order_id: format!("o-{thread}-{n}"),
-            item_id: format!("item-{}", rng.below(options.items.max(1) as u64)),
+            item_id: if own.is_empty() {
+                format!("item-{}", rng.below(options.items.max(1) as u64))
+            } else {
+                // The client's own keys in turn: each key's orders follow one
+                // another, each invoked after the one before was answered.
+                format!("key-{}", own[(n as usize - 1) % own.len()])
+            },
             qty: 1 + rng.below(5) as i64,
             event_id: None,
         };
@@ -199,5 +215,26 @@ async fn client_loop(
             // Back off a little: the API was probably killed or partitioned.
             tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::owned_keys;
+
+    #[test]
+    fn each_ordered_key_belongs_to_exactly_one_client() {
+        let (clients, keys) = (8, 20);
+        let mut owners = vec![0; keys];
+        for thread in 0..clients {
+            let own = owned_keys(thread, clients, keys);
+            assert!((2..=3).contains(&own.len()), "client {thread}: {own:?}");
+            for k in own {
+                owners[k] += 1;
+            }
+        }
+        assert_eq!(owners, vec![1; keys]);
+        assert_eq!(owned_keys(5, 8, 3), Vec::<usize>::new(), "fewer keys than clients: some own none");
+        assert_eq!(owned_keys(0, 8, 0), Vec::<usize>::new());
     }
 }
