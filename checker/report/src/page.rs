@@ -144,8 +144,8 @@ fn faults_table(results: &Results) -> String {
     h.push_str(
         "<p class=\"note\">An event is affected by a window when its life in the queue (from its order's \
          acknowledgement to its first application) overlaps it; the delivery figures are those of the affected \
-         events. A window whose median latency is more than twice the median outside every window was slow, and is \
-         shaded. A window \
+         events. A window whose median latency is more than twice the median outside every window, and above the p99 \
+         outside, was slow, and is shaded. A window \
          left no trace (<em>none</em>) when it ended and nothing inside it failed, went indeterminate, was slow, \
          or was delivered again: a kill or pause that caught no delivery in flight, or a fault the pipeline \
          withstood. – : not in this run directory's results.</p>",
