@@ -29,7 +29,8 @@ pub struct ServiceArgs {
     /// inbox-outside-txn, ack-before-process, non-atomic-enqueue,
     /// read-modify-write-projection, worker-clock-lease, no-lease-token,
     /// new-event-id-on-retry, dlq-drop, async-commit; with a broker
-    /// transport, relay-marks-before-publish and no-publisher-confirms.
+    /// transport, relay-marks-before-publish and no-publisher-confirms; with
+    /// one that keeps each key's order (sqs:fifo), retry-after-next.
     #[arg(long, value_name = "NAME")]
     pub bug: Option<Bug>,
     /// Log format: text or json.

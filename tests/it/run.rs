@@ -400,6 +400,8 @@ fn bad_options_are_refused_before_anything_starts() {
         (vec!["--nemesis", "kil"], "unknown nemesis"),
         (vec!["--db", "mysql://x"], "unsupported database URL"),
         (vec!["--bug", "no-such"], "unknown bug mode"),
+        (vec!["--bug", "retry-after-next"], "--transport db keeps none"),
+        (vec!["--bug", "retry-after-next", "--transport", "sqs"], "--transport sqs:standard keeps none"),
         (vec!["--rate", "0"], "--rate must be positive"),
         (vec!["--ack-fail-rate", "1.5"], "--ack-fail-rate must be within 0 and 1"),
         (vec!["--nemesis", "loss"], "needs --backend docker"),

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use haunt_store::{Bug, DbKind, DbUrl};
-use haunt_transport::TransportSpec;
+use haunt_transport::{OrderClaim, TransportSpec};
 use serde::{Deserialize, Serialize};
 
 use crate::core::fault::{Fault, FaultSettings};
@@ -276,6 +276,13 @@ impl RunOptions {
         );
         if let Some(bug) = self.bug.filter(|b| b.needs_broker() && !broker) {
             anyhow::bail!("--bug {bug} is a bug of the relay, which only a broker transport has: add --transport NAME");
+        }
+        if let Some(bug) = self.bug.filter(|b| b.needs_order() && self.transport.order_claim() != OrderClaim::PerKey) {
+            anyhow::bail!(
+                "--bug {bug} breaks the order a broker keeps per key, and --transport {} keeps none: \
+                 use a transport that claims order (sqs:fifo)",
+                self.transport
+            );
         }
         if self.bug == Some(Bug::NoPublisherConfirms) && broker && !self.transport.has_publisher_confirms() {
             anyhow::bail!(

@@ -23,7 +23,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use haunt_store::{Bug, ErrorWait, LeaseClock, Leased, Store};
 use haunt_telemetry::metrics::RelayMetrics;
-use haunt_transport::{Envelope, Links, Options, Publisher, TransportSpec};
+use haunt_transport::{Envelope, Links, Options, OrderClaim, Publisher, TransportSpec};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -158,7 +158,16 @@ impl Relay {
                     }
                 },
             };
-            let batch = match self.store.lease(c.batch_size_max, c.visibility_timeout, LeaseClock::Database).await {
+            // A broker that keeps each key's order gets the outbox in the
+            // order it was written: one lease at a time, the oldest rows
+            // first. Side by side leases would let a batch that failed, or
+            // a dead relay's, be published after the rows behind it.
+            let leased = if self.ordered() {
+                self.store.lease_in_order(c.batch_size_max, c.visibility_timeout).await
+            } else {
+                self.store.lease(c.batch_size_max, c.visibility_timeout, LeaseClock::Database).await
+            };
+            let batch = match leased {
                 Ok(batch) => {
                     error_wait.succeeded();
                     batch
@@ -177,11 +186,24 @@ impl Relay {
                 tracing::warn!(relay_id = %c.relay_id, messages = batch.len(), error = %e,
                     "publish not confirmed; the rows stay in the outbox and are published again");
                 self.metrics.publish_failures.inc_by(batch.len() as u64);
+                if self.ordered() {
+                    // Visible again now, and still the oldest: the next lease's
+                    // first, rather than held until its lease runs out.
+                    if let Err(e) = self.store.release(&batch[0].lease_token).await {
+                        tracing::warn!(relay_id = %c.relay_id, error = ?e, "giving the rows back failed; they wait for their lease to end");
+                    }
+                }
                 publisher = None;
                 self.links.dropped();
                 wait(error_wait.failed(), &shutdown).await;
             }
         }
+    }
+
+    /// Whether the broker keeps each key's order, so the outbox must reach
+    /// it in order.
+    fn ordered(&self) -> bool {
+        self.config.transport.order_claim() == OrderClaim::PerKey
     }
 
     async fn connect(&self, options: &Options) -> Result<Box<dyn Publisher>, haunt_transport::TransportError> {

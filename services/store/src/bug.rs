@@ -34,6 +34,10 @@ pub enum Bug {
     /// With a broker: the relay publishes without waiting for the broker's
     /// confirmation, so what a broker restart drops is gone.
     NoPublisherConfirms,
+    /// With a broker that keeps each key's order: a delivery whose apply
+    /// failed waits out its backoff while the deliveries behind it in its
+    /// batch, of its own key among them, are applied.
+    RetryAfterNext,
 }
 
 impl Bug {
@@ -55,9 +59,23 @@ impl Bug {
     /// The bug modes of the relay, which only a broker transport has.
     pub const RELAY: [Bug; 2] = [Bug::RelayMarksBeforePublish, Bug::NoPublisherConfirms];
 
+    /// The bug modes that break a key's order, which only a broker that
+    /// keeps one has.
+    pub const ORDER: [Bug; 1] = [Bug::RetryAfterNext];
+
     /// Whether this bug mode needs a broker transport (it is in the relay).
     pub fn needs_broker(self) -> bool {
         Bug::RELAY.contains(&self)
+    }
+
+    /// Whether this bug mode needs a broker that keeps each key's order.
+    pub fn needs_order(self) -> bool {
+        Bug::ORDER.contains(&self)
+    }
+
+    /// Every bug mode: the pipeline's, the relay's, the order's.
+    pub fn every() -> impl Iterator<Item = Bug> {
+        Bug::ALL.into_iter().chain(Bug::RELAY).chain(Bug::ORDER)
     }
 
     pub fn name(self) -> &'static str {
@@ -74,6 +92,7 @@ impl Bug {
             Bug::AsyncCommit => "async-commit",
             Bug::RelayMarksBeforePublish => "relay-marks-before-publish",
             Bug::NoPublisherConfirms => "no-publisher-confirms",
+            Bug::RetryAfterNext => "retry-after-next",
         }
     }
 }
@@ -88,9 +107,8 @@ impl FromStr for Bug {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let every = || Bug::ALL.into_iter().chain(Bug::RELAY);
-        every().find(|b| b.name() == s).ok_or_else(|| {
-            let names: Vec<&str> = every().map(|b| b.name()).collect();
+        Bug::every().find(|b| b.name() == s).ok_or_else(|| {
+            let names: Vec<&str> = Bug::every().map(|b| b.name()).collect();
             format!("unknown bug mode {s:?}; known: {}", names.join(", "))
         })
     }
@@ -102,7 +120,7 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for bug in Bug::ALL.into_iter().chain(Bug::RELAY) {
+        for bug in Bug::every() {
             assert_eq!(bug.name().parse::<Bug>().unwrap(), bug);
         }
         assert!("no-such-bug".parse::<Bug>().unwrap_err().contains("no-inbox"));

@@ -10,6 +10,14 @@ pub struct Dialect {
     /// The same clock as an expression, for statements built at run time.
     pub clock: &'static str,
     pub lease: &'static str,
+    /// The relay's lease when its broker keeps each key's order: the oldest
+    /// rows in the order they were written, and none while another lease
+    /// holds rows (one batch in flight, so nothing older can be published
+    /// after it). $1 batch size, $2 lease token, $3 visibility timeout in
+    /// ms; returns the lease's columns and the row's place in the outbox.
+    pub lease_in_order: &'static str,
+    /// Gives back every row of lease `$1` at once, visible now.
+    pub release: &'static str,
     pub place_order: &'static str,
     pub enqueue: &'static str,
     pub retry_later: &'static str,
@@ -52,7 +60,8 @@ macro_rules! dialect {
         $skip_locked:literal,
         $reconcile_lock:literal,
         hold: ($hold_open:literal, $hold_close:literal),
-        json: (ids: $ids:literal, rows: $rows:literal)
+        json: (ids: $ids:literal, rows: $rows:literal),
+        written: $written:literal
     ) => {
         Dialect {
             now: concat!("SELECT ", $now),
@@ -67,6 +76,20 @@ macro_rules! dialect {
                 "WHERE visible_at_ms <= COALESCE($2, ", $now, ") ",
                 "ORDER BY visible_at_ms LIMIT $1", $skip_locked, $batch_close, " ",
                 "RETURNING message_id, event_id, payload, headers, delivery_count, lease_until_ms, enqueued_at_ms"
+            ),
+            lease_in_order: concat!(
+                "UPDATE queue_messages SET delivery_count = delivery_count + 1, lease_token = $2, ",
+                "lease_until_ms = ", $now, " + $3, visible_at_ms = ", $now, " + $3 ",
+                "WHERE message_id ", $batch_open, "SELECT message_id FROM queue_messages ",
+                "WHERE visible_at_ms <= ", $now, " AND NOT EXISTS (SELECT 1 FROM queue_messages h ",
+                "WHERE h.lease_token IS NOT NULL AND h.visible_at_ms > ", $now, ") ",
+                "ORDER BY enqueued_at_ms, ", $written, " LIMIT $1", $skip_locked, $batch_close, " ",
+                "RETURNING message_id, event_id, payload, headers, delivery_count, lease_until_ms, enqueued_at_ms, ",
+                "CAST(", $written, " AS BIGINT)"
+            ),
+            release: concat!(
+                "UPDATE queue_messages SET visible_at_ms = ", $now, ", lease_until_ms = NULL, lease_token = NULL ",
+                "WHERE lease_token = $1"
             ),
             place_order: concat!(
                 "INSERT INTO orders (order_id, item_id, qty, event_id, correlation_id, created_at_ms) ",
@@ -150,7 +173,8 @@ pub const POSTGRES: Dialect = dialect!(
     json: (
         ids: "= ANY(ARRAY(SELECT json_array_elements_text($1::json)))",
         rows: "json_array_elements($1::json) WITH ORDINALITY AS j (value, key)"
-    )
+    ),
+    written: "seq"
 );
 
 /// PostgreSQL only: the order and its message in one statement (one round trip,
@@ -285,7 +309,9 @@ pub const SQLITE: Dialect = dialect!(
     "",
     "UPDATE inventory_projection SET reserved_qty = reserved_qty WHERE 1 = 0",
     hold: ("UPDATE queue_messages SET lease_token = lease_token", " RETURNING message_id"),
-    json: (ids: "IN (SELECT value FROM json_each($1))", rows: "json_each($1)")
+    json: (ids: "IN (SELECT value FROM json_each($1))", rows: "json_each($1)"),
+    // A table's rowid grows with each insert (one past the largest present).
+    written: "rowid"
 );
 
 // Statements that read the same on both backends.

@@ -263,12 +263,39 @@ impl Worker {
             self.retry(source, ready.from[0], &error, rng).await;
             return;
         }
+        // On a broker that keeps each key's order, a delivery that failed
+        // holds back the rest of its key in this batch: they go back to the
+        // broker unapplied, after it, and come again behind it. Applying
+        // them while it waits out its backoff would let a key's later order
+        // take effect first.
+        let mut failed_keys: Vec<&str> = Vec::new();
         for one in ready.one_by_one() {
+            let received = one.from[0];
+            let key = received.key.as_deref();
+            if let Some(key) = key
+                && failed_keys.contains(&key)
+                && self.config.bug != Some(Bug::RetryAfterNext)
+            {
+                self.hold_back(source, received).await;
+                continue;
+            }
+            // BUG MODE retry-after-next: the failed delivery waits out its
+            // backoff while the next of its key is applied.
             if let Err(e) = self.apply_and_ack(source, &one, rng).await {
                 let error = format!("{e}: {:?}", std::error::Error::source(&e));
-                self.retry(source, one.from[0], &error, rng).await;
+                self.retry(source, received, &error, rng).await;
+                failed_keys.extend(key);
             }
         }
+    }
+
+    /// A delivery behind a failed one of its key: handed back unapplied.
+    async fn hold_back(&self, source: &mut Source, received: &Received) {
+        let span = self.delivery_span(&received.leased);
+        let exemplar = self.observe_delivery(&received.leased, tracing_context::trace_id(&span));
+        self.count("held_back", &exemplar);
+        span.in_scope(|| tracing::info!("an earlier delivery of its key failed: handed back behind it, unapplied"));
+        source.hand_back(received).instrument(span).await;
     }
 
     /// Applies deliveries of one receive in one transaction, then acks those

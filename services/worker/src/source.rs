@@ -22,7 +22,7 @@
 use std::time::Duration;
 
 use haunt_store::{AckMode, Applied, Bug, DbKind, Failed, Headers, LeaseClock, Leased, OrderEvent, StoreError};
-use haunt_transport::{Consumer, Delivery, Options, Receipt};
+use haunt_transport::{Consumer, Delivery, Options, OrderClaim, Receipt};
 
 use crate::{BrokerSource, Delivered, Worker};
 
@@ -37,15 +37,19 @@ const RECEIVE_WAIT: Duration = Duration::from_millis(500);
 pub(crate) struct Received {
     pub(crate) leased: Leased,
     receipt: Option<Receipt>,
+    /// The unit of order the broker keeps it in (the envelope's key), if
+    /// the broker keeps one: what a failed delivery holds back behind it.
+    pub(crate) key: Option<String>,
 }
 
 impl Received {
     fn leased(leased: Leased) -> Received {
-        Received { leased, receipt: None }
+        Received { leased, receipt: None, key: None }
     }
 
-    fn delivered(delivery: Delivery) -> Received {
+    fn delivered(delivery: Delivery, ordered: bool) -> Received {
         let e = delivery.envelope;
+        let key = if ordered { e.key } else { None };
         let leased = Leased {
             message_id: e.message_id,
             event_id: e.event_id,
@@ -57,7 +61,7 @@ impl Received {
             lease_until_ms: 0,
             enqueued_at_ms: e.enqueued_at_ms,
         };
-        Received { leased, receipt: Some(delivery.receipt) }
+        Received { leased, receipt: Some(delivery.receipt), key }
     }
 }
 
@@ -145,7 +149,10 @@ impl Source {
                 };
                 match c.receive(config.batch_size_max as usize, RECEIVE_WAIT).await {
                     Ok(batch) if batch.is_empty() => Polled::Empty(Duration::ZERO),
-                    Ok(batch) => Polled::Batch(batch.into_iter().map(Received::delivered).collect()),
+                    Ok(batch) => {
+                        let ordered = broker.spec.order_claim() == OrderClaim::PerKey;
+                        Polled::Batch(batch.into_iter().map(|d| Received::delivered(d, ordered)).collect())
+                    }
                     Err(e) => {
                         tracing::warn!(worker_id = %config.worker_id, slot, error = %e, "receive failed; reconnecting");
                         *consumer = None;
@@ -270,6 +277,17 @@ impl Source {
                 }
                 Ok(Failed::Retrying)
             }
+        }
+    }
+
+    /// Hands back, unapplied, a broker's delivery held behind a failed one
+    /// of its key: the broker delivers it again after that one, in order.
+    pub(crate) async fn hand_back(&mut self, received: &Received) {
+        let (Source::Broker { consumer: Some(consumer), .. }, Some(receipt)) = (self, received.receipt.as_ref()) else {
+            return;
+        };
+        if let Err(e) = consumer.release(std::slice::from_ref(receipt)).await {
+            tracing::warn!(error = %e, "handing a held-back delivery back failed; the broker redelivers it");
         }
     }
 

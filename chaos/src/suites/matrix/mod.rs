@@ -17,9 +17,10 @@ use std::fmt::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use haunt_checker::order::REORDERED;
 use haunt_checker::{Results, Verdict};
 use haunt_store::Bug;
-use haunt_transport::{Guarantee, TransportSpec};
+use haunt_transport::{Guarantee, OrderClaim, TransportSpec};
 use serde::Serialize;
 
 use crate::core::fault::Fault;
@@ -205,6 +206,22 @@ mod tests {
                     assert_eq!((c.nemesis, c.expected), ("partition", Expect::Anomaly("lost-effect")), "{transport}");
                     assert_eq!(c.tuning.fault_targets, ["relay<->broker"], "{transport}");
                 }
+            }
+            // Where the broker keeps each key's order, every row runs keys
+            // fixed in real time, and a bug that breaks the order is caught
+            // as reordered; elsewhere there is no such row.
+            let ordered = transport.order_claim() == OrderClaim::PerKey;
+            let reorder = cases.iter().find(|c| c.bug == Some(Bug::RetryAfterNext));
+            assert_eq!(reorder.is_some(), ordered, "{transport}");
+            if let Some(c) = reorder {
+                assert_eq!((c.nemesis, c.expected), ("db-error", Expect::Anomaly(REORDERED)), "{transport}");
+            }
+            if ordered {
+                assert!(
+                    cases.iter().all(|c| c.tuning.ordered_keys.is_some_and(|k| k > 0)
+                        || c.tuning.fault_targets == ["relay<->broker"]),
+                    "{transport}"
+                );
             }
             assert!(cases.iter().all(|c| c.transport == Some(transport) && c.name().contains(&transport.to_string())));
         }

@@ -36,20 +36,7 @@ impl Store {
             Some(pg) => leased_rows!(pg),
             None => leased_rows!(&self.pool),
         };
-        let mut leased: Vec<Leased> = rows
-            .into_iter()
-            .map(|(message_id, event_id, payload, headers, delivery_count, lease_until_ms, enqueued_at_ms)| Leased {
-                message_id,
-                event_id,
-                payload,
-                // Unreadable headers lose tracing, not the message.
-                headers: serde_json::from_str(&headers).unwrap_or_default(),
-                delivery_count,
-                lease_token: token.clone(),
-                lease_until_ms,
-                enqueued_at_ms,
-            })
-            .collect();
+        let mut leased: Vec<Leased> = rows.into_iter().map(|row| leased(row, &token)).collect();
         leased.sort_by_key(|m| m.enqueued_at_ms);
         Ok(leased)
     }

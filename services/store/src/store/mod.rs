@@ -4,6 +4,7 @@
 //!
 //! - [`orders`]: placing an order and reading it back;
 //! - [`deliver`]: the database queue's lease, apply, ack, retry and park;
+//! - [`outbox`]: the relay's lease when its broker keeps each key's order;
 //! - [`repair`]: redrive, reconcile, and the helpers that break a projection;
 //! - [`read`]: the projection, the queue's figures and the final state.
 
@@ -30,6 +31,7 @@ use StoreError::{CommitUnknown, NotCommitted};
 
 mod deliver;
 mod orders;
+mod outbox;
 mod read;
 mod repair;
 
@@ -131,6 +133,22 @@ fn fetched(table: &'static str) -> impl Fn(sqlx::Error) -> StoreError {
 /// A leased message as the lease statement returns it: message id, event id,
 /// payload, headers, delivery count, lease end, enqueue time.
 type LeaseRow = (String, String, String, String, i64, i64, i64);
+
+/// A leased row as the lease returned it, under `token`.
+fn leased(row: LeaseRow, token: &str) -> Leased {
+    let (message_id, event_id, payload, headers, delivery_count, lease_until_ms, enqueued_at_ms) = row;
+    Leased {
+        message_id,
+        event_id,
+        payload,
+        // Unreadable headers lose tracing, not the message.
+        headers: serde_json::from_str(&headers).unwrap_or_default(),
+        delivery_count,
+        lease_token: token.to_owned(),
+        lease_until_ms,
+        enqueued_at_ms,
+    }
+}
 
 impl Store {
     /// Connects and applies the embedded migrations.

@@ -4,6 +4,7 @@ mod batch;
 mod dead_letters;
 mod leasing;
 mod orders;
+mod outbox;
 mod reconcile;
 mod redrive;
 
