@@ -32,7 +32,7 @@ use anyhow::Context;
 use haunt_checker::Results;
 use haunt_format::FinalLine;
 use haunt_store::{Store, StoreOptions};
-use haunt_transport::{Guarantee, TransportSpec};
+use haunt_transport::{Guarantee, OrderClaim, TransportSpec};
 use serde::Serialize;
 
 use crate::core::fault::Fault;
@@ -65,6 +65,10 @@ const VISIBILITY_TIMEOUT: Duration = Duration::from_secs(1);
 const THROUGHPUT_RATE: f64 = 3000.0;
 const THROUGHPUT_CONCURRENCY: usize = 32;
 
+/// Keys of the fault runs whose orders are fixed in real time (each one
+/// client's, in turn), for the order column: half the default clients'.
+const ORDERED_KEYS: usize = 4;
+
 /// How long a run may take to drain after its workload: a fault-free run at
 /// [`THROUGHPUT_RATE`] leaves a backlog that takes a slow transport a while.
 const QUIESCE_TIMEOUT: Duration = Duration::from_secs(300);
@@ -91,6 +95,11 @@ pub struct FaultRun {
     pub applied_more_than_once: u64,
     /// Messages the broker still held but could only count.
     pub unlisted: u64,
+    /// Pairs of one key's orders whose order was fixed in real time, and the
+    /// orders overtaken among them (the checker's `order` section; 0 when
+    /// it has none).
+    pub order_pairs: u64,
+    pub overtaken: u64,
     pub faults_fired: serde_json::Value,
     pub repair: Option<Repair>,
     pub error: Option<String>,
@@ -138,6 +147,12 @@ pub struct Row {
     /// Summed over the runs; `None` without an inbox, where reconcile cannot
     /// tell an applied order from a lost one (it reads the inbox).
     pub repaired_by_reconcile: Option<Repair>,
+    /// What the transport claims about a key's order: `none` or `per-key`.
+    pub order_claim: &'static str,
+    /// Summed over the fault runs that finished: pairs of one key's orders
+    /// fixed in real time, and orders overtaken.
+    pub order_pairs: u64,
+    pub overtaken: u64,
     /// `None` when no fault run finished.
     pub matches_claim: Option<bool>,
     /// What the row shows that is worth saying: a contradiction of the claim,
@@ -193,6 +208,7 @@ async fn fault_run(
         fault_targets,
         visibility_timeout: VISIBILITY_TIMEOUT,
         fit_check: false,
+        ordered_keys: ORDERED_KEYS,
         ..row_options(options, runs_dir, spec, inbox)
     };
     let mut run = FaultRun {
@@ -205,6 +221,8 @@ async fn fault_run(
         redeliveries: None,
         applied_more_than_once: 0,
         unlisted: 0,
+        order_pairs: 0,
+        overtaken: 0,
         faults_fired: serde_json::Value::Null,
         repair: None,
         error: None,
@@ -225,6 +243,9 @@ async fn fault_run(
     run.redeliveries = results.delivery.redeliveries;
     run.applied_more_than_once = results.delivery.applied_more_than_once;
     run.unlisted = unlisted(&dir);
+    if let Some(order) = &results.order {
+        (run.order_pairs, run.overtaken) = (order.pairs_checked, order.inversions);
+    }
     run.faults_fired = run_file.get("faults_fired").cloned().unwrap_or_default();
     if results.valid == haunt_checker::Verdict::Unknown {
         // Its counts are not a measurement: what did not drain may yet arrive.
@@ -398,10 +419,14 @@ impl Row {
             sum
         });
         let claim = spec.claim();
+        let order_claim = spec.order_claim();
+        let order_pairs = done.iter().map(|r| r.order_pairs).sum();
+        let overtaken = done.iter().map(|r| r.overtaken).sum();
         let (matches_claim, finding) = if done.is_empty() {
             (None, None)
         } else {
-            judge(claim, lost, delivered_more_than_once, applied_more_than_once, &done)
+            let delivery = judge(claim, lost, delivered_more_than_once, applied_more_than_once, &done);
+            judge_order(order_claim, order_pairs, overtaken, &done, delivery)
         };
         Row {
             transport: spec.to_string(),
@@ -414,6 +439,9 @@ impl Row {
             speed: None,
             effect_lag_ms_p99: throughput.effect_lag_ms_p99,
             repaired_by_reconcile,
+            order_claim: order_claim.name(),
+            order_pairs,
+            overtaken,
             matches_claim,
             finding,
             runs,
@@ -467,6 +495,41 @@ fn judge(
         }
         _ => (Some(true), None),
     }
+}
+
+/// The order claim judged after the delivery claim (`delivery`): a key's
+/// orders overtaken contradict `per-key`, and so does a run that checked no
+/// pair (nothing was measured); under `none` they are figures.
+fn judge_order(
+    claim: OrderClaim,
+    pairs: u64,
+    overtaken: u64,
+    runs: &[&FaultRun],
+    delivery: (Option<bool>, Option<String>),
+) -> (Option<bool>, Option<String>) {
+    if claim != OrderClaim::PerKey {
+        return delivery;
+    }
+    let (matches, finding) = delivery;
+    let join = |more: String| Some(finding.as_ref().map_or(more.clone(), |f| format!("{f}; {more}")));
+    if overtaken > 0 {
+        let seeds: Vec<String> = runs.iter().filter(|r| r.overtaken > 0).map(|r| r.seed.to_string()).collect();
+        return (
+            Some(false),
+            join(format!(
+                "claims each key's order, yet {overtaken} orders were applied before an order acknowledged \
+                 before them (of {pairs} pairs; seed {})",
+                seeds.join(", ")
+            )),
+        );
+    }
+    if pairs == 0 {
+        return (
+            None,
+            join("claims each key's order, and no pair of orders was fixed in real time to check it".into()),
+        );
+    }
+    (matches, finding)
 }
 
 /// Fills each row's speed: its events/s over the fastest row's.

@@ -197,7 +197,7 @@ fn worst_run(rows: &[Row]) -> String {
 fn table(rows: &[Row]) -> String {
     let mut h = String::from(
         "<table><tr><th>transport</th><th>inbox</th><th>claim</th><th>lost</th><th>delivered &gt;1</th>\
-         <th>applied twice</th><th>events/s</th><th>speed</th><th>p99 lag ms</th><th>reconcile</th><th>matches claim</th></tr>",
+         <th>applied twice</th><th>order kept?</th><th>events/s</th><th>speed</th><th>p99 lag ms</th><th>reconcile</th><th>matches claim</th></tr>",
     );
     for r in rows {
         let reconcile = match &r.repaired_by_reconcile {
@@ -215,13 +215,14 @@ fn table(rows: &[Row]) -> String {
         };
         let _ = write!(
             h,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>{matches}</tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>{matches}</tr>",
             esc(&r.transport),
             if r.inbox { "yes" } else { "no" },
             r.claim,
             r.lost,
             r.delivered_more_than_once.map_or("–".into(), |d| d.to_string()),
             r.applied_more_than_once,
+            esc(&super::table::order_kept(r)),
             r.events_per_s.map_or("–".into(), |e| format!("{e:.0}")),
             r.speed.map_or("–".into(), |s| format!("{s:.2}")),
             r.effect_lag_ms_p99.map_or("–".into(), |l| format!("{l:.0}")),

@@ -114,13 +114,14 @@ fn claims(t: &mut String, rows: &[Row]) {
 fn every_row(t: &mut String, rows: &[Row]) {
     let _ = writeln!(
         t,
-        "{:<22} {:<6} {:<14} {:>6} {:>11} {:>13} {:>9} {:>6} {:>11} {:<26} matches",
+        "{:<22} {:<6} {:<14} {:>6} {:>11} {:>13} {:<24} {:>9} {:>6} {:>11} {:<26} matches",
         "transport",
         "inbox",
         "claim",
         "lost",
         "delivered>1",
         "applied twice",
+        "order kept?",
         "events/s",
         "speed",
         "p99 lag ms",
@@ -139,13 +140,14 @@ fn every_row(t: &mut String, rows: &[Row]) {
         };
         let _ = writeln!(
             t,
-            "{:<22} {:<6} {:<14} {:>6} {:>11} {:>13} {:>9} {:>6} {:>11} {:<26} {}",
+            "{:<22} {:<6} {:<14} {:>6} {:>11} {:>13} {:<24} {:>9} {:>6} {:>11} {:<26} {}",
             r.transport,
             yes_no(r.inbox),
             r.claim,
             r.lost,
             r.delivered_more_than_once.map_or("-".into(), |d| d.to_string()),
             r.applied_more_than_once,
+            order_kept(r),
             r.events_per_s.map_or("-".into(), |e| format!("{e:.0}")),
             r.speed.map_or("-".into(), |s| format!("{s:.2}")),
             r.effect_lag_ms_p99.map_or("-".into(), |l| format!("{l:.0}")),
@@ -157,6 +159,21 @@ fn every_row(t: &mut String, rows: &[Row]) {
             }
         );
     }
+}
+
+/// The order column: the claim, then what was measured. Under `per-key`,
+/// "yes" or "NO" with the overtaken orders; under `none`, the overtaken
+/// orders as a figure.
+pub(super) fn order_kept(r: &Row) -> String {
+    if r.matches_claim.is_none() && r.order_pairs == 0 {
+        return format!("{}: -", r.order_claim);
+    }
+    let verdict = match (r.order_claim, r.overtaken) {
+        ("per-key", 0) => "yes".to_owned(),
+        ("per-key", n) => format!("NO, {n} overtaken"),
+        (_, n) => format!("{n} overtaken"),
+    };
+    format!("{}: {verdict}", r.order_claim)
 }
 
 fn findings(t: &mut String, rows: &[Row]) {

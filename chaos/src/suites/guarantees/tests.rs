@@ -11,6 +11,8 @@ fn run(seed: u64, lost: u64, delivered_twice: Option<u64>, applied_twice: u64) -
         redeliveries: delivered_twice,
         applied_more_than_once: applied_twice,
         unlisted: 0,
+        order_pairs: 50,
+        overtaken: 0,
         faults_fired: serde_json::Value::Null,
         repair: None,
         error: None,
@@ -36,6 +38,30 @@ fn each_claim_is_judged_by_what_it_forbids() {
     // Exactly-once that applied twice (no inbox: deliveries unknown).
     assert_eq!(judge(Guarantee::ExactlyOnce, 0, None, 4, &refs).0, Some(false));
     assert_eq!(judge(Guarantee::ExactlyOnce, 0, None, 0, &refs), (Some(true), None));
+}
+
+/// Order is judged only where the transport claims it: overtaken orders
+/// contradict `per-key` (whatever the delivery figures), a run with no pair
+/// fixed in real time measured nothing, and under `none` they are figures.
+#[test]
+fn a_key_order_claim_is_judged_by_the_orders_overtaken() {
+    let t = || Throughput { run_dir: None, events_per_s: None, effect_lag_ms_p99: None, error: None };
+    let fifo: TransportSpec = "sqs:fifo".parse().unwrap();
+    let db: TransportSpec = "db".parse().unwrap();
+    let overtaken = |seed, n| FaultRun { overtaken: n, ..run(seed, 0, Some(1), 0) };
+    let kept = Row::new(fifo, true, vec![overtaken(1, 0), overtaken(2, 0)], t());
+    assert_eq!((kept.matches_claim, kept.order_pairs), (Some(true), 100));
+    assert_eq!(table::order_kept(&kept), "per-key: yes");
+    let broken = Row::new(fifo, true, vec![overtaken(1, 0), overtaken(2, 3)], t());
+    assert_eq!(broken.matches_claim, Some(false));
+    assert!(broken.finding.as_deref().unwrap().contains("3 orders were applied before"), "{:?}", broken.finding);
+    assert!(broken.finding.as_deref().unwrap().contains("seed 2"));
+    assert_eq!(table::order_kept(&broken), "per-key: NO, 3 overtaken");
+    let unchecked = Row::new(fifo, true, vec![FaultRun { order_pairs: 0, ..run(1, 0, Some(1), 0) }], t());
+    assert_eq!(unchecked.matches_claim, None, "no pair checked: the order claim was not measured");
+    let figures = Row::new(db, true, vec![overtaken(1, 7)], t());
+    assert_eq!(figures.matches_claim, Some(true), "the database queue claims no order");
+    assert_eq!(table::order_kept(&figures), "none: 7 overtaken");
 }
 
 #[test]
