@@ -230,3 +230,26 @@ fn a_report_that_cannot_be_written_is_an_error_but_the_results_stand() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap();
     assert_eq!(results["valid"], true);
 }
+
+/// With the order check, the report has its section: the figures, the
+/// overtaken orders over time, one key's orders acknowledged against
+/// applied, and the fault table's column of overtaken orders (the kill of
+/// worker-1 holds the one overtaken order's application). Without `key_seq`
+/// there is no such section and no such column.
+#[test]
+fn the_order_section_shows_the_overtaken_orders_in_time_and_for_one_key() {
+    let (_tmp, dir) = checked_case("order-overtaken-inside-a-window", None);
+    let html = render(&dir);
+    assert!(html.contains("<h2>Order within a key</h2>"), "{html}");
+    assert!(html.contains("<b>1</b> orders were overtaken"), "{html}");
+    assert!(html.contains(r#"aria-label="overtaken orders over time""#), "{html}");
+    assert!(html.contains(r#"aria-label="one key: acknowledged against applied""#), "{html}");
+    assert!(html.contains("<code>o2</code> on key <code>i1</code> took effect 1 in the key's order"), "{html}");
+    let rows = table_rows(&html, "faults");
+    let overtaken: Vec<&str> = rows.iter().map(|r| r.last().unwrap().as_str()).collect();
+    assert_eq!(overtaken, ["1", "0"], "{rows:?}");
+
+    let (_tmp, dir) = checked_case(WINDOWS_CASE, None);
+    let html = render(&dir);
+    assert!(!html.contains("Order within a key") && !html.contains("<th>overtaken</th>"));
+}

@@ -69,6 +69,30 @@ pub struct OrderReport {
     /// Up to [`crate::results::EXAMPLES_MAX`] skipped orders.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skipped_examples: Vec<Skipped>,
+    /// One key's orders as the report plots them: the key with the most
+    /// overtaken orders (the busiest when none was), up to
+    /// [`KEY_TRACE_MAX`] of its orders, the first acknowledged first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_trace: Option<KeyTrace>,
+    /// When each overtaken order first took effect (`applied_at_ms`): what
+    /// the fault windows and the time series count. Not in `results.json`.
+    #[serde(skip)]
+    pub overtaken_at_ms: Vec<i64>,
+}
+
+/// How many of a key's orders [`OrderReport::key_trace`] keeps.
+pub const KEY_TRACE_MAX: usize = 400;
+
+/// A key's acknowledged and applied orders: when each was acknowledged,
+/// and its place in the key's order of applications.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyTrace {
+    pub key: String,
+    /// `[ok_ns, key_seq, overtaken (0 or 1)]`, by `ok_ns`.
+    pub orders: Vec<[u64; 3]>,
+    /// Orders of the key acknowledged and applied, of which `orders` holds
+    /// the first [`KEY_TRACE_MAX`].
+    pub of: u64,
 }
 
 /// An overtaken order: `later` was invoked after `earlier` was acknowledged,
@@ -103,6 +127,8 @@ struct Applied {
     invoke_ns: u64,
     ok_ns: Option<u64>,
     key_seq: u64,
+    applied_at_ms: i64,
+    overtaken: bool,
 }
 
 /// The order figures of a checked run, or `None` when its applications
@@ -127,22 +153,45 @@ pub fn check(fold: &Fold, claim: Claim) -> Option<OrderReport> {
                 invoke_ns: o.first_invoke_ns,
                 ok_ns: o.first_ok_ns,
                 key_seq,
+                applied_at_ms: o.applied.min_applied_at_ms,
+                overtaken: false,
             }),
             _ if o.acknowledged() && o.applied.count == 0 && !o.pending => unapplied[key].push(i as u32),
             _ => {}
         }
     }
     let mut report = OrderReport { claim, ..OrderReport::default() };
+    // The key the report plots: the most overtaken, then the most orders.
+    let mut traced: Option<((u64, usize), u32, Vec<Applied>)> = None;
     for (key, mut orders) in applied.into_iter().enumerate() {
         if orders.is_empty() {
             continue;
         }
         report.keys += 1;
         let name = fold.strings.name(key as u32);
+        let before = report.inversions;
         pairs_and_inversions(fold, name, &mut orders, &mut report);
         skipped(fold, name, &orders, &unapplied[key], &mut report);
+        let rank = (report.inversions - before, orders.len());
+        if traced.as_ref().is_none_or(|(best, _, _)| rank > *best) {
+            traced = Some((rank, key as u32, orders));
+        }
     }
+    report.key_trace = traced.map(|(_, key, orders)| key_trace(fold.strings.name(key), orders));
     Some(report)
+}
+
+/// The first [`KEY_TRACE_MAX`] acknowledged orders of a key, by their `ok`.
+fn key_trace(key: &str, mut orders: Vec<Applied>) -> KeyTrace {
+    orders.retain(|a| a.ok_ns.is_some());
+    orders.sort_unstable_by_key(|a| a.ok_ns);
+    let of = orders.len() as u64;
+    orders.truncate(KEY_TRACE_MAX);
+    KeyTrace {
+        key: key.to_owned(),
+        orders: orders.iter().map(|a| [a.ok_ns.unwrap_or_default(), a.key_seq, u64::from(a.overtaken)]).collect(),
+        of,
+    }
 }
 
 /// Counts a key's pairs fixed in real time and its overtaken orders.
@@ -156,11 +205,13 @@ fn pairs_and_inversions(fold: &Fold, key: &str, orders: &mut [Applied], report: 
     orders.sort_unstable_by_key(|a| std::cmp::Reverse(a.key_seq));
     // The earliest ok among the orders applied after this one, and whose.
     let mut earliest_ok_after: Option<Applied> = None;
-    for b in orders.iter() {
+    for b in orders.iter_mut() {
         if let Some(a) = earliest_ok_after
             && a.ok_ns.is_some_and(|ok| ok < b.invoke_ns)
         {
             report.inversions += 1;
+            report.overtaken_at_ms.push(b.applied_at_ms);
+            b.overtaken = true;
             if report.inversion_examples.len() < crate::results::EXAMPLES_MAX {
                 report.inversion_examples.push(Inversion {
                     key: key.to_owned(),

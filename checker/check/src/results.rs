@@ -254,6 +254,10 @@ pub struct ApplicationsBucket {
     /// after its event was applied); absent when no `order` line carries it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duplicates_absorbed: Option<u64>,
+    /// Orders first applied in this bucket that an order acknowledged before
+    /// them overtook; absent without the order check (no `key_seq`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overtaken: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -331,6 +335,10 @@ pub struct FaultWindow {
     pub latency_ms_p50: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_ms_p50_outside: Option<f64>,
+    /// Overtaken orders (the `order` section's) that first took effect
+    /// inside the window; absent without the order check or the run's clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overtaken: Option<u64>,
 }
 
 impl FaultWindow {
@@ -352,6 +360,7 @@ impl FaultWindow {
             latency_ms_p99_outside: None,
             latency_ms_p50: None,
             latency_ms_p50_outside: None,
+            overtaken: None,
         }
     }
 
@@ -379,8 +388,9 @@ impl FaultWindow {
     }
 
     /// Nothing in the record shows the fault: it was stopped, and inside it
-    /// no op failed or went indeterminate (both counted), none was slow, and no event it
-    /// overlapped was delivered again, absorbed as a copy or applied twice. A
+    /// no op failed or went indeterminate (both counted), none was slow, no event it
+    /// overlapped was delivered again, absorbed as a copy or applied twice,
+    /// and no overtaken order took effect. A
     /// kill or a pause of a worker that held no lease at that moment looks
     /// like this; so does a fault the pipeline simply withstands (a clock skew).
     /// Delivery figures the record does not hold (a final state without
@@ -391,7 +401,7 @@ impl FaultWindow {
             && self.ops_failed == Some(0)
             && self.ops_indeterminate == Some(0)
             && !self.slower_inside()
-            && [self.redelivered_events, self.duplicates_absorbed, self.applied_more_than_once]
+            && [self.redelivered_events, self.duplicates_absorbed, self.applied_more_than_once, self.overtaken]
                 .iter()
                 .all(|n| n.unwrap_or(0) == 0)
     }
@@ -440,7 +450,7 @@ mod tests {
     #[test]
     fn a_window_leaves_no_trace_only_when_every_known_figure_is_quiet() {
         assert!(quiet().left_no_trace());
-        let traced: [(&str, FaultWindow); 8] = [
+        let traced: [(&str, FaultWindow); 9] = [
             ("still on", FaultWindow { end_ns: None, ..quiet() }),
             ("a failed op", FaultWindow { ops_failed: Some(1), ..quiet() }),
             ("an indeterminate op", FaultWindow { ops_indeterminate: Some(2), ..quiet() }),
@@ -449,6 +459,7 @@ mod tests {
             ("a redelivery", FaultWindow { redelivered_events: Some(1), ..quiet() }),
             ("a copy absorbed", FaultWindow { duplicates_absorbed: Some(1), ..quiet() }),
             ("applied twice", FaultWindow { applied_more_than_once: Some(1), ..quiet() }),
+            ("an order overtaken", FaultWindow { overtaken: Some(1), ..quiet() }),
         ];
         for (why, w) in traced {
             assert!(!w.left_no_trace(), "{why}");

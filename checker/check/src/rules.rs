@@ -224,14 +224,18 @@ pub fn check(fold: &Fold, claim: Claim) -> Results {
     // Reported, not failures: recovered, dead_lettered and pending, in the tally.
     let counts = counts(fold, &tally, &stray_events);
     let delivery = delivery(fold, &mut tally, &stray_events);
-    let series = applications.finish(fold, tally.duplicates_absorbed.is_some());
+    let order = crate::order::check(fold, claim);
+    let overtaken_at_ms = order.as_ref().map(|o| o.overtaken_at_ms.as_slice());
+    let series = applications.finish(fold, tally.duplicates_absorbed.is_some(), overtaken_at_ms);
 
     let mut faults = fold.faults.clone();
     let ops_outside_faults =
         attribution.finish(fold, &mut faults, tally.deliveries.is_some(), tally.duplicates_absorbed.is_some());
+    if let Some(at) = overtaken_at_ms {
+        crate::windows::count_overtaken(fold, &mut faults, at);
+    }
     let latency_ms = Latency { ops_outside_faults, ..latency(fold) };
 
-    let order = crate::order::check(fold, claim);
     rules.reordered(claim, order.as_ref());
     let anomalies = rules.anomalies.reports;
     let failing = anomalies.values().any(|r| r.count > 0);

@@ -235,6 +235,7 @@ pub struct ApplicationsAt {
     applied: u64,
     on_redelivery: u64,
     duplicates_absorbed: u64,
+    overtaken: u64,
 }
 
 impl Bucket for ApplicationsAt {
@@ -242,6 +243,7 @@ impl Bucket for ApplicationsAt {
         self.applied += other.applied;
         self.on_redelivery += other.on_redelivery;
         self.duplicates_absorbed += other.duplicates_absorbed;
+        self.overtaken += other.overtaken;
     }
 }
 
@@ -296,10 +298,16 @@ impl ApplicationSeries {
         }
     }
 
-    /// Adds the applications that joined no order row, and makes the series
-    /// of the results, the ops' and the applications' buckets brought to one
-    /// width.
-    pub fn finish(mut self, fold: &Fold, absorbed_known: bool) -> Series {
+    /// Adds the applications that joined no order row, and the overtaken
+    /// orders at their first application (`None`: no order check), and
+    /// makes the series of the results, the ops' and the applications'
+    /// buckets brought to one width.
+    pub fn finish(mut self, fold: &Fold, absorbed_known: bool, overtaken_at_ms: Option<&[i64]>) -> Series {
+        for &ms in overtaken_at_ms.unwrap_or_default() {
+            if let Some(b) = self.at(ms) {
+                b.overtaken += 1;
+            }
+        }
         for a in &fold.stray_applied {
             self.application(a.application.applied_at_ms, a.application.attempt);
         }
@@ -331,6 +339,7 @@ impl ApplicationSeries {
                     applied: b.applied,
                     applied_on_redelivery: b.on_redelivery,
                     duplicates_absorbed: absorbed_known.then_some(b.duplicates_absorbed),
+                    overtaken: overtaken_at_ms.map(|_| b.overtaken),
                 })
                 .collect()
         });

@@ -189,6 +189,26 @@ impl Attribution {
     }
 }
 
+/// Counts in each window the overtaken orders whose first application
+/// (`applied_at_ms`) fell inside it. Without the run's clock (no `meta`
+/// line) the windows get no count.
+pub fn count_overtaken(fold: &Fold, windows: &mut [FaultWindow], overtaken_at_ms: &[i64]) {
+    let Some(t0) = fold.meta.as_ref().map(|m| m.run_started_at_ms) else { return };
+    let index = WindowIndex::new(windows);
+    for w in windows.iter_mut() {
+        w.overtaken = Some(0);
+    }
+    let mut hint = 0;
+    for &ms in overtaken_at_ms {
+        let ns = ((i128::from(ms) - i128::from(t0)) * NS_PER_MS).clamp(0, i128::from(u64::MAX)) as u64;
+        index.overlapping(ns, ns, &mut hint, |w| {
+            if let Some(n) = windows[w].overtaken.as_mut() {
+                *n += 1;
+            }
+        });
+    }
+}
+
 /// The median and p99 latency of the client ops invoked inside each window,
 /// and of those invoked outside every window. Returns the latter's quantiles (ms), `None`
 /// when there are no windows.

@@ -14,6 +14,7 @@
 //! - [`plots`]: the SVG plots (time plots with the fault windows, histograms).
 //! - [`page`]: the HTML page, its tables and notes.
 
+mod order;
 pub mod page;
 pub mod plots;
 pub mod run_info;

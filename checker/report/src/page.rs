@@ -21,7 +21,7 @@ pub fn esc(s: &str) -> String {
 
 /// A plot in its figure, named for screen readers; a plot that could not be
 /// drawn says why instead.
-fn figure(label: &str, svg: Result<String, Box<dyn std::error::Error>>) -> String {
+pub(crate) fn figure(label: &str, svg: Result<String, Box<dyn std::error::Error>>) -> String {
     match svg {
         Ok(svg) => format!(r#"<figure class="plot" aria-label="{}">{svg}</figure>"#, esc(label)),
         Err(e) => {
@@ -111,8 +111,11 @@ fn faults_table(results: &Results) -> String {
         "<table class=\"faults\"><tr><th>fault</th><th>target</th><th>start (s)</th><th>end (s)</th>\
          <th>ops invoked inside</th><th>failed</th><th>indeterminate</th><th>events affected</th>\
          <th>events redelivered</th><th>duplicates absorbed</th><th>applied twice</th><th>op p99 inside (ms)</th>\
-         <th>op p99 outside (ms)</th><th>trace</th></tr>",
+         <th>op p99 outside (ms)</th><th>trace</th>",
     );
+    // Only with the order check: a column of overtaken orders.
+    let order = results.faults.iter().any(|w| w.overtaken.is_some());
+    h.push_str(if order { "<th>overtaken</th></tr>" } else { "</tr>" });
     let mut windows: Vec<&FaultWindow> = results.faults.iter().collect();
     windows.sort_by_key(|w| w.start_ns);
     for w in windows {
@@ -122,7 +125,7 @@ fn faults_table(results: &Results) -> String {
             h,
             "<tr><td><span class=\"swatch\" style=\"background:{}\"></span>{}</td><td>{}</td><td>{:.2}</td><td>{}</td>\
              <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td{twice}>{}</td><td{slower}>{}</td>\
-             <td>{}</td><td>{}</td></tr>",
+             <td>{}</td><td>{}</td>",
             fault_color(&w.fault),
             esc(&w.fault),
             esc(&w.target),
@@ -139,6 +142,11 @@ fn faults_table(results: &Results) -> String {
             ms(w.latency_ms_p99_outside),
             if w.left_no_trace() { "<span class=\"na\">none</span>" } else { "" },
         );
+        if order {
+            let bad = if w.overtaken.unwrap_or(0) > 0 { " class=\"bad\"" } else { "" };
+            let _ = write!(h, "<td{bad}>{}</td>", figure_or_dash(w.overtaken));
+        }
+        h.push_str("</tr>");
     }
     h.push_str("</table>");
     h.push_str(
@@ -416,6 +424,7 @@ pub fn render(results: &Results, run: &RunInfo) -> String {
     h.push_str(&figure("ops invoked per second by outcome", plots::throughput(results, &axis)));
     latency_table(&mut h, results);
     deliveries(&mut h, results, &axis);
+    crate::order::section(&mut h, results, &axis);
     faults(&mut h, results, run, &never);
     h.push_str("</body></html>\n");
     h

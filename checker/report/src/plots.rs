@@ -19,16 +19,16 @@ use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-type Drawn = Result<(), Box<dyn Error>>;
+pub(crate) type Drawn = Result<(), Box<dyn Error>>;
 type Chart<'a, 'b, Y> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, Y>>;
 
 /// Width of every time plot, px.
-const WIDTH_PX: u32 = 900;
+pub(crate) const WIDTH_PX: u32 = 900;
 /// The y axis' labels and description, left of the plot area.
-const Y_LABEL_AREA_PX: u32 = 60;
+pub(crate) const Y_LABEL_AREA_PX: u32 = 60;
 /// The x axis' labels and description, under the plot area.
-const X_LABEL_AREA_PX: u32 = 40;
-const MARGIN_PX: u32 = 10;
+pub(crate) const X_LABEL_AREA_PX: u32 = 40;
+pub(crate) const MARGIN_PX: u32 = 10;
 /// Height of one lane of fault labels.
 const LANE_PX: u32 = 14;
 /// Lanes of fault labels above a time plot at most. Windows that overlap (with
@@ -45,7 +45,7 @@ const BARS_MAX: usize = 150;
 
 /// Font sizes as plotters takes them: the SVG backend writes `size / 1.24`
 /// px, so these come out at about 11 px (labels) and 10 px (fault names).
-const LABEL_FONT: f64 = 14.0;
+pub(crate) const LABEL_FONT: f64 = 14.0;
 const FAULT_FONT: f64 = 12.5;
 
 /// Applications on the first delivery, applications on a redelivery, and the
@@ -77,7 +77,7 @@ pub fn fault_color(fault: &str) -> &'static str {
 }
 
 /// `#rrggbb` as plotters' colour; grey for anything else.
-fn rgb(hex: &str) -> RGBColor {
+pub(crate) fn rgb(hex: &str) -> RGBColor {
     let channel = |i: usize| hex.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()).unwrap_or(0x99);
     RGBColor(channel(1), channel(3), channel(5))
 }
@@ -157,19 +157,19 @@ pub fn fault_lanes(axis: &TimeAxis, windows: &[FaultWindow]) -> (Vec<Option<usiz
 
 /// A time plot: its height without the label lanes, axis descriptions, and
 /// whether it names the fault windows above its plot area.
-struct TimePlot<'a> {
-    height_px: u32,
-    x_desc: &'a str,
-    y_desc: &'a str,
+pub(crate) struct TimePlot<'a> {
+    pub(crate) height_px: u32,
+    pub(crate) x_desc: &'a str,
+    pub(crate) y_desc: &'a str,
     /// About how many y labels: a log axis needs more asked of it than it
     /// shows, since plotters keeps to round values of each decade.
-    y_labels: usize,
-    name_faults: bool,
+    pub(crate) y_labels: usize,
+    pub(crate) name_faults: bool,
 }
 
 /// Draws one time plot: the mesh, the fault windows shaded (and named, if
 /// asked), then `draw`'s series.
-fn time_plot<R, Y, V>(
+pub(crate) fn time_plot<R, Y, V>(
     plot: &TimePlot,
     axis: &TimeAxis,
     faults: &[FaultWindow],
@@ -238,7 +238,7 @@ where
 }
 
 /// Where a bucket's figure is drawn: its middle, in seconds.
-fn mid_s(start_ns: u64, axis: &TimeAxis) -> f64 {
+pub(crate) fn mid_s(start_ns: u64, axis: &TimeAxis) -> f64 {
     start_ns as f64 / 1e9 + axis.bucket_s / 2.0
 }
 
@@ -533,6 +533,7 @@ mod tests {
                 applied: 2,
                 applied_on_redelivery: 1,
                 duplicates_absorbed: Some(k % 2),
+                overtaken: None,
             })
             .collect();
         let bars = redelivery_bars(&apps, 1_000_000, &axis(0.6));
