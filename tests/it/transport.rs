@@ -279,6 +279,52 @@ fn sqs_fifo_on_moto_is_valid_under_consumer_faults() {
     at_least_once_is_valid_under_broker_faults("sqs:fifo");
 }
 
+/// Failed applies on a broker that keeps each key's order: two clients on
+/// two keys put about five orders of a key in a batch of ten, and the
+/// db-error fault fails three applies in ten. The correct worker hands a
+/// failed delivery's later deliveries of its key back with it, and every
+/// key keeps its order; the worker of bug mode `retry-after-next` applies
+/// them while the failed one waits out its backoff, caught as `reordered`
+/// (10 of 10 seeds of `haunt matrix --transport sqs:fifo`).
+#[test]
+fn sqs_fifo_keeps_each_keys_order_through_failed_applies_and_retry_after_next_breaks_it() {
+    if skipped("sqs:fifo") {
+        return;
+    }
+    let args = [
+        "--time-limit-s",
+        "15",
+        "--nemesis",
+        "db-error",
+        "--visibility-timeout-ms",
+        "1000",
+        "--concurrency",
+        "2",
+        "--ordered-keys",
+        "2",
+    ];
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, results, _) = run(tmp.path(), "sqs:fifo", &args);
+    assert_eq!(out.status.code(), Some(0), "{}", why(&out, &results));
+    let order = &results["order"];
+    assert!(order["pairs_checked"].as_u64().unwrap() > 1000, "{order}");
+    assert_eq!(results["anomalies"]["reordered"]["count"], 0, "{order}");
+    // The failed applies met later orders of their key in their batch, and
+    // held them back.
+    let logs = latest(tmp.path()).join("logs");
+    let held: usize = std::fs::read_dir(&logs)
+        .unwrap()
+        .map(|f| std::fs::read_to_string(f.unwrap().path()).unwrap_or_default())
+        .map(|log| log.matches("handed back behind it, unapplied").count())
+        .sum();
+    assert!(held > 0, "no delivery was held back behind a failed one: {}", logs.display());
+
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, results, _) = run(tmp.path(), "sqs:fifo", &[&args[..], &["--bug", "retry-after-next"]].concat());
+    assert_eq!(out.status.code(), Some(1), "{}", why(&out, &results));
+    assert!(results["anomalies"]["reordered"]["count"].as_u64().unwrap() > 0, "{}", results["order"]);
+}
+
 /// MQTT resends an unacked message only to a reconnecting session: the
 /// consumer reconnects once a delivery has waited past the visibility
 /// timeout for its ack. Without `broker-restart`: after a restart mosquitto
