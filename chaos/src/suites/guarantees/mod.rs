@@ -595,10 +595,12 @@ pub async fn run(options: &GuaranteesOptions, mut progress: impl FnMut(&str)) ->
                 progress(&match &run.error {
                     Some(e) => format!("{name:<32} seed {seed:<3} ERROR {e}"),
                     None => format!(
-                        "{name:<32} seed {seed:<3} lost {}  delivered twice {}  applied twice {}{}",
+                        "{name:<32} seed {seed:<3} lost {}  delivered twice {}  applied twice {}  overtaken {} of {} pairs{}",
                         run.lost,
                         run.delivered_more_than_once.map_or("-".into(), |d| d.to_string()),
                         run.applied_more_than_once,
+                        run.overtaken,
+                        run.order_pairs,
                         run.repair
                             .as_ref()
                             .map_or(String::new(), |r| format!("  reconcile re-enqueued {}", r.requeued))
