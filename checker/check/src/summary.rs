@@ -55,10 +55,22 @@ fn faults_table(out: &mut String, results: &Results) {
             quiet.join(", ")
         ),
     };
+    // With the order check, a column of the orders overtaken in each window.
+    let order = windows.iter().any(|w| w.overtaken.is_some());
     let _ = writeln!(
         out,
-        "  {:<28} {:>13} {:>6} {:>6} {:>6} {:>8} {:>7} {:>7} {:>8} {:>5}",
-        "fault target", "from-to (s)", "ops", "failed", "indet", "p99 ms", "events", "redeliv", "absorbed", "twice"
+        "  {:<28} {:>13} {:>6} {:>6} {:>6} {:>8} {:>7} {:>7} {:>8} {:>5}{}",
+        "fault target",
+        "from-to (s)",
+        "ops",
+        "failed",
+        "indet",
+        "p99 ms",
+        "events",
+        "redeliv",
+        "absorbed",
+        "twice",
+        if order { " overtaken" } else { "" }
     );
     let figure = |n: Option<u64>| n.map_or("-".to_owned(), thousands);
     for w in windows {
@@ -68,7 +80,7 @@ fn faults_table(out: &mut String, results: &Results) {
         };
         let _ = writeln!(
             out,
-            "  {:<28} {span:>13} {:>6} {:>6} {:>6} {:>8} {:>7} {:>7} {:>8} {:>5}{}",
+            "  {:<28} {span:>13} {:>6} {:>6} {:>6} {:>8} {:>7} {:>7} {:>8} {:>5}{}{}",
             format!("{} {}", w.fault, w.target),
             thousands(w.ops_invoked),
             figure(w.ops_failed),
@@ -78,6 +90,7 @@ fn faults_table(out: &mut String, results: &Results) {
             figure(w.redelivered_events),
             figure(w.duplicates_absorbed),
             figure(w.applied_more_than_once),
+            if order { format!(" {:>9}", figure(w.overtaken)) } else { String::new() },
             if w.left_no_trace() { "  no trace" } else { "" },
         );
     }
@@ -86,7 +99,6 @@ fn faults_table(out: &mut String, results: &Results) {
     }
 }
 
-/// `1204` as `1,204`.
 /// What the order check found, in one line.
 fn order_line(o: &crate::order::OrderReport) -> String {
     let mut line = format!(
@@ -102,6 +114,7 @@ fn order_line(o: &crate::order::OrderReport) -> String {
     line
 }
 
+/// `1204` as `1,204`.
 fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
