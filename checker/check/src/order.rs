@@ -71,7 +71,8 @@ pub struct OrderReport {
     pub skipped_examples: Vec<Skipped>,
     /// One key's orders as the report plots them: the key with the most
     /// overtaken orders (the busiest when none was), up to
-    /// [`KEY_TRACE_MAX`] of its orders, the first acknowledged first.
+    /// [`KEY_TRACE_MAX`] of its orders around its first overtaken one (its
+    /// first when none was), the first acknowledged first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_trace: Option<KeyTrace>,
     /// When each overtaken order first took effect (`applied_at_ms`): what
@@ -91,8 +92,15 @@ pub struct KeyTrace {
     /// `[ok_ns, key_seq, overtaken (0 or 1)]`, by `ok_ns`.
     pub orders: Vec<[u64; 3]>,
     /// Orders of the key acknowledged and applied, of which `orders` holds
-    /// the first [`KEY_TRACE_MAX`].
+    /// at most [`KEY_TRACE_MAX`].
     pub of: u64,
+    /// The place of `orders`' first among them, from 1.
+    #[serde(default = "one")]
+    pub from: u64,
+}
+
+fn one() -> u64 {
+    1
 }
 
 /// An overtaken order: `later` was invoked after `earlier` was acknowledged,
@@ -181,16 +189,21 @@ pub fn check(fold: &Fold, claim: Claim) -> Option<OrderReport> {
     Some(report)
 }
 
-/// The first [`KEY_TRACE_MAX`] acknowledged orders of a key, by their `ok`.
+/// Up to [`KEY_TRACE_MAX`] acknowledged orders of a key, by their `ok`:
+/// those around its first overtaken order (half before it), or its first.
 fn key_trace(key: &str, mut orders: Vec<Applied>) -> KeyTrace {
     orders.retain(|a| a.ok_ns.is_some());
     orders.sort_unstable_by_key(|a| a.ok_ns);
     let of = orders.len() as u64;
+    let first_overtaken = orders.iter().position(|a| a.overtaken).unwrap_or(0);
+    let start = first_overtaken.saturating_sub(KEY_TRACE_MAX / 2).min(orders.len().saturating_sub(KEY_TRACE_MAX));
+    orders.drain(..start);
     orders.truncate(KEY_TRACE_MAX);
     KeyTrace {
         key: key.to_owned(),
         orders: orders.iter().map(|a| [a.ok_ns.unwrap_or_default(), a.key_seq, u64::from(a.overtaken)]).collect(),
         of,
+        from: start as u64 + 1,
     }
 }
 

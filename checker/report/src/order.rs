@@ -49,7 +49,12 @@ pub fn section(h: &mut String, results: &Results, axis: &TimeAxis) {
              an overtaken order is red, below the orders acknowledged before it.</p>",
             esc(&trace.key),
             if trace.of > trace.orders.len() as u64 {
-                format!("the first {} of {} acknowledged orders", trace.orders.len(), trace.of)
+                format!(
+                    "its {}th to {}th of {} acknowledged orders, around its first overtaken one",
+                    trace.from,
+                    trace.from + trace.orders.len() as u64 - 1,
+                    trace.of
+                )
             } else {
                 format!("{} acknowledged orders", trace.of)
             }
@@ -84,8 +89,9 @@ fn overtaken(
 
 /// One key: acknowledgement rank against application rank.
 fn key_plot(trace: &KeyTrace) -> Result<String, Box<dyn Error>> {
-    let n = trace.orders.len().max(1) as u64;
-    let y_max = trace.orders.iter().map(|o| o[1]).max().unwrap_or(1).max(n);
+    let (from, n) = (trace.from.max(1), trace.orders.len().max(1) as u64);
+    let y_lo = trace.orders.iter().map(|o| o[1]).min().unwrap_or(1).min(from);
+    let y_hi = trace.orders.iter().map(|o| o[1]).max().unwrap_or(1).max(from + n - 1);
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (WIDTH_PX, 320)).into_drawing_area();
@@ -94,7 +100,7 @@ fn key_plot(trace: &KeyTrace) -> Result<String, Box<dyn Error>> {
             .margin(MARGIN_PX)
             .x_label_area_size(X_LABEL_AREA_PX)
             .y_label_area_size(Y_LABEL_AREA_PX)
-            .build_cartesian_2d(0u64..n + 1, 0u64..y_max + 1)?;
+            .build_cartesian_2d(from - 1..from + n, y_lo - 1..y_hi + 1)?;
         chart
             .configure_mesh()
             .light_line_style(RGBColor(0xee, 0xee, 0xee))
@@ -110,7 +116,7 @@ fn key_plot(trace: &KeyTrace) -> Result<String, Box<dyn Error>> {
                 .iter()
                 .enumerate()
                 .filter(move |(_, o)| o[2] == overtaken)
-                .map(move |(i, o)| Circle::new((i as u64 + 1, o[1]), 2, color.filled()))
+                .map(move |(i, o)| Circle::new((from + i as u64, o[1]), 2, color.filled()))
         };
         chart.draw_series(points(0, IN_PLACE_COLOR))?;
         chart.draw_series(points(1, OVERTAKEN_COLOR))?;

@@ -251,7 +251,9 @@ impl Worker {
                     self.park(source, received, &why).await
                 }
                 Err(e) if source.is_broker() => self.park(source, received, &format!("unreadable payload: {e}")).await,
-                Err(e) => self.retry(source, received, &format!("unreadable payload: {e}"), rng).await,
+                Err(e) => {
+                    self.retry(source, received, &format!("unreadable payload: {e}"), rng).await;
+                }
             }
         }
         if ready.is_empty() {
@@ -283,8 +285,10 @@ impl Worker {
             // backoff while the next of its key is applied.
             if let Err(e) = self.apply_and_ack(source, &one, rng).await {
                 let error = format!("{e}: {:?}", std::error::Error::source(&e));
-                self.retry(source, received, &error, rng).await;
-                failed_keys.extend(key);
+                // Parked, it holds nothing back: its key goes on without it.
+                if self.retry(source, received, &error, rng).await {
+                    failed_keys.extend(key);
+                }
             }
         }
     }
@@ -486,20 +490,23 @@ impl Worker {
     }
 
     /// A delivery that failed: retried later with backoff, or dead-lettered
-    /// after its last delivery.
-    async fn retry(&self, source: &mut Source, received: &Received, error: &str, rng: &mut Rng) {
+    /// after its last delivery. Returns whether it is to come again.
+    async fn retry(&self, source: &mut Source, received: &Received, error: &str, rng: &mut Rng) -> bool {
         let started = Instant::now();
         let leased = &received.leased;
         if source.is_broker() && leased.delivery_count >= i64::from(self.config.delivery_attempts_max) {
             self.park(source, received, error).await;
-            return;
+            return false;
         }
         let span = self.delivery_span(leased);
         let exemplar = self.observe_delivery(leased, tracing_context::trace_id(&span));
         self.count("failed", &exemplar);
         let delay = self.config.backoff.delay(leased.delivery_count as u32, rng.unit());
         let retry_in_ms = delay.as_millis() as u64;
-        match source.retry(self, received, error, delay).instrument(span.clone()).await {
+        let outcome = source.retry(self, received, error, delay).instrument(span.clone()).await;
+        // An error leaves it to its lease, which brings it back too.
+        let again = matches!(outcome, Ok(Failed::Retrying | Failed::LeaseLost) | Err(_));
+        match outcome {
             Ok(Failed::DeadLettered) => {
                 self.count("dead_lettered", &exemplar);
                 span.in_scope(|| tracing::warn!(%error, "dead-lettered"));
@@ -515,6 +522,7 @@ impl Worker {
         if !source.is_broker() {
             self.metrics.processing_duration.observe(started.elapsed().as_secs_f64(), Some(exemplar), None);
         }
+        again
     }
 }
 

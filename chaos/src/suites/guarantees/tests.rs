@@ -59,6 +59,8 @@ fn a_key_order_claim_is_judged_by_the_orders_overtaken() {
     assert_eq!(table::order_kept(&broken), "per-key: NO, 3 overtaken");
     let unchecked = Row::new(fifo, true, vec![FaultRun { order_pairs: 0, ..run(1, 0, Some(1), 0) }], t());
     assert_eq!(unchecked.matches_claim, None, "no pair checked: the order claim was not measured");
+    let lost_unchecked = Row::new(fifo, true, vec![FaultRun { order_pairs: 0, ..run(1, 2, Some(1), 0) }], t());
+    assert_eq!(lost_unchecked.matches_claim, Some(false), "a loss is a contradiction whatever the order showed");
     let figures = Row::new(db, true, vec![overtaken(1, 7)], t());
     assert_eq!(figures.matches_claim, Some(true), "the database queue claims no order");
     assert_eq!(table::order_kept(&figures), "none: 7 overtaken");
