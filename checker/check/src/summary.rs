@@ -111,6 +111,10 @@ fn order_line(o: &crate::order::OrderReport) -> String {
         line.push_str(&format!(" (first: {} before {} on {})", ex.later, ex.earlier, ex.key));
     }
     line.push_str(&format!(", {} skipped", thousands(o.skipped)));
+    line.push_str(match o.claim {
+        crate::order::Claim::PerKey => " (order claimed per key: an overtaken order is reordered)",
+        crate::order::Claim::None => " (no order claimed: figures)",
+    });
     line
 }
 
