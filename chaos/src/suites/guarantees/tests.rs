@@ -1,4 +1,5 @@
 use super::*;
+use haunt_transport::Guarantee;
 
 fn run(seed: u64, lost: u64, delivered_twice: Option<u64>, applied_twice: u64) -> FaultRun {
     FaultRun {
