@@ -75,9 +75,14 @@ pub struct OrderReport {
     /// first when none was), the first acknowledged first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_trace: Option<KeyTrace>,
-    /// When each overtaken order first took effect (`applied_at_ms`): what
-    /// the fault windows and the time series count. Not in `results.json`.
-    #[serde(skip)]
+}
+
+/// The order check of a run: its report, and when each overtaken order
+/// first took effect (`applied_at_ms`), which the fault windows and the
+/// time series count.
+#[derive(Debug, Default)]
+pub struct Checked {
+    pub report: OrderReport,
     pub overtaken_at_ms: Vec<i64>,
 }
 
@@ -141,7 +146,7 @@ struct Applied {
 
 /// The order figures of a checked run, or `None` when its applications
 /// carry no place in their key's order (nothing to judge from).
-pub fn check(fold: &Fold, claim: Claim) -> Option<OrderReport> {
+pub fn check(fold: &Fold, claim: Claim) -> Option<Checked> {
     if fold.key_seq_lines == 0 {
         return None;
     }
@@ -168,25 +173,25 @@ pub fn check(fold: &Fold, claim: Claim) -> Option<OrderReport> {
             _ => {}
         }
     }
-    let mut report = OrderReport { claim, ..OrderReport::default() };
+    let mut checked = Checked { report: OrderReport { claim, ..OrderReport::default() }, ..Checked::default() };
     // The key the report plots: the most overtaken, then the most orders.
     let mut traced: Option<((u64, usize), u32, Vec<Applied>)> = None;
     for (key, mut orders) in applied.into_iter().enumerate() {
         if orders.is_empty() {
             continue;
         }
-        report.keys += 1;
+        checked.report.keys += 1;
         let name = fold.strings.name(key as u32);
-        let before = report.inversions;
-        pairs_and_inversions(fold, name, &mut orders, &mut report);
-        skipped(fold, name, &orders, &unapplied[key], &mut report);
-        let rank = (report.inversions - before, orders.len());
+        let before = checked.report.inversions;
+        pairs_and_inversions(fold, name, &mut orders, &mut checked);
+        skipped(fold, name, &orders, &unapplied[key], &mut checked.report);
+        let rank = (checked.report.inversions - before, orders.len());
         if traced.as_ref().is_none_or(|(best, _, _)| rank > *best) {
             traced = Some((rank, key as u32, orders));
         }
     }
-    report.key_trace = traced.map(|(_, key, orders)| key_trace(fold.strings.name(key), orders));
-    Some(report)
+    checked.report.key_trace = traced.map(|(_, key, orders)| key_trace(fold.strings.name(key), orders));
+    Some(checked)
 }
 
 /// Up to [`KEY_TRACE_MAX`] acknowledged orders of a key, by their `ok`:
@@ -208,7 +213,8 @@ fn key_trace(key: &str, mut orders: Vec<Applied>) -> KeyTrace {
 }
 
 /// Counts a key's pairs fixed in real time and its overtaken orders.
-fn pairs_and_inversions(fold: &Fold, key: &str, orders: &mut [Applied], report: &mut OrderReport) {
+fn pairs_and_inversions(fold: &Fold, key: &str, orders: &mut [Applied], checked: &mut Checked) {
+    let report = &mut checked.report;
     let mut oks: Vec<u64> = orders.iter().filter_map(|a| a.ok_ns).collect();
     oks.sort_unstable();
     for b in orders.iter() {
@@ -223,7 +229,7 @@ fn pairs_and_inversions(fold: &Fold, key: &str, orders: &mut [Applied], report: 
             && a.ok_ns.is_some_and(|ok| ok < b.invoke_ns)
         {
             report.inversions += 1;
-            report.overtaken_at_ms.push(b.applied_at_ms);
+            checked.overtaken_at_ms.push(b.applied_at_ms);
             b.overtaken = true;
             if report.inversion_examples.len() < crate::results::EXAMPLES_MAX {
                 report.inversion_examples.push(Inversion {

@@ -224,8 +224,11 @@ pub fn check(fold: &Fold, claim: Claim) -> Results {
     // Reported, not failures: recovered, dead_lettered and pending, in the tally.
     let counts = counts(fold, &tally, &stray_events);
     let delivery = delivery(fold, &mut tally, &stray_events);
-    let order = crate::order::check(fold, claim);
-    let overtaken_at_ms = order.as_ref().map(|o| o.overtaken_at_ms.as_slice());
+    let (order, overtaken_at_ms) = match crate::order::check(fold, claim) {
+        Some(c) => (Some(c.report), Some(c.overtaken_at_ms)),
+        None => (None, None),
+    };
+    let overtaken_at_ms = overtaken_at_ms.as_deref();
     let series = applications.finish(fold, tally.duplicates_absorbed.is_some(), overtaken_at_ms);
 
     let mut faults = fold.faults.clone();

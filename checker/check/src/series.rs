@@ -268,9 +268,7 @@ impl ApplicationSeries {
     /// clock) counts as its start.
     fn at(&mut self, applied_at_ms: i64) -> Option<&mut ApplicationsAt> {
         let t0 = self.started_at_ms?;
-        // i128: a foreign run's clocks can be anything an i64 holds.
-        let ns = ((i128::from(applied_at_ms) - i128::from(t0)) * 1_000_000).clamp(0, i128::from(u64::MAX));
-        Some(self.timeline.at(ns as u64))
+        Some(self.timeline.at(crate::windows::history_ns(applied_at_ms, t0)))
     }
 
     fn application(&mut self, applied_at_ms: i64, attempt: u32) {

@@ -125,6 +125,13 @@ struct EventFigures {
 /// Nanoseconds in a millisecond.
 const NS_PER_MS: i128 = 1_000_000;
 
+/// A database clock's `ms` on the history's clock, whose 0 is
+/// `run_started_at_ms`: in i128, since a foreign run's clocks can be
+/// anything an i64 holds, and before the start counts as the start.
+pub fn history_ns(ms: i64, run_started_at_ms: i64) -> u64 {
+    ((i128::from(ms) - i128::from(run_started_at_ms)) * NS_PER_MS).clamp(0, i128::from(u64::MAX)) as u64
+}
+
 impl Attribution {
     pub fn new(fold: &Fold) -> Self {
         Attribution {
@@ -146,8 +153,7 @@ impl Attribution {
             // Never applied: in the queue (or parked, or lost) until the final read.
             0 => (o.first_ok_ns.unwrap_or(o.first_invoke_ns), u64::MAX),
             _ => {
-                let applied_ms = i128::from(o.applied.min_applied_at_ms) - i128::from(run_started_at_ms);
-                let applied_ns = (applied_ms * NS_PER_MS).clamp(0, i128::from(u64::MAX)) as u64;
+                let applied_ns = history_ns(o.applied.min_applied_at_ms, run_started_at_ms);
                 match o.first_ok_ns {
                     Some(ok) if ok <= applied_ns => (ok, applied_ns),
                     // Applied before the ok arrived (or never acknowledged): the
@@ -200,7 +206,7 @@ pub fn count_overtaken(fold: &Fold, windows: &mut [FaultWindow], overtaken_at_ms
     }
     let mut hint = 0;
     for &ms in overtaken_at_ms {
-        let ns = ((i128::from(ms) - i128::from(t0)) * NS_PER_MS).clamp(0, i128::from(u64::MAX)) as u64;
+        let ns = history_ns(ms, t0);
         index.overlapping(ns, ns, &mut hint, |w| {
             if let Some(n) = windows[w].overtaken.as_mut() {
                 *n += 1;
