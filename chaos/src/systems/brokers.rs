@@ -28,11 +28,14 @@ pub enum Broker {
     Moto,
     /// tansu, a Kafka-compatible broker on SQLite.
     Tansu,
+    /// Google's Pub/Sub emulator, a Java server (in memory: a restart loses
+    /// every topic and subscription).
+    PubSub,
 }
 
 impl Broker {
-    pub const ALL: [Broker; 6] =
-        [Broker::RabbitMq, Broker::Redis, Broker::Nats, Broker::Mosquitto, Broker::Moto, Broker::Tansu];
+    pub const ALL: [Broker; 7] =
+        [Broker::RabbitMq, Broker::Redis, Broker::Nats, Broker::Mosquitto, Broker::Moto, Broker::Tansu, Broker::PubSub];
 
     /// The broker named `name` (as [`Broker::name`] spells it).
     pub fn from_name(name: &str) -> Option<Broker> {
@@ -47,6 +50,7 @@ impl Broker {
             Broker::Mosquitto => "mosquitto",
             Broker::Moto => "moto",
             Broker::Tansu => "tansu",
+            Broker::PubSub => "pubsub-emulator",
         }
     }
 
@@ -67,6 +71,16 @@ impl Broker {
             Broker::Mosquitto => [on_path("mosquitto"), vec!["/usr/sbin/mosquitto".into()]].concat(),
             Broker::Moto => [on_path("moto_server"), vec!["/usr/local/bin/moto_server".into()]].concat(),
             Broker::Tansu => [on_path("tansu"), vec![home.join(".cargo/bin/tansu")]].concat(),
+            // The Debian package google-cloud-cli-pubsub-emulator puts it
+            // under the SDK's platform directory, never on PATH.
+            Broker::PubSub => [
+                on_path("cloud-pubsub-emulator"),
+                vec![
+                    PUBSUB_EMULATOR.into(),
+                    home.join("google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator"),
+                ],
+            ]
+            .concat(),
         }
     }
 
@@ -78,10 +92,11 @@ impl Broker {
     }
 
     /// How long a start may take before the broker answers (RabbitMQ boots
-    /// an Erlang node: 7 to 15 s on 2 cores).
+    /// an Erlang node: 7 to 15 s on 2 cores; the Pub/Sub emulator a JVM, 2
+    /// to 15 s).
     pub fn start_limit(self) -> Duration {
         match self {
-            Broker::RabbitMq => Duration::from_secs(60),
+            Broker::RabbitMq | Broker::PubSub => Duration::from_secs(60),
             _ => Duration::from_secs(20),
         }
     }
@@ -127,6 +142,10 @@ impl Broker {
             Broker::Mosquitto => "/usr/sbin/mosquitto",
             Broker::Moto => "/usr/local/bin/moto_server",
             Broker::Tansu => anyhow::bail!("tansu has no container image here (it is not in Debian or PyPI)"),
+            Broker::PubSub => anyhow::bail!(
+                "the Pub/Sub emulator has no container image here (haunt-brokers is built from Debian's and PyPI's \
+                 packages; the emulator's apt source is not reachable): run pubsub transports on the local backend"
+            ),
         });
         self.lay_out(port, http_port, dir, "0.0.0.0", &program, ack_timeout)
     }
@@ -145,6 +164,8 @@ impl Broker {
             },
             Broker::Moto => Ready::Http(format!("http://127.0.0.1:{port}/moto-api/")),
             Broker::Tansu => Ready::Tcp(port),
+            // The emulator answers `GET /` with "Ok" once it serves.
+            Broker::PubSub => Ready::Http(format!("http://127.0.0.1:{port}/")),
         }
     }
 
@@ -246,6 +267,12 @@ impl Broker {
                 // Relative to its working directory, the data directory.
                 args.iter().chain(&["--storage-engine", "sqlite://tansu.db"]).map(|s| s.to_string()).collect()
             }
+            Broker::PubSub => {
+                // The launcher runs `java` with these options: a capped heap,
+                // and Netty on the heap rather than its pooled direct memory.
+                env.push(("CLOUD_PUBSUB_EMULATOR_OPTS".to_owned(), PUBSUB_JVM_OPTS.to_owned()));
+                vec![format!("--host={bind}"), format!("--port={port}")]
+            }
         };
         let program = if self == Broker::RabbitMq { PathBuf::from("/bin/sh") } else { program.to_owned() };
         let spec = NodeSpec { node, args, program: Some(program), env, cwd: Some(dir.clone()) };
@@ -263,6 +290,12 @@ impl Broker {
 /// first), which the patch also closes. `chaos/tests/it/moto_race.py`
 /// forces each. The broker's log says whether the patch took.
 pub const MOTO_DELETE_LOCKED: &str = include_str!("moto/sitecustomize.py");
+
+/// Where Debian's `google-cloud-cli-pubsub-emulator` installs the emulator's launcher.
+pub const PUBSUB_EMULATOR: &str = "/usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator";
+
+/// The emulator's JVM options: 512 MiB of heap at most.
+const PUBSUB_JVM_OPTS: &str = "-Xmx512m -Dio.netty.noPreferDirect=true -Dio.netty.allocator.type=unpooled";
 
 /// The line a patched moto writes to its log at start.
 pub const MOTO_PATCHED_LINE: &str = "haunt: moto's SQS delete runs under the queue's lock";

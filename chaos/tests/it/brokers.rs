@@ -4,7 +4,8 @@
 //!
 //! These need the servers `scripts/brokers` installs (`scripts/test` runs it).
 //! Without one, its test fails with directions, unless `HAUNT_SKIP_BROKERS=1`
-//! (or, for tansu, `HAUNT_SKIP_KAFKA=1`) says to skip it, and then each skip
+//! (or, for tansu, `HAUNT_SKIP_KAFKA=1`; for the Pub/Sub emulator,
+//! `HAUNT_SKIP_PUBSUB=1`) says to skip it, and then each skip
 //! is printed.
 
 use std::time::Duration;
@@ -14,7 +15,12 @@ use haunt_chaos::core::roles::Backend;
 use haunt_chaos::systems::brokers::{Broker, MOTO_DELETE_LOCKED, MOTO_PATCHED_LINE, Ready, free_ports};
 
 async fn lifecycle(broker: Broker) {
-    for opt_out in ["HAUNT_SKIP_BROKERS"].into_iter().chain((broker == Broker::Tansu).then_some("HAUNT_SKIP_KAFKA")) {
+    let own = match broker {
+        Broker::Tansu => Some("HAUNT_SKIP_KAFKA"),
+        Broker::PubSub => Some("HAUNT_SKIP_PUBSUB"),
+        _ => None,
+    };
+    for opt_out in ["HAUNT_SKIP_BROKERS"].into_iter().chain(own) {
         if std::env::var(opt_out).as_deref() == Ok("1") {
             eprintln!("SKIPPED: the {} server ({opt_out}=1)", broker.name());
             return;
@@ -130,4 +136,9 @@ fn moto_keeps_a_send_inside_a_delete_and_a_fifo_groups_order_with_haunts_patch()
         patched.contains("fifo in order"),
         "moto with the patch gave an expired group back out of order: {patched}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pubsub_emulator() {
+    lifecycle(Broker::PubSub).await;
 }

@@ -24,13 +24,16 @@
 //! - One module per broker, each behind a cargo feature of its name:
 //!   `rabbitmq` (a quorum queue, manual or automatic acks), `redis`
 //!   (Streams and Pub/Sub), `nats` (JetStream and core NATS), `mqtt`
-//!   (persistent sessions at QoS 0, 1, 2) and `sqs` (standard and FIFO
-//!   queues). Each module's doc says what its broker does with a lost ack.
+//!   (persistent sessions at QoS 0, 1, 2), `sqs` (standard and FIFO
+//!   queues) and `pubsub` (Google Pub/Sub's emulator: pull, exactly-once,
+//!   ordered). Each module's doc says what its broker does with a lost ack.
 
 #[cfg(feature = "mqtt")]
 mod mqtt;
 #[cfg(feature = "nats")]
 mod nats;
+#[cfg(feature = "pubsub")]
+mod pubsub;
 #[cfg(feature = "rabbitmq")]
 mod rabbitmq;
 #[cfg(feature = "redis")]
@@ -147,6 +150,7 @@ pub enum Kind {
     Nats,
     Mqtt,
     Sqs,
+    PubSub,
 }
 
 /// A transport's modes, each with what it claims.
@@ -168,6 +172,13 @@ const TRANSPORTS: &[(&str, Kind, Modes)] = &[
     // FIFO: deduplication by id within five minutes (moto's is narrower:
     // see the sqs module).
     ("sqs", Kind::Sqs, &[("standard", Guarantee::AtLeastOnce), ("fifo", Guarantee::ExactlyOnce)]),
+    // Exactly-once: no redelivery after an ack that succeeded (Google's
+    // claim, measured against its emulator in the contract tests).
+    (
+        "pubsub",
+        Kind::PubSub,
+        &[("pull", Guarantee::AtLeastOnce), ("exactly-once", Guarantee::ExactlyOnce), ("ordered", Guarantee::AtLeastOnce)],
+    ),
 ];
 
 /// A transport and its mode, parsed from `NAME[:MODE]`.
@@ -216,15 +227,16 @@ impl TransportSpec {
         self.guarantee
     }
 
-    /// What the broker promises about order in this mode. Only SQS FIFO
-    /// claims one among the transports here: a message group's next message
-    /// is not delivered while one before it is in flight. RabbitMQ keeps a
+    /// What the broker promises about order in this mode. SQS FIFO and
+    /// Pub/Sub with message ordering claim one: a message group's (an
+    /// ordering key's) next message is not delivered while one before it is
+    /// in flight. RabbitMQ keeps a
     /// queue's order for one consumer until a requeue, NATS JetStream a
     /// stream's for one pending ack, and Redis a stream's for one reader:
     /// with competing consumers, as haunt runs them, none of them claims it.
     pub fn order_claim(&self) -> OrderClaim {
         match (self.kind, self.mode) {
-            (Kind::Sqs, "fifo") => OrderClaim::PerKey,
+            (Kind::Sqs, "fifo") | (Kind::PubSub, "ordered") => OrderClaim::PerKey,
             _ => OrderClaim::None,
         }
     }
@@ -236,7 +248,7 @@ impl TransportSpec {
 
     /// The broker's server this transport needs, named as `haunt_chaos::systems::brokers`
     /// names it: both Redis transports run on one `redis-server`; MQTT runs
-    /// on mosquitto and SQS on moto's emulator.
+    /// on mosquitto, SQS on moto's emulator and Pub/Sub on Google's.
     pub fn server(&self) -> Option<&'static str> {
         match self.kind {
             Kind::Db => None,
@@ -245,15 +257,16 @@ impl TransportSpec {
             Kind::Nats => Some("nats"),
             Kind::Mqtt => Some("mosquitto"),
             Kind::Sqs => Some("moto"),
+            Kind::PubSub => Some("pubsub-emulator"),
         }
     }
 
     /// Whether the broker's server keeps what it confirmed through a crash.
-    /// moto, the SQS emulator, keeps its queues in memory: a restart of it
-    /// loses everything, which says nothing about SQS, so `broker-restart`
-    /// is not offered there.
+    /// moto, the SQS emulator, and Google's Pub/Sub emulator keep
+    /// everything in memory: a restart of either loses it all, which says
+    /// nothing about SQS or Pub/Sub, so `broker-restart` is not offered there.
     pub fn server_is_durable(&self) -> bool {
-        self.kind != Kind::Sqs
+        !matches!(self.kind, Kind::Sqs | Kind::PubSub)
     }
 
     /// Whether the relay can publish without waiting for a confirmation
@@ -290,9 +303,6 @@ fn open_row(name: &str) -> Option<&'static str> {
             "not written yet (issue 32): Apache Kafka's broker resolves from Maven Central on the machines \
              haunt is built on, and tansu from crates.io builds for about 50 minutes and has no transactions",
         ),
-        "pubsub" | "google-pubsub" | "gcp-pubsub" => {
-            Some("not written yet (issue 31): Google's Pub/Sub emulator is installed on the machines haunt is built on")
-        }
         _ => None,
     }
 }
@@ -513,6 +523,8 @@ pub async fn publisher(
         Kind::Mqtt => mqtt::publisher(spec, url, options).await,
         #[cfg(feature = "sqs")]
         Kind::Sqs => sqs::publisher(spec, url, options).await,
+        #[cfg(feature = "pubsub")]
+        Kind::PubSub => pubsub::publisher(spec, url, options).await,
         #[allow(unreachable_patterns)]
         _ => {
             let _ = (url, options);
@@ -535,6 +547,8 @@ pub async fn consumer(spec: TransportSpec, url: &str, options: &Options) -> Resu
         Kind::Mqtt => mqtt::consumer(spec, url, options).await,
         #[cfg(feature = "sqs")]
         Kind::Sqs => sqs::consumer(spec, url, options).await,
+        #[cfg(feature = "pubsub")]
+        Kind::PubSub => pubsub::consumer(spec, url, options).await,
         #[allow(unreachable_patterns)]
         _ => {
             let _ = (url, options);
@@ -557,6 +571,8 @@ pub async fn inspector(spec: TransportSpec, url: &str) -> Result<Box<dyn Inspect
         Kind::Mqtt => mqtt::inspector(spec, url).await,
         #[cfg(feature = "sqs")]
         Kind::Sqs => sqs::inspector(spec, url).await,
+        #[cfg(feature = "pubsub")]
+        Kind::PubSub => pubsub::inspector(spec, url).await,
         #[allow(unreachable_patterns)]
         _ => {
             let _ = url;
@@ -620,7 +636,7 @@ pub fn url(spec: TransportSpec, authority: &str) -> String {
         Kind::RedisStreams | Kind::RedisPubSub => format!("redis://{authority}/"),
         Kind::Nats => format!("nats://{authority}"),
         Kind::Mqtt => format!("mqtt://{authority}"),
-        Kind::Sqs => format!("http://{authority}"),
+        Kind::Sqs | Kind::PubSub => format!("http://{authority}"),
     }
 }
 
@@ -661,7 +677,9 @@ mod tests {
 
     #[test]
     fn a_bare_broker_name_takes_its_at_least_once_mode() {
-        for (bare, mode) in [("rabbitmq", "manual-ack"), ("nats", "jetstream"), ("mqtt", "qos1"), ("sqs", "standard")] {
+        for (bare, mode) in
+            [("rabbitmq", "manual-ack"), ("nats", "jetstream"), ("mqtt", "qos1"), ("sqs", "standard"), ("pubsub", "pull")]
+        {
             let spec: TransportSpec = bare.parse().unwrap();
             assert_eq!((spec.mode(), spec.claim()), (mode, Guarantee::AtLeastOnce), "{bare}");
             // A transport with several modes always prints its mode.
@@ -669,7 +687,7 @@ mod tests {
         }
         let claims: Vec<(String, Guarantee)> = TransportSpec::all()
             .into_iter()
-            .filter(|s| matches!(s.kind, Kind::RabbitMq | Kind::Nats | Kind::Mqtt | Kind::Sqs))
+            .filter(|s| matches!(s.kind, Kind::RabbitMq | Kind::Nats | Kind::Mqtt | Kind::Sqs | Kind::PubSub))
             .map(|s| (s.to_string(), s.claim()))
             .collect();
         let want = [
@@ -682,6 +700,9 @@ mod tests {
             ("mqtt:qos2", Guarantee::ExactlyOnce),
             ("sqs:standard", Guarantee::AtLeastOnce),
             ("sqs:fifo", Guarantee::ExactlyOnce),
+            ("pubsub:pull", Guarantee::AtLeastOnce),
+            ("pubsub:exactly-once", Guarantee::ExactlyOnce),
+            ("pubsub:ordered", Guarantee::AtLeastOnce),
         ];
         assert_eq!(claims, want.map(|(n, g)| (n.to_owned(), g)));
     }
@@ -693,7 +714,7 @@ mod tests {
             .filter(|s| s.order_claim() == OrderClaim::PerKey)
             .map(|s| s.to_string())
             .collect();
-        assert_eq!(claiming, ["sqs:fifo"]);
+        assert_eq!(claiming, ["sqs:fifo", "pubsub:ordered"]);
         assert_eq!(TransportSpec::default().order_claim(), OrderClaim::None, "the database queue claims none");
         assert_eq!(serde_json::to_value(OrderClaim::PerKey).unwrap(), serde_json::json!("per-key"));
         assert_eq!(OrderClaim::PerKey.name(), "per-key");
@@ -707,6 +728,7 @@ mod tests {
             ("nats:core", "nats", "nats://127.0.0.1:5000"),
             ("mqtt:qos2", "mosquitto", "mqtt://127.0.0.1:5000"),
             ("sqs:fifo", "moto", "http://127.0.0.1:5000"),
+            ("pubsub:ordered", "pubsub-emulator", "http://127.0.0.1:5000"),
         ] {
             let spec: TransportSpec = spelled.parse().unwrap();
             assert_eq!((spec.server(), local_url(spec, addr).as_str()), (Some(server), url), "{spelled}");
@@ -723,7 +745,7 @@ mod tests {
 
     #[test]
     fn the_open_rows_of_the_table_are_refused_with_their_reason() {
-        for spelled in ["kafka", "kafka:transactions", "kafka:at-least-once", "pubsub"] {
+        for spelled in ["kafka", "kafka:transactions", "kafka:at-least-once"] {
             let e = spelled.parse::<TransportSpec>().unwrap_err();
             assert!(matches!(e, SpecError::Open { .. }), "{spelled}: {e:?}");
             let text = e.to_string();
