@@ -195,6 +195,8 @@ impl Api {
 
     /// Creates what `path` names unless it exists (409).
     async fn create(&self, path: &str, body: &Value) -> Result<(), TransportError> {
+        let name = path.rsplit('/').next().unwrap_or(path);
+        check_name(name).map_err(|why| broker(format!("creating {path}: {why}")))?;
         match self.call(reqwest::Method::PUT, path, body).await {
             Ok(_) => Ok(()),
             Err(Refused { status: Some(409), .. }) => Ok(()),
@@ -238,6 +240,23 @@ impl Api {
     async fn acknowledge(&self, subscription: &str, ack_ids: &[&str]) -> Result<(), Refused> {
         let body = json!({ "ackIds": ack_ids });
         self.post(&format!("subscriptions/{subscription}:acknowledge"), &body).await.map(drop)
+    }
+}
+
+/// Pub/Sub's rule for a topic's or a subscription's name, checked before
+/// the request so that a bad one is named here rather than refused with
+/// the API's bare `Invalid [topics] name`.
+fn check_name(name: &str) -> Result<(), String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "-_.~+%".contains(c);
+    if !(3..=255).contains(&name.len()) {
+        return Err(format!("the name {name:?} is not 3 to 255 characters long"));
+    }
+    if !name.starts_with(|c: char| c.is_ascii_alphabetic()) || name.starts_with("goog") {
+        return Err(format!("the name {name:?} must start with a letter, and not with \"goog\""));
+    }
+    match name.chars().find(|c| !allowed(*c)) {
+        Some(c) => Err(format!("the name {name:?} has {c:?}: only letters, digits and - _ . ~ + % are allowed")),
+        None => Ok(()),
     }
 }
 
@@ -573,6 +592,30 @@ mod tests {
         assert!(message(&envelope, false).get("orderingKey").is_none(), "no key where order is not asked for");
         let unkeyed = Envelope { key: None, ..envelope };
         assert!(message(&unkeyed, true).get("orderingKey").is_none());
+    }
+
+    #[test]
+    fn every_name_haunt_uses_is_one_pubsub_takes_and_a_bad_one_is_named() {
+        for mode in [Mode::Pull, Mode::ExactlyOnce, Mode::Ordered] {
+            assert_eq!(check_name(mode.subscription()), Ok(()));
+        }
+        assert_eq!((check_name(TOPIC), check_name(DEAD_TOPIC)), (Ok(()), Ok(())));
+        for (bad, why) in [("t1", "3 to 255"), ("1orders", "start with a letter"), ("google.x", "goog"), ("a b c", "' '")]
+        {
+            let e = check_name(bad).unwrap_err();
+            assert!(e.contains(bad) && e.contains(why), "{bad}: {e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_emulator_that_does_not_answer_is_named_in_the_error() {
+        let spec: TransportSpec = "pubsub".parse().unwrap();
+        // A port nothing listens on: bound, then let go.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let url = format!("http://127.0.0.1:{port}");
+        let e = crate::consumer(spec, &url, &Options::default()).await.unwrap_err();
+        let text = e.to_string();
+        assert!(text.starts_with("pubsub: creating topics/haunt.orders") && text.contains(&url), "{text}");
     }
 
     #[test]
