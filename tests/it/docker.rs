@@ -368,3 +368,15 @@ fn a_docker_run_over_a_mosquitto_container_is_valid_under_consumer_faults() {
 fn a_docker_run_over_a_moto_sqs_container_is_valid_under_consumer_faults() {
     a_docker_run_over_a_broker_container_is_valid("sqs", false);
 }
+
+/// Google's Pub/Sub emulator in the brokers' image (copied from the host,
+/// on Debian's Java); without the broker's restart: it keeps everything in
+/// memory.
+#[test]
+fn a_docker_run_over_a_pubsub_emulator_container_is_valid_under_consumer_faults() {
+    if std::env::var("HAUNT_SKIP_PUBSUB").as_deref() == Ok("1") {
+        eprintln!("SKIPPED: a docker run over a pubsub container (HAUNT_SKIP_PUBSUB=1)");
+        return;
+    }
+    a_docker_run_over_a_broker_container_is_valid("pubsub", false);
+}

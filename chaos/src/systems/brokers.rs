@@ -142,10 +142,8 @@ impl Broker {
             Broker::Mosquitto => "/usr/sbin/mosquitto",
             Broker::Moto => "/usr/local/bin/moto_server",
             Broker::Tansu => anyhow::bail!("tansu has no container image here (it is not in Debian or PyPI)"),
-            Broker::PubSub => anyhow::bail!(
-                "the Pub/Sub emulator has no container image here (haunt-brokers is built from Debian's and PyPI's \
-                 packages; the emulator's apt source is not reachable): run pubsub transports on the local backend"
-            ),
+            // Copied in from the host by scripts/images, where the host has it.
+            Broker::PubSub => PUBSUB_EMULATOR_IN_IMAGE,
         });
         self.lay_out(port, http_port, dir, "0.0.0.0", &program, ack_timeout)
     }
@@ -293,6 +291,11 @@ pub const MOTO_DELETE_LOCKED: &str = include_str!("moto/sitecustomize.py");
 
 /// Where Debian's `google-cloud-cli-pubsub-emulator` installs the emulator's launcher.
 pub const PUBSUB_EMULATOR: &str = "/usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator";
+
+/// Where `docker/brokers` puts the emulator (copied from the host's
+/// [`PUBSUB_EMULATOR`]); an image built on a host without one lacks it, and
+/// the broker's container then exits naming the missing file.
+pub const PUBSUB_EMULATOR_IN_IMAGE: &str = "/opt/pubsub-emulator/bin/cloud-pubsub-emulator";
 
 /// The emulator's JVM options: 512 MiB of heap at most.
 const PUBSUB_JVM_OPTS: &str = "-Xmx512m -Dio.netty.noPreferDirect=true -Dio.netty.allocator.type=unpooled";
