@@ -229,7 +229,7 @@ async fn at_least_once(broker: Broker, spelled: &str, redelivery: Redelivery, re
         // A count while `a` holds deliveries would miss them: refused.
         let refused = inspector.depth().await;
         assert!(refused.is_err(), "{spelled}: a count that cannot see what a live consumer holds: {refused:?}");
-    } else {
+    } else if !depth_pulls {
         unacked_seen(&inspector.depth().await.unwrap());
     }
 
@@ -238,6 +238,12 @@ async fn at_least_once(broker: Broker, spelled: &str, redelivery: Redelivery, re
     let mut b = match redelivery {
         Redelivery::AfterTimeout => {
             drop(a);
+            if depth_pulls {
+                // Pub/Sub's consumer extends the deadlines of the batch it
+                // holds while it lives: the inspector's pulls see the batch
+                // once its holder is gone and the deadline has run out.
+                unacked_seen(&inspector.depth().await.unwrap());
+            }
             haunt_transport::consumer(spec, &url, &options("b")).await.unwrap()
         }
         Redelivery::OnClose => {
@@ -617,6 +623,10 @@ async fn pubsub_exactly_once_on_the_emulator_keeps_acks_final_and_refuses_stale_
         assert_eq!(got.len(), 30, "{spelled}: each message once: {got:?}");
         let (in_time, late) = got.split_at(20);
         assert_eq!(acks_taken(a.as_mut(), in_time).await, 20, "{spelled}: acks within the deadline");
+        // `a` moves on, as a worker's next receive does: the 10 it did not
+        // ack are no longer extended, and run out their deadline.
+        let more = a.receive(30, Duration::ZERO).await.unwrap();
+        assert!(more.is_empty(), "{spelled}: delivered again within the deadline: {more:?}");
         let mut b = haunt_transport::consumer(spec, &url, &pubsub_options("b", Duration::from_secs(30))).await.unwrap();
         let again = receive_all(b.as_mut(), 10, Duration::from_secs(10)).await;
         let stale = acks_taken(a.as_mut(), late).await;
@@ -702,4 +712,29 @@ async fn pubsub_ordered_on_the_emulator_a_nack_breaks_a_keys_order_and_a_deadlin
         c.ack(&receipts).await.unwrap();
     }
     assert_eq!(order, ["m010", "m011"], "a delivery the consumer gave back came after its key's next message");
+}
+
+/// A batch a consumer still works on (a slow apply, a retry's backoff) is
+/// kept from other consumers past its deadline: the consumer extends it
+/// while it holds it. Once it moves on to its next receive without acking
+/// (the `ack-loss` fault's case), the batch runs out its deadline and goes
+/// to another consumer.
+#[tokio::test(flavor = "multi_thread")]
+async fn pubsub_a_batch_in_hand_is_extended_until_its_consumer_moves_on() {
+    let Some((_server, spec, url)) = pubsub("pubsub:pull").await else { return };
+    let deadline = Duration::from_secs(1);
+    let mut publisher = haunt_transport::publisher(spec, &url, &Options::default()).await.unwrap();
+    publisher.publish(&envelopes(0, 5)).await.unwrap();
+    let mut a = haunt_transport::consumer(spec, &url, &pubsub_options("a", deadline)).await.unwrap();
+    let mut b = haunt_transport::consumer(spec, &url, &pubsub_options("b", deadline)).await.unwrap();
+    let held = receive_all(a.as_mut(), 5, Duration::from_secs(10)).await;
+    // Three deadlines later, still `a`'s.
+    tokio::time::sleep(deadline * 3).await;
+    let stolen = b.receive(10, Duration::from_millis(1000)).await.unwrap();
+    assert!(stolen.is_empty(), "a batch in hand went to another consumer: {stolen:?}");
+    let more = a.receive(10, Duration::ZERO).await.unwrap();
+    assert!(more.is_empty(), "{more:?}");
+    let again = receive_all(b.as_mut(), 5, Duration::from_secs(10)).await;
+    assert_eq!(ids(&again), ids(&held), "the batch let go comes to another consumer");
+    assert!(again.iter().all(|d| d.delivery_count >= 2), "{again:?}");
 }

@@ -17,9 +17,13 @@
 //!   deadline to `Options::visibility_timeout` with `modifyAckDeadline`,
 //!   and acks after the effect commits. **A delivery not acked within its
 //!   deadline is delivered again, to any worker**, whether the first died
-//!   or is only slow; a nack (`modifyAckDeadline` 0) brings it back at once.
-//!   A worker that dies right after a pull, before it set the deadline,
-//!   costs the subscription's own deadline: 10 s, Pub/Sub's least.
+//!   or is only stopped; a nack (`modifyAckDeadline` 0) brings it back at
+//!   once. While the worker is still on a batch (its apply is slow, or waits
+//!   out a retry's backoff) the consumer extends the batch's deadlines every
+//!   half deadline, for at most a minute, as Google's client libraries do;
+//!   its next receive ends that, so an ack the `ack-loss` fault dropped is
+//!   not extended. A worker that dies right after a pull, before it set the
+//!   deadline, costs the subscription's own deadline: 10 s, Pub/Sub's least.
 //! - `pubsub:exactly-once` (`…exactly-once`, `enableExactlyOnceDelivery`):
 //!   Google's claim is that a message whose ack succeeded is not delivered
 //!   again, and that an ack after the deadline fails. Each ack is its own
@@ -307,7 +311,52 @@ pub(crate) async fn consumer(
     let api = Api::new(url)?;
     let mode = Mode::of(spec);
     api.declare(mode).await?;
-    Ok(Box::new(PubSubConsumer { api, mode, deadline_s: deadline_s(options.visibility_timeout) }))
+    let deadline_s = deadline_s(options.visibility_timeout);
+    let in_hand = std::sync::Arc::new(tokio::sync::Mutex::new(InHand::default()));
+    let extender = tokio::spawn(extend_in_hand(api.clone(), mode, deadline_s, in_hand.clone()));
+    Ok(Box::new(PubSubConsumer { api, mode, deadline_s, in_hand, extender }))
+}
+
+/// The longest a batch in hand is kept from redelivery by extensions.
+const EXTENSION_MAX: Duration = Duration::from_secs(60);
+
+/// The deliveries of the batch a consumer is working on: from its receive
+/// until each is acked or given back, or the consumer's next receive (a
+/// consumer's loop works one batch at a time, so what is left then was let
+/// go without an ack: the `ack-loss` fault).
+#[derive(Debug, Default)]
+struct InHand {
+    ack_ids: Vec<String>,
+    since: Option<Instant>,
+}
+
+impl InHand {
+    fn let_go(&mut self, receipts: &[Receipt]) {
+        self.ack_ids.retain(|id| !receipts.iter().any(|r| r.0 == *id));
+    }
+}
+
+/// Extends the deadlines of the batch in hand every half deadline, for at
+/// most [`EXTENSION_MAX`], as Google's client libraries manage a lease: a
+/// batch still being applied is not delivered to another consumer, and a
+/// consumer that dies or stops (this task dies or stops with it) lets its
+/// batch come back after one deadline. The lock is held across the request,
+/// so an ack or a nack never lands before an extension of the same delivery.
+async fn extend_in_hand(api: Api, mode: Mode, deadline_s: u64, in_hand: std::sync::Arc<tokio::sync::Mutex<InHand>>) {
+    let every = Duration::from_secs(deadline_s).mul_f64(0.5).max(Duration::from_millis(500));
+    loop {
+        tokio::time::sleep(every).await;
+        let batch = in_hand.lock().await;
+        let held = batch.since.is_some_and(|t| t.elapsed() >= every && t.elapsed() < EXTENSION_MAX);
+        if !held || batch.ack_ids.is_empty() {
+            continue;
+        }
+        let ids: Vec<&str> = batch.ack_ids.iter().map(String::as_str).collect();
+        match api.modify_deadline(mode.subscription(), &ids, deadline_s).await {
+            Ok(()) => tracing::debug!(deliveries = ids.len(), deadline_s, "extended the batch in hand"),
+            Err(e) => tracing::debug!(error = %e, "extending the batch in hand failed: it may come back"),
+        }
+    }
 }
 
 pub(crate) async fn inspector(spec: TransportSpec, url: &str) -> Result<Box<dyn Inspector>, TransportError> {
@@ -377,14 +426,24 @@ impl Publisher for PubSubPublisher {
 struct PubSubConsumer {
     api: Api,
     mode: Mode,
-    /// Each delivery's ack deadline, set on receipt.
+    /// Each delivery's ack deadline, set on receipt and extended while in hand.
     deadline_s: u64,
+    in_hand: std::sync::Arc<tokio::sync::Mutex<InHand>>,
+    extender: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for PubSubConsumer {
+    fn drop(&mut self) {
+        self.extender.abort();
+    }
 }
 
 impl Consumer for PubSubConsumer {
     fn receive(&mut self, max: usize, wait: Duration) -> BoxFuture<'_, Result<Vec<Delivery>, TransportError>> {
         Box::pin(async move {
             let subscription = self.mode.subscription();
+            // The batch before this one is done with: what it did not ack is not extended.
+            *self.in_hand.lock().await = InHand::default();
             let until = Instant::now() + wait;
             let pulled = loop {
                 let pulled = self.api.pull(subscription, max).await?;
@@ -415,6 +474,8 @@ impl Consumer for PubSubConsumer {
                 }
             }
             self.ack(&junk).await?;
+            let ack_ids = out.iter().map(|d| d.receipt.0.clone()).collect();
+            *self.in_hand.lock().await = InHand { ack_ids, since: Some(Instant::now()) };
             Ok(out)
         })
     }
@@ -424,6 +485,7 @@ impl Consumer for PubSubConsumer {
             if receipts.is_empty() {
                 return Ok(());
             }
+            self.in_hand.lock().await.let_go(receipts);
             let subscription = self.mode.subscription();
             let ids: Vec<&str> = receipts.iter().map(|r| r.0.as_str()).collect();
             if self.mode != Mode::ExactlyOnce {
@@ -446,6 +508,7 @@ impl Consumer for PubSubConsumer {
     /// subscription ([`Mode::give_back_s`]).
     fn release<'a>(&'a mut self, receipts: &'a [Receipt]) -> BoxFuture<'a, Result<(), TransportError>> {
         Box::pin(async move {
+            self.in_hand.lock().await.let_go(receipts);
             let ids: Vec<&str> = receipts.iter().map(|r| r.0.as_str()).collect();
             let (subscription, seconds) = (self.mode.subscription(), self.mode.give_back_s());
             self.api.modify_deadline(subscription, &ids, seconds).await.map_err(|e| broker(format!("nack: {e}")))
