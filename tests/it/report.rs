@@ -242,6 +242,8 @@ fn the_order_section_shows_the_overtaken_orders_in_time_and_for_one_key() {
     let html = render(&dir);
     assert!(html.contains("<h2>Order within a key</h2>"), "{html}");
     assert!(html.contains("<b>1</b> orders were overtaken"), "{html}");
+    assert!(html.contains("1 were overtaken by an order that took effect only on a redelivery"), "{html}");
+    assert!(html.contains("The other 0 were overtaken on first deliveries"), "{html}");
     assert!(html.contains(r#"aria-label="overtaken orders over time""#), "{html}");
     assert!(html.contains(r#"aria-label="one key: acknowledged against applied""#), "{html}");
     assert!(html.contains("<code>o2</code> on key <code>i1</code> took effect 1 in the key's order"), "{html}");

@@ -11,6 +11,15 @@
 //! as a dead letter) while a later order on its key was applied is
 //! **skipped**: Jepsen's poll-skip.
 //!
+//! Each overtaken order is attributed as far as the record allows: when the
+//! order that overtook it took effect only on a redelivery (every one of its
+//! applications has a delivery attempt above 1), its first delivery never
+//! took effect (a failed apply, a consumer that died or was cut off holding
+//! it, a delivery held back behind a failed one) and came back after the
+//! order behind it: `overtaken_after_redelivery`. The rest were overtaken
+//! on first deliveries: published or delivered out of order, or applied
+//! side by side by competing consumers, which the record cannot tell apart.
+//!
 //! The pass is per key and never quadratic: a key's applied orders walked in
 //! reverse application order, keeping the earliest `ok` of those applied
 //! after, show every overtaken order; the pairs fixed in real time are
@@ -61,6 +70,11 @@ pub struct OrderReport {
     pub pairs_checked: u64,
     /// Applied orders that some order fixed before them overtook.
     pub inversions: u64,
+    /// Of those, the ones whose overtaking order took effect only on a
+    /// redelivery (its first delivery never took effect). Absent from
+    /// results written before it was counted.
+    #[serde(default)]
+    pub overtaken_after_redelivery: u64,
     /// Acknowledged orders never applied while a later order on their key was.
     pub skipped: u64,
     /// Up to [`crate::results::EXAMPLES_MAX`] overtaken orders.
@@ -120,6 +134,14 @@ pub struct Inversion {
     /// Where each first took effect in the key's order.
     pub earlier_key_seq: u64,
     pub later_key_seq: u64,
+    /// The lowest delivery attempt of `earlier`'s applications: above 1,
+    /// it took effect only on a redelivery.
+    #[serde(default = "one_u32")]
+    pub earlier_attempt: u32,
+}
+
+fn one_u32() -> u32 {
+    1
 }
 
 /// A skipped order: acknowledged, never applied, and `later` (invoked after
@@ -141,6 +163,8 @@ struct Applied {
     ok_ns: Option<u64>,
     key_seq: u64,
     applied_at_ms: i64,
+    /// The lowest delivery attempt of its applications.
+    attempt: u32,
     overtaken: bool,
 }
 
@@ -167,6 +191,7 @@ pub fn check(fold: &Fold, claim: Claim) -> Option<Checked> {
                 ok_ns: o.first_ok_ns,
                 key_seq,
                 applied_at_ms: o.applied.min_applied_at_ms,
+                attempt: o.applied.min_attempt,
                 overtaken: false,
             }),
             _ if o.acknowledged() && o.applied.count == 0 && !o.pending => unapplied[key].push(i as u32),
@@ -229,6 +254,7 @@ fn pairs_and_inversions(fold: &Fold, key: &str, orders: &mut [Applied], checked:
             && a.ok_ns.is_some_and(|ok| ok < b.invoke_ns)
         {
             report.inversions += 1;
+            report.overtaken_after_redelivery += u64::from(a.attempt > 1);
             checked.overtaken_at_ms.push(b.applied_at_ms);
             b.overtaken = true;
             if report.inversion_examples.len() < crate::results::EXAMPLES_MAX {
@@ -240,6 +266,7 @@ fn pairs_and_inversions(fold: &Fold, key: &str, orders: &mut [Applied], checked:
                     later_invoke_ns: b.invoke_ns,
                     earlier_key_seq: a.key_seq,
                     later_key_seq: b.key_seq,
+                    earlier_attempt: a.attempt,
                 });
             }
         }

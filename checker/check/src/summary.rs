@@ -108,7 +108,13 @@ fn order_line(o: &crate::order::OrderReport) -> String {
         thousands(o.inversions)
     );
     if let Some(ex) = o.inversion_examples.first() {
-        line.push_str(&format!(" (first: {} before {} on {})", ex.later, ex.earlier, ex.key));
+        line.push_str(&format!(
+            " (first: {} before {} on {}; {} behind an order that took effect only on a redelivery)",
+            ex.later,
+            ex.earlier,
+            ex.key,
+            thousands(o.overtaken_after_redelivery)
+        ));
     }
     line.push_str(&format!(", {} skipped", thousands(o.skipped)));
     line.push_str(match o.claim {

@@ -36,6 +36,17 @@ pub fn section(h: &mut String, results: &Results, axis: &TimeAxis) {
          acknowledged orders were skipped (never applied while a later one on their key was).</p>",
         order.pairs_checked, order.keys, order.inversions, order.skipped
     );
+    if order.inversions > 0 {
+        let _ = write!(
+            h,
+            "<p>Of the overtaken orders, {} were overtaken by an order that took effect only on a redelivery: its first \
+             delivery never took effect (a failed apply, a consumer that died or was cut off holding it) and came \
+             back after the order behind it. The other {} were overtaken on first deliveries: published or delivered \
+             out of order, or applied side by side by competing consumers.</p>",
+            order.overtaken_after_redelivery,
+            order.inversions.saturating_sub(order.overtaken_after_redelivery)
+        );
+    }
     if let Some(apps) = &results.series.applications
         && order.inversions > 0
     {
