@@ -738,3 +738,19 @@ async fn pubsub_a_batch_in_hand_is_extended_until_its_consumer_moves_on() {
     assert_eq!(ids(&again), ids(&held), "the batch let go comes to another consumer");
     assert!(again.iter().all(|d| d.delivery_count >= 2), "{again:?}");
 }
+
+/// The emulator keeps nothing through a restart. What it held then is not
+/// "nothing left": the inspector's read fails, so a run says `unknown`
+/// rather than `lost-effect` for messages the emulator forgot.
+#[tokio::test(flavor = "multi_thread")]
+async fn pubsub_a_restarted_emulator_is_an_error_not_an_empty_subscription() {
+    let Some((server, spec, url)) = pubsub("pubsub:pull").await else { return };
+    let mut publisher = haunt_transport::publisher(spec, &url, &Options::default()).await.unwrap();
+    publisher.publish(&envelopes(0, 3)).await.unwrap();
+    let inspector = haunt_transport::inspector(spec, &url).await.unwrap();
+    let held = inspector.depth().await.unwrap();
+    assert_eq!(held_ids(&held), Some(ids_of(&envelopes(0, 3))), "{held:?}");
+    server.restart().await;
+    let after = inspector.depth().await;
+    assert!(after.is_err(), "a subscription the emulator forgot read as {after:?}");
+}

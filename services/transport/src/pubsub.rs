@@ -599,7 +599,8 @@ impl Inspector for Subscription {
 
     fn depth(&self) -> BoxFuture<'_, Result<Depth, TransportError>> {
         Box::pin(async move {
-            self.api.declare(self.mode).await?;
+            // No declare: a subscription the emulator lost (it keeps nothing
+            // through a restart) is an error here, not an empty one.
             // After a quiet spell nothing is out with a consumer; otherwise
             // a delivery held by one that died is seen once its deadline
             // has run out.
