@@ -113,6 +113,7 @@ pub fn write_run(dir: &Path, ops: u64, clients: u64, seed: u64) -> std::io::Resu
                 worker_id: format!("worker-{}", rng.below(3) + 1),
                 applied_at_ms: (out.ops / 20) as i64 + 5,
                 key_seq: None,
+                publish_seq: None,
             }))?;
             out.applied_lines += 1;
             *projection.entry(order.item_id).or_default() += order.qty;

@@ -81,6 +81,7 @@ impl System for Memory {
                         worker_id: "memory".into(),
                         applied_at_ms: 0,
                         key_seq: None,
+                        publish_seq: None,
                     }))?;
                 }
             }

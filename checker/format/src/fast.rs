@@ -400,6 +400,9 @@ fn final_row_as_haunt_writes_it(line: &str) -> Option<FinalRef<'_>> {
         if s.lit(br#","key_seq":"#).is_some() {
             l.key_seq = Some(s.u64()?);
         }
+        if s.lit(br#","publish_seq":"#).is_some() {
+            l.publish_seq = Some(s.i64()?);
+        }
     }
     s.lit(b"}")?;
     s.end()?;
@@ -484,6 +487,10 @@ fn final_line_any_key_order(line: &str) -> Option<FinalRef<'_>> {
             "key_seq" => {
                 l.key_seq = s.nullable(Scan::u64)?;
                 1 << 17
+            }
+            "publish_seq" => {
+                l.publish_seq = s.nullable(Scan::i64)?;
+                1 << 18
             }
             _ => return None,
         })
@@ -701,6 +708,7 @@ mod tests {
                             fields.push(("applied_at_ms", at.into()));
                             if let Some(d) = deliveries {
                                 fields.push(("key_seq", d.into()));
+                                fields.push(("publish_seq", (i64::from(d) * 1_000_003).into()));
                             }
                         }
                         if reorder {

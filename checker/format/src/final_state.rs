@@ -47,6 +47,14 @@ pub struct Applied {
     /// not number them, and on ledger rows from before haunt did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_seq: Option<u64>,
+    /// When the relay published the message this application came from:
+    /// a number that grows with each message the relay publishes (its
+    /// clock's microseconds, kept strictly increasing), so that two of a
+    /// key's messages can be told apart by which was published first.
+    /// Optional: absent without a relay (the database queue) and on ledger
+    /// rows from before haunt recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publish_seq: Option<i64>,
 }
 
 /// A row of the projection.
@@ -138,6 +146,9 @@ pub struct FinalRef<'a> {
     /// On `applied` lines, optional: the application's place in its item's order.
     #[serde(default)]
     pub key_seq: Option<u64>,
+    /// On `applied` lines, optional: when the relay published its message.
+    #[serde(default)]
+    pub publish_seq: Option<i64>,
     #[serde(default)]
     pub reserved_qty: Option<i64>,
     #[serde(default, borrow)]

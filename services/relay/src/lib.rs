@@ -104,7 +104,7 @@ pub async fn run(
         tracing::info!("shutting down: no new leases, finishing the batch in hand");
         let _ = stop.send(true);
     };
-    let relay = Relay { store, config, metrics: metrics.clone(), links: links.clone() };
+    let relay = Relay { store, config, metrics: metrics.clone(), links: links.clone(), clock: PublishClock::default() };
     let ((), (), served) = tokio::join!(relay.run(stopped.clone()), signal, serve);
     served
 }
@@ -116,14 +116,36 @@ struct Relay {
     metrics: Arc<RelayMetrics>,
     /// Its publisher's connection to the broker, for `/readyz`.
     links: Arc<Links>,
+    clock: PublishClock,
 }
 
-fn envelope(leased: &Leased) -> Envelope {
+/// The relay's publish sequence: its clock's microseconds since the epoch,
+/// kept strictly increasing (a message published in the same microsecond as
+/// the one before it takes the next number). A relay killed and started
+/// again goes on from its clock, so the numbers grow across restarts while
+/// the clock does not step back by more than the time the restart took.
+#[derive(Debug, Default)]
+struct PublishClock(std::sync::atomic::AtomicI64);
+
+impl PublishClock {
+    fn next(&self) -> i64 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+        let ordering = std::sync::atomic::Ordering::Relaxed;
+        let previous = self.0.fetch_update(ordering, ordering, |last| Some(now.max(last + 1))).expect("always Some");
+        now.max(previous + 1)
+    }
+}
+
+/// The outbox row as it travels, stamped with its publish sequence.
+fn envelope(leased: &Leased, publish_seq: i64) -> Envelope {
+    let headers = haunt_store::Headers { publish_seq: Some(publish_seq), ..leased.headers.clone() };
     Envelope {
         message_id: leased.message_id.clone(),
         event_id: leased.event_id.clone(),
         payload: leased.payload.clone(),
-        headers: serde_json::to_string(&leased.headers).expect("headers serialize"),
+        headers: serde_json::to_string(&headers).expect("headers serialize"),
         enqueued_at_ms: leased.enqueued_at_ms,
         // An unreadable payload travels without a key; its consumer parks it.
         key: leased.event().ok().map(|event| event.item_id),
@@ -222,7 +244,7 @@ impl Relay {
     ) -> Result<(), haunt_transport::TransportError> {
         let token = batch[0].lease_token.as_str();
         let ids: Vec<&str> = batch.iter().map(|l| l.message_id.as_str()).collect();
-        let envelopes: Vec<Envelope> = batch.iter().map(envelope).collect();
+        let envelopes: Vec<Envelope> = batch.iter().map(|l| envelope(l, self.clock.next())).collect();
         if self.config.bug == Some(Bug::RelayMarksBeforePublish) {
             // BUG MODE relay-marks-before-publish: the rows are gone before the
             // broker has the messages; a relay that dies here loses them.
@@ -283,9 +305,20 @@ mod tests {
     #[test]
     fn an_envelope_is_keyed_by_its_events_item_and_an_unreadable_one_by_nothing() {
         let event = r#"{"event_id":"e1","order_id":"o1","item_id":"item-4","qty":2}"#;
-        let keyed = envelope(&leased(event));
+        let keyed = envelope(&leased(event), 5);
         assert_eq!(keyed.key.as_deref(), Some("item-4"));
         assert_eq!((keyed.message_id.as_str(), keyed.payload.as_str(), keyed.enqueued_at_ms), ("m1", event, 7));
-        assert_eq!(envelope(&leased("not json")).key, None);
+        assert_eq!(envelope(&leased("not json"), 6).key, None);
+        let headers: haunt_store::Headers = serde_json::from_str(&keyed.headers).unwrap();
+        assert_eq!(headers.publish_seq, Some(5), "the headers carry the publish sequence");
+    }
+
+    #[test]
+    fn the_publish_sequence_grows_strictly_even_within_a_microsecond() {
+        let clock = PublishClock::default();
+        let seqs: Vec<i64> = (0..10_000).map(|_| clock.next()).collect();
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "not strictly increasing");
+        let now_us = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as i64;
+        assert!(seqs[0] <= now_us && seqs[0] > now_us - 60_000_000, "microseconds of the clock: {}", seqs[0]);
     }
 }

@@ -50,6 +50,13 @@ pub struct Headers {
     pub correlation_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
+    /// Stamped by the relay as it publishes the message: a number that grows
+    /// with each message it publishes (its clock's microseconds, kept
+    /// strictly increasing across its batches and restarts while the clock
+    /// does not step back). The ledger keeps it, so that an order applied
+    /// before one published earlier on its key shows who reordered them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publish_seq: Option<i64>,
 }
 
 /// A message leased by a worker.

@@ -149,9 +149,10 @@ macro_rules! dialect {
             ),
             insert_ledger: concat!(
                 "INSERT INTO projection_ledger ",
-                "(event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms, key_seq) ",
+                "(event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms, key_seq, publish_seq) ",
                 "SELECT value ->> 0, value ->> 1, value ->> 2, CAST(value ->> 3 AS BIGINT), ",
-                "CAST(value ->> 4 AS BIGINT), $2, ", $now, ", CAST(value ->> 5 AS BIGINT) FROM ", $rows, " ORDER BY key"
+                "CAST(value ->> 4 AS BIGINT), $2, ", $now, ", CAST(value ->> 5 AS BIGINT), CAST(value ->> 6 AS BIGINT) ",
+                "FROM ", $rows, " ORDER BY key"
             ),
             delete_held: concat!(
                 "DELETE FROM queue_messages WHERE ($2 IS NULL OR lease_token = $2) AND message_id ", $ids
@@ -192,7 +193,8 @@ pub const PLACE_ORDER_AND_ENQUEUE_POSTGRES: &str = "WITH o AS (\
 /// (it commits by itself), so the apply is one round trip instead of six
 /// (`BEGIN`, fence, inbox, projection, ledger, `COMMIT`). The batch comes as
 /// arrays, one per column, in batch order: $2 message ids, $3 event ids, $4
-/// delivery counts, $5 order ids, $6 items, $7 quantities; $1 is the lease
+/// delivery counts, $5 order ids, $6 items, $7 quantities, $10 the relay's
+/// publish sequences (NULL without a relay); $1 is the lease
 /// token, $8 the worker, $9 whether the held messages are deleted too (the
 /// ack in the effect's transaction).
 ///
@@ -232,8 +234,8 @@ macro_rules! apply_batch_postgres {
     ($held:literal) => {
         concat!(
             "WITH b AS (\
-     SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::bigint[]) \
-     WITH ORDINALITY AS u(message_id, event_id, attempt, order_id, item_id, qty, ord)), \
+     SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::bigint[], $10::bigint[]) \
+     WITH ORDINALITY AS u(message_id, event_id, attempt, order_id, item_id, qty, publish_seq, ord)), \
      t AS (SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) AS now), ", $held, "hb AS (SELECT b.* FROM b JOIN held USING (message_id)), \
      ev AS (SELECT DISTINCT ON (event_id) hb.*, COUNT(*) OVER w AS copies, MAX(attempt) OVER w AS attempt_max \
      FROM hb WINDOW w AS (PARTITION BY event_id ORDER BY ord ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) \
@@ -250,10 +252,10 @@ macro_rules! apply_batch_postgres {
      ON CONFLICT (item_id) DO UPDATE SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty, \
      applied_seq = inventory_projection.applied_seq + excluded.applied_seq RETURNING item_id, applied_seq), \
      ledger AS (INSERT INTO projection_ledger \
-     (event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms, key_seq) \
+     (event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms, key_seq, publish_seq) \
      SELECT f.event_id, f.order_id, f.item_id, f.qty, f.attempt, $8, (SELECT now FROM t), \
-     p.applied_seq - COUNT(*) OVER (PARTITION BY f.item_id) + ROW_NUMBER() OVER (PARTITION BY f.item_id ORDER BY f.ord) \
-     FROM firsts f JOIN projection p USING (item_id) ORDER BY f.ord), \
+     p.applied_seq - COUNT(*) OVER (PARTITION BY f.item_id) + ROW_NUMBER() OVER (PARTITION BY f.item_id ORDER BY f.ord), \
+     f.publish_seq FROM firsts f JOIN projection p USING (item_id) ORDER BY f.ord), \
      acked AS (DELETE FROM queue_messages WHERE $9 AND message_id = ANY($2) AND lease_token = $1) \
      SELECT 'l', message_id, CAST(NULL AS BIGINT) FROM b WHERE NOT EXISTS (SELECT 1 FROM held WHERE held.message_id = b.message_id) \
      UNION ALL SELECT 'd', event_id, NULL FROM counted \
@@ -400,7 +402,7 @@ pub const FINAL_ORDERS: &str = "SELECT o.order_id, o.item_id, o.qty, o.event_id,
      CAST(i.duplicates AS BIGINT) \
      FROM orders o LEFT JOIN inbox_processed i ON i.event_id = o.event_id ORDER BY o.created_at_ms, o.order_id";
 pub const FINAL_LEDGER: &str = "SELECT event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms, \
-     key_seq FROM projection_ledger ORDER BY id";
+     key_seq, publish_seq FROM projection_ledger ORDER BY id";
 pub const FINAL_PENDING: &str =
     "SELECT message_id, event_id, delivery_count FROM queue_messages ORDER BY enqueued_at_ms, message_id";
 pub const FINAL_DEAD: &str =

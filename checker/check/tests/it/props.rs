@@ -241,6 +241,7 @@ fn settle_order(run: &mut Run, projection: &mut BTreeMap<String, i64>, i: usize,
                 worker_id: format!("w{}", i % 3),
                 applied_at_ms: i as i64 * 3,
                 key_seq: None,
+                publish_seq: None,
             })
         }
         Fate::Pending => {
@@ -397,7 +398,7 @@ proptest! {
         let mut run = run;
         let item = item_of(&run, &run.applied[0].clone());
         run.final_state.insert(0, FinalLine::Order(OrderRow { order_id: "ghost".into(), item_id: item.clone(), qty: 4, event_id: "eg".into(), ..OrderRow::default() }));
-        run.final_state.insert(0, FinalLine::Applied(Applied { event_id: "eg".into(), order_id: "ghost".into(), item_id: item.clone(), qty: 4, delivery_attempt: 1, worker_id: "w".into(), applied_at_ms: 1, key_seq: None }));
+        run.final_state.insert(0, FinalLine::Applied(Applied { event_id: "eg".into(), order_id: "ghost".into(), item_id: item.clone(), qty: 4, delivery_attempt: 1, worker_id: "w".into(), applied_at_ms: 1, key_seq: None, publish_seq: None }));
         add_to_projection(&mut run, &item, 4);
         let results = check(&run);
         prop_assert_eq!(reported(&results), expect(&[("unexpected-effect", "ghost")]));
@@ -409,7 +410,7 @@ proptest! {
         let victim = pick.get(&run.failed).clone();
         let invoke = run.history.iter().find_map(|op| op.order().filter(|o| o.order_id == victim).cloned()).unwrap();
         run.final_state.insert(0, FinalLine::Order(OrderRow { order_id: victim.clone(), item_id: invoke.item_id.clone(), qty: invoke.qty, event_id: "ef".into(), ..OrderRow::default() }));
-        run.final_state.insert(0, FinalLine::Applied(Applied { event_id: "ef".into(), order_id: victim.clone(), item_id: invoke.item_id.clone(), qty: invoke.qty, delivery_attempt: 1, worker_id: "w".into(), applied_at_ms: 1, key_seq: None }));
+        run.final_state.insert(0, FinalLine::Applied(Applied { event_id: "ef".into(), order_id: victim.clone(), item_id: invoke.item_id.clone(), qty: invoke.qty, delivery_attempt: 1, worker_id: "w".into(), applied_at_ms: 1, key_seq: None, publish_seq: None }));
         add_to_projection(&mut run, &invoke.item_id, invoke.qty);
         let results = check(&run);
         prop_assert_eq!(reported(&results), expect(&[("failed-but-present", &victim)]));

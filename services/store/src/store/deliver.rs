@@ -251,12 +251,14 @@ impl Store {
                 })?;
                 next.insert(*item, after - events + 1);
             }
-            let rows: Vec<(&str, &str, &str, i64, i64, i64)> = first_copies
+            type LedgerRow<'r> = (&'r str, &'r str, &'r str, i64, i64, i64, Option<i64>);
+            let rows: Vec<LedgerRow<'_>> = first_copies
                 .iter()
                 .map(|(l, e)| {
                     let seq = next.get_mut(e.item_id.as_str()).expect("every item of the batch is counted");
                     *seq += 1;
-                    (e.event_id.as_str(), e.order_id.as_str(), e.item_id.as_str(), e.qty, l.delivery_count, *seq - 1)
+                    let (event, order, item) = (e.event_id.as_str(), e.order_id.as_str(), e.item_id.as_str());
+                    (event, order, item, e.qty, l.delivery_count, *seq - 1, l.headers.publish_seq)
                 })
                 .collect();
             sqlx::query(self.dialect.insert_ledger)
@@ -304,7 +306,9 @@ impl Store {
         let n = deliveries.len();
         let (mut ids, mut events, mut attempts) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
         let (mut orders, mut items, mut qtys) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+        let mut published: Vec<Option<i64>> = Vec::with_capacity(n);
         for (leased, event) in deliveries {
+            published.push(leased.headers.publish_seq);
             ids.push(leased.message_id.as_str());
             events.push(event.event_id.as_str());
             attempts.push(leased.delivery_count);
@@ -322,6 +326,7 @@ impl Store {
             .bind(&qtys)
             .bind(worker_id)
             .bind(ack == AckMode::InApplyTxn)
+            .bind(&published)
             .fetch_all(pg)
             .await
             .map_err(|e| match fetched("inbox_processed")(e) {

@@ -55,7 +55,11 @@ impl Store {
         }
         let event = event_for(new, &event_id);
         let payload = serde_json::to_string(&event).expect("an event serializes");
-        let headers = Headers { correlation_id: new.correlation_id.clone(), traceparent: new.traceparent.clone() };
+        let headers = Headers {
+            correlation_id: new.correlation_id.clone(),
+            traceparent: new.traceparent.clone(),
+            publish_seq: None,
+        };
         let headers = serde_json::to_string(&headers).expect("headers serialize");
         let mut conn = self.pool.acquire().await.map_err(NotCommitted)?;
         let enqueued = sqlx::query(sql::PLACE_ORDER_AND_ENQUEUE_POSTGRES)
@@ -110,7 +114,11 @@ impl Store {
             return Err(injected());
         }
         let payload = serde_json::to_string(event).expect("an event serializes");
-        let headers = Headers { correlation_id: new.correlation_id.clone(), traceparent: new.traceparent.clone() };
+        let headers = Headers {
+            correlation_id: new.correlation_id.clone(),
+            traceparent: new.traceparent.clone(),
+            publish_seq: None,
+        };
         let headers = serde_json::to_string(&headers).expect("headers serialize");
         sqlx::query(self.dialect.enqueue)
             .bind(Uuid::new_v4().to_string())

@@ -84,6 +84,7 @@ impl Store {
                     worker_id: row.try_get(5).map_err(&c)?,
                     applied_at_ms: row.try_get(6).map_err(&c)?,
                     key_seq: row.try_get::<Option<i64>, _>(7).map_err(&c)?.and_then(|s| u64::try_from(s).ok()),
+                    publish_seq: row.try_get(8).map_err(&c)?,
                 }))?;
             }
         }

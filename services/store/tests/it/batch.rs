@@ -413,3 +413,45 @@ async fn each_items_applications_are_numbered_in_commit_order_across_concurrent_
         assert_eq!(key_seqs(&buggy).await["pear"], vec![Some(1), Some(2), Some(3), Some(4)], "{}", db.kind);
     }
 }
+
+/// A broker's deliveries carry the relay's publish sequence in their
+/// headers, and the ledger keeps it on the application of each event's
+/// first copy, on both databases, in one statement (PostgreSQL) and step by
+/// step (the read-modify-write bug mode, and SQLite); a delivery without
+/// one (the database queue) leaves it unset.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_ledger_keeps_the_publish_sequence_a_delivery_carries() {
+    for db in databases().await {
+        for bug in [None, Some(haunt_store::Bug::ReadModifyWriteProjection)] {
+            let fresh = haunt_testkit::databases().await.into_iter().find(|d| d.kind == db.kind).unwrap();
+            let store = match bug {
+                None => open(&fresh).await,
+                Some(bug) => crate::open_with_bug(&fresh, bug).await,
+            };
+            for i in 0..3 {
+                store.place_order(&order(&format!("o{i}"), "pear", 1)).await.unwrap();
+            }
+            let mut batch = lease_all(&store, 3).await;
+            for (i, leased) in batch.iter_mut().enumerate().take(2) {
+                leased.headers.publish_seq = Some(1_000 + i as i64);
+            }
+            // A second copy of the first, published again later: the first copy's counts.
+            let mut copy = batch[0].clone();
+            copy.headers.publish_seq = Some(5_000);
+            batch.push(copy);
+            let outcomes = store.apply_deliveries(&events(&batch), "w1").await.unwrap();
+            assert_eq!(outcomes.iter().filter(|o| matches!(o, Applied::Applied { .. })).count(), 3, "{outcomes:?}");
+            let mut seqs: Vec<(String, Option<i64>)> = final_lines(&store)
+                .await
+                .into_iter()
+                .filter_map(|l| match l {
+                    haunt_format::FinalLine::Applied(a) => Some((a.order_id, a.publish_seq)),
+                    _ => None,
+                })
+                .collect();
+            seqs.sort();
+            let want = [("o0", Some(1_000)), ("o1", Some(1_001)), ("o2", None)].map(|(o, s)| (o.to_owned(), s));
+            assert_eq!(seqs, want, "{} {bug:?}", db.kind);
+        }
+    }
+}
