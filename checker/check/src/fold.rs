@@ -82,6 +82,8 @@ pub struct Application {
     pub applied_at_ms: i64,
     /// Its place in its item's order, where the system numbers them.
     pub key_seq: Option<u64>,
+    /// When the relay published the message it came from, where recorded.
+    pub publish_seq: Option<i64>,
 }
 
 /// The applications joined to an order's row event.
@@ -94,6 +96,8 @@ pub struct Applications {
     /// The earliest place in its item's order of any of its applications:
     /// where the event first took effect.
     pub min_key_seq: Option<u64>,
+    /// The publish sequence of that first-taking-effect application.
+    pub first_publish_seq: Option<i64>,
     /// Why the first application that does not match the order is wrong.
     pub mismatch: Option<String>,
 }
@@ -282,6 +286,8 @@ pub struct Fold {
     pub applied_lines: u64,
     /// `applied` lines that carried a `key_seq`: the run recorded application order.
     pub key_seq_lines: u64,
+    /// `applied` lines that carried a `publish_seq`: the run recorded publish order.
+    pub publish_seq_lines: u64,
     /// Applied qty by item, over every applied line (i128: no sum of i64s wraps).
     pub applied_sum: HashMap<u32, i128, hashbrown::DefaultHashBuilder>,
     pub projection: HashMap<u32, i64, hashbrown::DefaultHashBuilder>,
@@ -693,9 +699,13 @@ impl Fold {
                     worker: self.strings.id(l.worker_id.as_deref().unwrap_or_default()),
                     applied_at_ms: l.applied_at_ms.unwrap_or_default(),
                     key_seq: l.key_seq,
+                    publish_seq: l.publish_seq,
                 };
                 if l.key_seq.is_some() {
                     self.key_seq_lines += 1;
+                }
+                if l.publish_seq.is_some() {
+                    self.publish_seq_lines += 1;
                 }
                 let (event, order_id) =
                     (l.event_id.as_deref().unwrap_or_default(), l.order_id.as_deref().unwrap_or_default());
@@ -799,11 +809,16 @@ impl Fold {
                 apps.min_attempt = application.attempt;
                 apps.min_applied_at_ms = application.applied_at_ms;
                 apps.min_key_seq = application.key_seq;
+                apps.first_publish_seq = application.publish_seq;
             } else {
-                apps.min_key_seq = match (apps.min_key_seq, application.key_seq) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
+                let earlier = match (apps.min_key_seq, application.key_seq) {
+                    (Some(a), Some(b)) => b < a,
+                    (a, b) => a.is_none() && b.is_some(),
                 };
+                if earlier {
+                    apps.min_key_seq = application.key_seq;
+                    apps.first_publish_seq = application.publish_seq;
+                }
                 apps.min_attempt = apps.min_attempt.min(application.attempt);
                 apps.min_applied_at_ms = apps.min_applied_at_ms.min(application.applied_at_ms);
                 self.extra_applications.entry(i).or_default().push(application);

@@ -16,9 +16,13 @@
 //! applications has a delivery attempt above 1), its first delivery never
 //! took effect (a failed apply, a consumer that died or was cut off holding
 //! it, a delivery held back behind a failed one) and came back after the
-//! order behind it: `overtaken_after_redelivery`. The rest were overtaken
-//! on first deliveries: published or delivered out of order, or applied
-//! side by side by competing consumers, which the record cannot tell apart.
+//! order behind it: `overtaken_after_redelivery`. Where the applications
+//! carry the relay's publish sequence, an order whose message was published
+//! before its overtaker's was reordered by the relay (a lease held back, a
+//! batch published again): `overtaken_in_publish`. The two can overlap. An
+//! inversion in neither was published in order and took effect on first
+//! deliveries: the broker delivered out of order, or competing consumers
+//! applied side by side.
 //!
 //! The pass is per key and never quadratic: a key's applied orders walked in
 //! reverse application order, keeping the earliest `ok` of those applied
@@ -75,6 +79,11 @@ pub struct OrderReport {
     /// results written before it was counted.
     #[serde(default)]
     pub overtaken_after_redelivery: u64,
+    /// Of those, the ones whose own message was published before the
+    /// overtaking order's (by the relay's publish sequence); `None` when no
+    /// application carries one (no relay: the database queue).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overtaken_in_publish: Option<u64>,
     /// Acknowledged orders never applied while a later order on their key was.
     pub skipped: u64,
     /// Up to [`crate::results::EXAMPLES_MAX`] overtaken orders.
@@ -138,6 +147,11 @@ pub struct Inversion {
     /// it took effect only on a redelivery.
     #[serde(default = "one_u32")]
     pub earlier_attempt: u32,
+    /// When the relay published each one's message, where recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub earlier_publish_seq: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub later_publish_seq: Option<i64>,
 }
 
 fn one_u32() -> u32 {
@@ -165,6 +179,8 @@ struct Applied {
     applied_at_ms: i64,
     /// The lowest delivery attempt of its applications.
     attempt: u32,
+    /// When the relay published the message of its first application.
+    publish_seq: Option<i64>,
     overtaken: bool,
 }
 
@@ -192,6 +208,7 @@ pub fn check(fold: &Fold, claim: Claim) -> Option<Checked> {
                 key_seq,
                 applied_at_ms: o.applied.min_applied_at_ms,
                 attempt: o.applied.min_attempt,
+                publish_seq: o.applied.first_publish_seq,
                 overtaken: false,
             }),
             _ if o.acknowledged() && o.applied.count == 0 && !o.pending => unapplied[key].push(i as u32),
@@ -199,6 +216,9 @@ pub fn check(fold: &Fold, claim: Claim) -> Option<Checked> {
         }
     }
     let mut checked = Checked { report: OrderReport { claim, ..OrderReport::default() }, ..Checked::default() };
+    if fold.publish_seq_lines > 0 {
+        checked.report.overtaken_in_publish = Some(0);
+    }
     // The key the report plots: the most overtaken, then the most orders.
     let mut traced: Option<((u64, usize), u32, Vec<Applied>)> = None;
     for (key, mut orders) in applied.into_iter().enumerate() {
@@ -255,6 +275,11 @@ fn pairs_and_inversions(fold: &Fold, key: &str, orders: &mut [Applied], checked:
         {
             report.inversions += 1;
             report.overtaken_after_redelivery += u64::from(a.attempt > 1);
+            if let (Some(n), Some(a_pub), Some(b_pub)) =
+                (report.overtaken_in_publish.as_mut(), a.publish_seq, b.publish_seq)
+            {
+                *n += u64::from(b_pub < a_pub);
+            }
             checked.overtaken_at_ms.push(b.applied_at_ms);
             b.overtaken = true;
             if report.inversion_examples.len() < crate::results::EXAMPLES_MAX {
@@ -267,6 +292,8 @@ fn pairs_and_inversions(fold: &Fold, key: &str, orders: &mut [Applied], checked:
                     earlier_key_seq: a.key_seq,
                     later_key_seq: b.key_seq,
                     earlier_attempt: a.attempt,
+                    earlier_publish_seq: a.publish_seq,
+                    later_publish_seq: b.publish_seq,
                 });
             }
         }

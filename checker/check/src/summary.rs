@@ -109,11 +109,15 @@ fn order_line(o: &crate::order::OrderReport) -> String {
     );
     if let Some(ex) = o.inversion_examples.first() {
         line.push_str(&format!(
-            " (first: {} before {} on {}; {} behind an order that took effect only on a redelivery)",
+            " (first: {} before {} on {}; {} behind an order that took effect only on a redelivery{})",
             ex.later,
             ex.earlier,
             ex.key,
-            thousands(o.overtaken_after_redelivery)
+            thousands(o.overtaken_after_redelivery),
+            o.overtaken_in_publish.map_or(String::new(), |n| format!(
+                ", {} published by the relay ahead of the order acknowledged before them",
+                thousands(n)
+            ))
         ));
     }
     line.push_str(&format!(", {} skipped", thousands(o.skipped)));

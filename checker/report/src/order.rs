@@ -46,6 +46,13 @@ pub fn section(h: &mut String, results: &Results, axis: &TimeAxis) {
             order.overtaken_after_redelivery,
             order.inversions.saturating_sub(order.overtaken_after_redelivery)
         );
+        if let Some(n) = order.overtaken_in_publish {
+            let _ = write!(
+                h,
+                "<p>By the relay's publish sequence, {n} of the overtaken orders were published ahead of the order \
+                 acknowledged before them: the relay reordered those. The others were published in order.</p>"
+            );
+        }
     }
     if let Some(apps) = &results.series.applications
         && order.inversions > 0

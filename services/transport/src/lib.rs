@@ -177,7 +177,11 @@ const TRANSPORTS: &[(&str, Kind, Modes)] = &[
     (
         "pubsub",
         Kind::PubSub,
-        &[("pull", Guarantee::AtLeastOnce), ("exactly-once", Guarantee::ExactlyOnce), ("ordered", Guarantee::AtLeastOnce)],
+        &[
+            ("pull", Guarantee::AtLeastOnce),
+            ("exactly-once", Guarantee::ExactlyOnce),
+            ("ordered", Guarantee::AtLeastOnce),
+        ],
     ),
 ];
 
@@ -677,9 +681,13 @@ mod tests {
 
     #[test]
     fn a_bare_broker_name_takes_its_at_least_once_mode() {
-        for (bare, mode) in
-            [("rabbitmq", "manual-ack"), ("nats", "jetstream"), ("mqtt", "qos1"), ("sqs", "standard"), ("pubsub", "pull")]
-        {
+        for (bare, mode) in [
+            ("rabbitmq", "manual-ack"),
+            ("nats", "jetstream"),
+            ("mqtt", "qos1"),
+            ("sqs", "standard"),
+            ("pubsub", "pull"),
+        ] {
             let spec: TransportSpec = bare.parse().unwrap();
             assert_eq!((spec.mode(), spec.claim()), (mode, Guarantee::AtLeastOnce), "{bare}");
             // A transport with several modes always prints its mode.

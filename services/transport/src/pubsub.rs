@@ -70,8 +70,7 @@ use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 
 use crate::{
-    Consumer, Delivery, Depth, Envelope, Held, Inspector, Options, Publisher, Receipt, TransportError,
-    TransportSpec,
+    Consumer, Delivery, Depth, Envelope, Held, Inspector, Options, Publisher, Receipt, TransportError, TransportSpec,
 };
 
 /// The project every name lives in: the emulator takes any.
@@ -278,7 +277,10 @@ struct Pulled {
 impl Pulled {
     fn parse(received: &Value) -> Result<Pulled, TransportError> {
         let field = |v: &Value, name: &str| -> Result<String, TransportError> {
-            v.get(name).and_then(Value::as_str).map(str::to_owned).ok_or_else(|| broker(format!("a pull without {name}")))
+            v.get(name)
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .ok_or_else(|| broker(format!("a pull without {name}")))
         };
         let message = received.get("message").ok_or_else(|| broker("a pull without message"))?;
         // A message without data is a body of no bytes (not ours, dropped later).
@@ -405,10 +407,11 @@ impl Publisher for PubSubPublisher {
                     });
                     continue;
                 }
-                let answer = self.api.post(&path, &body).await.map_err(|e| TransportError::Unconfirmed {
-                    broker: "pubsub",
-                    why: e.to_string(),
-                })?;
+                let answer = self
+                    .api
+                    .post(&path, &body)
+                    .await
+                    .map_err(|e| TransportError::Unconfirmed { broker: "pubsub", why: e.to_string() })?;
                 let ids = answer.get("messageIds").and_then(Value::as_array).map_or(0, Vec::len);
                 if ids != chunk.len() {
                     return Err(TransportError::Unconfirmed {
@@ -627,7 +630,9 @@ impl Inspector for Subscription {
                         // The inspector's own pull counted too.
                         delivery_count: (p.attempt - 1).max(0),
                     }),
-                    Err(e) => tracing::warn!(error = %e, "the subscription holds a message that is not a haunt envelope"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the subscription holds a message that is not a haunt envelope")
+                    }
                 }
             }
             Ok(Depth::Listed(listed))
@@ -664,7 +669,8 @@ mod tests {
             assert_eq!(check_name(mode.subscription()), Ok(()));
         }
         assert_eq!((check_name(TOPIC), check_name(DEAD_TOPIC)), (Ok(()), Ok(())));
-        for (bad, why) in [("t1", "3 to 255"), ("1orders", "start with a letter"), ("google.x", "goog"), ("a b c", "' '")]
+        for (bad, why) in
+            [("t1", "3 to 255"), ("1orders", "start with a letter"), ("google.x", "goog"), ("a b c", "' '")]
         {
             let e = check_name(bad).unwrap_err();
             assert!(e.contains(bad) && e.contains(why), "{bad}: {e}");
@@ -690,12 +696,10 @@ mod tests {
             "deliveryAttempt": 3,
         });
         let p = Pulled::parse(&received).unwrap();
-        assert_eq!((p.ack_id.as_str(), p.message_id.as_str(), p.data.as_slice(), p.attempt), (
-            "projects/haunt/subscriptions/s:4",
-            "9",
-            &b"hi"[..],
-            3
-        ));
+        assert_eq!(
+            (p.ack_id.as_str(), p.message_id.as_str(), p.data.as_slice(), p.attempt),
+            ("projects/haunt/subscriptions/s:4", "9", &b"hi"[..], 3)
+        );
         let first = json!({ "ackId": "a", "message": { "messageId": "1" } });
         assert_eq!(Pulled::parse(&first).unwrap().attempt, 1, "no deliveryAttempt: the first");
         assert!(Pulled::parse(&json!({ "message": { "messageId": "1" } })).is_err(), "no ack id");
