@@ -310,6 +310,31 @@ fn pubsub_pull_is_valid_under_consumer_faults() {
     at_least_once_is_valid("pubsub:pull", false);
 }
 
+#[test]
+fn pubsub_pull_without_an_inbox_double_applies() {
+    no_inbox_is_caught_as_double_applied("pubsub:pull");
+}
+
+/// Exactly-once delivery under the same faults: valid with the inbox, and
+/// the redeliveries a dropped ack brings are still there (the claim is
+/// about acks that succeeded).
+#[test]
+fn pubsub_exactly_once_is_valid_under_consumer_faults() {
+    at_least_once_is_valid("pubsub:exactly-once", false);
+}
+
+/// Ordered, under the same faults: valid, and (a per-key claim) no key's
+/// order broken over the pairs checked.
+#[test]
+fn pubsub_ordered_is_valid_under_consumer_faults() {
+    at_least_once_is_valid("pubsub:ordered", false);
+}
+
+#[test]
+fn pubsub_ordered_without_an_inbox_double_applies() {
+    no_inbox_is_caught_as_double_applied("pubsub:ordered");
+}
+
 /// Exactly-once delivery is the broker's, not the effect's: an ack that
 /// the ack-loss fault drops brings the message back, and without the inbox
 /// it is applied twice.
