@@ -294,14 +294,20 @@ impl Pulled {
     }
 }
 
+/// The API at `url`, with the topics and `spec`'s subscription declared:
+/// what every end does before it publishes or pulls.
+async fn declared(spec: TransportSpec, url: &str) -> Result<(Api, Mode), TransportError> {
+    let (api, mode) = (Api::new(url)?, Mode::of(spec));
+    api.declare(mode).await?;
+    Ok((api, mode))
+}
+
 pub(crate) async fn publisher(
     spec: TransportSpec,
     url: &str,
     options: &Options,
 ) -> Result<Box<dyn Publisher>, TransportError> {
-    let api = Api::new(url)?;
-    let mode = Mode::of(spec);
-    api.declare(mode).await?;
+    let (api, mode) = declared(spec, url).await?;
     Ok(Box::new(PubSubPublisher { api, ordered: mode == Mode::Ordered, confirms: options.confirms }))
 }
 
@@ -310,9 +316,7 @@ pub(crate) async fn consumer(
     url: &str,
     options: &Options,
 ) -> Result<Box<dyn Consumer>, TransportError> {
-    let api = Api::new(url)?;
-    let mode = Mode::of(spec);
-    api.declare(mode).await?;
+    let (api, mode) = declared(spec, url).await?;
     let deadline_s = deadline_s(options.visibility_timeout);
     let in_hand = std::sync::Arc::new(tokio::sync::Mutex::new(InHand::default()));
     let extender = tokio::spawn(extend_in_hand(api.clone(), mode, deadline_s, in_hand.clone()));
