@@ -31,11 +31,22 @@ pub enum Broker {
     /// Google's Pub/Sub emulator, a Java server (in memory: a restart loses
     /// every topic and subscription).
     PubSub,
+    /// Apache Kafka, one broker in KRaft mode (broker and controller in one
+    /// JVM), from the jars `scripts/brokers` resolves through Maven.
+    Kafka,
 }
 
 impl Broker {
-    pub const ALL: [Broker; 7] =
-        [Broker::RabbitMq, Broker::Redis, Broker::Nats, Broker::Mosquitto, Broker::Moto, Broker::Tansu, Broker::PubSub];
+    pub const ALL: [Broker; 8] = [
+        Broker::RabbitMq,
+        Broker::Redis,
+        Broker::Nats,
+        Broker::Mosquitto,
+        Broker::Moto,
+        Broker::Tansu,
+        Broker::PubSub,
+        Broker::Kafka,
+    ];
 
     /// The broker named `name` (as [`Broker::name`] spells it).
     pub fn from_name(name: &str) -> Option<Broker> {
@@ -51,6 +62,7 @@ impl Broker {
             Broker::Moto => "moto",
             Broker::Tansu => "tansu",
             Broker::PubSub => "pubsub-emulator",
+            Broker::Kafka => "kafka",
         }
     }
 
@@ -81,7 +93,23 @@ impl Broker {
                 ],
             ]
             .concat(),
+            // Not an executable: the broker's jar, in the directory of jars
+            // that the JVM's class path takes whole.
+            Broker::Kafka => {
+                let cache = std::env::var_os("XDG_CACHE_HOME").map_or_else(|| home.join(".cache"), PathBuf::from);
+                let dirs = [std::env::var_os("HAUNT_KAFKA_LIBS").map(PathBuf::from), Some(cache.join(KAFKA_LIBS))];
+                dirs.into_iter().flatten().map(|d| d.join(KAFKA_JAR)).collect()
+            }
         }
+    }
+
+    /// Whether each client needs a listener of its own. A Kafka client asks
+    /// any broker where the partitions' leaders are and connects to the
+    /// address the leader advertises, so a fault proxy in front of the
+    /// broker's port would carry only the first request: each client gets a
+    /// listener that advertises its own proxy.
+    pub fn listener_per_client(self) -> bool {
+        self == Broker::Kafka
     }
 
     /// The server's executable, or what to do when it is missing.
@@ -96,7 +124,7 @@ impl Broker {
     /// to 15 s).
     pub fn start_limit(self) -> Duration {
         match self {
-            Broker::RabbitMq | Broker::PubSub => Duration::from_secs(60),
+            Broker::RabbitMq | Broker::PubSub | Broker::Kafka => Duration::from_secs(60),
             _ => Duration::from_secs(20),
         }
     }
@@ -111,15 +139,20 @@ impl Broker {
     /// channel, which requeues what it held); `None` keeps its default of 30
     /// minutes, under which a lost ack on a live channel is never redelivered
     /// within a run. The other brokers take it from their clients.
+    ///
+    /// `clients` are the listeners of a broker that has one per client
+    /// ([`Broker::listener_per_client`]); without them its clients connect
+    /// to `port` directly.
     pub fn layout(
         self,
         port: u16,
         http_port: u16,
         dir: &Path,
         ack_timeout: Option<Duration>,
+        clients: &[ClientListener],
     ) -> anyhow::Result<BrokerNode> {
         let program = self.program()?;
-        let (spec, _) = self.lay_out(port, http_port, dir, "127.0.0.1", &program, ack_timeout)?;
+        let (spec, _) = self.lay_out(port, http_port, dir, "127.0.0.1", &program, ack_timeout, clients)?;
         Ok(BrokerNode { broker: self, spec, ready: self.ready(port, http_port), addr: ([127, 0, 0, 1], port).into() })
     }
 
@@ -142,10 +175,13 @@ impl Broker {
             Broker::Mosquitto => "/usr/sbin/mosquitto",
             Broker::Moto => "/usr/local/bin/moto_server",
             Broker::Tansu => anyhow::bail!("tansu has no container image here (it is not in Debian or PyPI)"),
+            // Its clients would need a listener each, advertised at an
+            // address of the Docker network.
+            Broker::Kafka => anyhow::bail!("Kafka runs on the local backend only, for now (not with --backend docker)"),
             // Copied in from the host by scripts/images, where the host has it.
             Broker::PubSub => PUBSUB_EMULATOR_IN_IMAGE,
         });
-        self.lay_out(port, http_port, dir, "0.0.0.0", &program, ack_timeout)
+        self.lay_out(port, http_port, dir, "0.0.0.0", &program, ack_timeout, &[])
     }
 
     /// How to tell that the broker answers on `port` (and `http_port`) of 127.0.0.1.
@@ -161,7 +197,7 @@ impl Broker {
                 expect: b"\x20\x02\x00\x00",
             },
             Broker::Moto => Ready::Http(format!("http://127.0.0.1:{port}/moto-api/")),
-            Broker::Tansu => Ready::Tcp(port),
+            Broker::Tansu | Broker::Kafka => Ready::Tcp(port),
             // The emulator answers `GET /` with "Ok" once it serves.
             Broker::PubSub => Ready::Http(format!("http://127.0.0.1:{port}/")),
         }
@@ -169,6 +205,7 @@ impl Broker {
 
     /// The broker's command line, listening on `bind`, with `program` as
     /// its server; the node spec and its working directory.
+    #[allow(clippy::too_many_arguments)]
     fn lay_out(
         self,
         port: u16,
@@ -177,6 +214,7 @@ impl Broker {
         bind: &str,
         program: &Path,
         ack_timeout: Option<Duration>,
+        clients: &[ClientListener],
     ) -> anyhow::Result<(NodeSpec, PathBuf)> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let dir = std::path::absolute(dir)?;
@@ -271,11 +309,100 @@ impl Broker {
                 env.push(("CLOUD_PUBSUB_EMULATOR_OPTS".to_owned(), PUBSUB_JVM_OPTS.to_owned()));
                 vec![format!("--host={bind}"), format!("--port={port}")]
             }
+            Broker::Kafka => {
+                let libs = program.parent().context("the Kafka jar's directory")?;
+                write(&dir.join("server.properties"), &kafka_properties(port, http_port, &d("data"), clients))?;
+                write(&dir.join("log4j2.properties"), KAFKA_LOG4J)?;
+                vec!["-c".into(), kafka_launch(libs)]
+            }
         };
-        let program = if self == Broker::RabbitMq { PathBuf::from("/bin/sh") } else { program.to_owned() };
+        let program = match self {
+            Broker::RabbitMq | Broker::Kafka => PathBuf::from("/bin/sh"),
+            _ => program.to_owned(),
+        };
         let spec = NodeSpec { node, args, program: Some(program), env, cwd: Some(dir.clone()) };
         Ok((spec, dir))
     }
+}
+
+/// Where `scripts/brokers` puts Apache Kafka's jars, under the user's
+/// cache directory (`HAUNT_KAFKA_LIBS` names another), and the broker's jar
+/// among them.
+pub const KAFKA_LIBS: &str = "haunt/kafka-4.4.0/libs";
+const KAFKA_JAR: &str = "kafka_2.13-4.4.0.jar";
+
+/// The cluster id every Kafka broker of haunt's is formatted with (any
+/// base64 UUID; each run has a data directory of its own).
+const KAFKA_CLUSTER_ID: &str = "qddpKkUXTpqtZ1JZ00_rZA";
+
+/// The broker's log configuration (log4j 2).
+const KAFKA_LOG4J: &str = include_str!("kafka/log4j2.properties");
+
+/// A listener of a broker for one client, which reaches it through its
+/// fault proxy: the broker listens on `port` and advertises `advertised`,
+/// the proxy's address (see [`Broker::listener_per_client`]).
+#[derive(Debug, Clone)]
+pub struct ClientListener {
+    /// The client's node (`relay`, `worker-1`).
+    pub client: String,
+    pub port: u16,
+    pub advertised: SocketAddr,
+}
+
+impl ClientListener {
+    /// The listener's name in Kafka's configuration: `CLIENT_WORKER_1`.
+    fn name(&self) -> String {
+        let upper: String =
+            self.client.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect();
+        format!("CLIENT_{upper}")
+    }
+}
+
+/// One broker in KRaft mode, broker and controller in one process (node 1):
+/// the harness's listener on `port` (also the one brokers would replicate
+/// over), the controller's on `controller_port`, and one per client.
+/// Every setting that decides what a run can show is here: one copy of
+/// everything (`min.insync.replicas` 1, no unclean election to need), the
+/// group's first rebalance at once, the internal topics on one partition
+/// (a first consumer group or transaction waits for them to be created).
+fn kafka_properties(port: u16, controller_port: u16, data: &str, clients: &[ClientListener]) -> String {
+    let mut listeners =
+        vec![format!("HARNESS://127.0.0.1:{port}"), format!("CONTROLLER://127.0.0.1:{controller_port}")];
+    let mut advertised = vec![format!("HARNESS://127.0.0.1:{port}")];
+    let mut protocols = vec!["HARNESS:PLAINTEXT".to_owned(), "CONTROLLER:PLAINTEXT".to_owned()];
+    for c in clients {
+        listeners.push(format!("{}://127.0.0.1:{}", c.name(), c.port));
+        advertised.push(format!("{}://{}", c.name(), c.advertised));
+        protocols.push(format!("{}:PLAINTEXT", c.name()));
+    }
+    format!(
+        "process.roles=broker,controller\nnode.id=1\ncontroller.quorum.voters=1@127.0.0.1:{controller_port}\n\
+         controller.listener.names=CONTROLLER\ninter.broker.listener.name=HARNESS\n\
+         listeners={}\nadvertised.listeners={}\nlistener.security.protocol.map={}\nlog.dirs={data}\n\
+         auto.create.topics.enable=false\ndefault.replication.factor=1\nmin.insync.replicas=1\n\
+         unclean.leader.election.enable=false\ngroup.initial.rebalance.delay.ms=0\n\
+         offsets.topic.replication.factor=1\noffsets.topic.num.partitions=1\n\
+         transaction.state.log.replication.factor=1\ntransaction.state.log.min.isr=1\n\
+         transaction.state.log.num.partitions=1\n",
+        listeners.join(","),
+        advertised.join(","),
+        protocols.join(","),
+    )
+}
+
+/// The broker's JVM options: 512 MiB of heap at most.
+const KAFKA_JVM_OPTS: &str = "-Xmx512m -Xms128m -Djava.awt.headless=true";
+
+/// Formats the data directory (once: a restart finds it formatted) with
+/// Kafka's storage tool, then runs the broker: the two Java main classes the
+/// release's `kafka-storage.sh` and `kafka-server-start.sh` run.
+fn kafka_launch(libs: &Path) -> String {
+    let cp = format!("'{}/*'", libs.display());
+    format!(
+        "java {KAFKA_JVM_OPTS} -cp {cp} kafka.tools.StorageTool format -t {KAFKA_CLUSTER_ID} \
+         -c server.properties --ignore-formatted && \
+         exec java {KAFKA_JVM_OPTS} -Dlog4j2.configurationFile=log4j2.properties -cp {cp} kafka.Kafka server.properties"
+    )
 }
 
 /// A `sitecustomize.py` that makes moto's SQS delete and receive take their
@@ -311,6 +438,12 @@ pub const MOTO_PATCHED_LINE: &str = "haunt: moto's SQS delete runs under the que
 /// and connect to itself; the broker then cannot listen again (RabbitMQ
 /// failed to restart with `eaddrinuse` exactly so).
 pub fn free_ports() -> anyhow::Result<(u16, u16)> {
+    free_ports_besides(&[])
+}
+
+/// [`free_ports`], none of them one of `taken` (chosen before, and not yet
+/// listened on).
+pub fn free_ports_besides(taken: &[u16]) -> anyhow::Result<(u16, u16)> {
     let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|r| r.split_whitespace().next().and_then(|p| p.parse::<u32>().ok()))
@@ -324,7 +457,8 @@ pub fn free_ports() -> anyhow::Result<(u16, u16)> {
     let free = |p: u32| std::net::TcpListener::bind(("127.0.0.1", p as u16)).is_ok();
     for _ in 0..200 {
         let port = low + (rng.next_u64() % u64::from(high - low)) as u32;
-        if free(port) && free(port + 1) && free(port + 20000) {
+        let clear = [port, port + 1].iter().all(|p| !taken.iter().any(|t| u32::from(*t) == *p));
+        if clear && free(port) && free(port + 1) && free(port + 20000) {
             return Ok((port as u16, port as u16 + 1));
         }
     }

@@ -4,9 +4,9 @@
 //!
 //! These need the servers `scripts/brokers` installs (`scripts/test` runs it).
 //! Without one, its test fails with directions, unless `HAUNT_SKIP_BROKERS=1`
-//! (or, for tansu, `HAUNT_SKIP_KAFKA=1`; for the Pub/Sub emulator,
-//! `HAUNT_SKIP_PUBSUB=1`) says to skip it, and then each skip
-//! is printed.
+//! (or, for Apache Kafka, `HAUNT_SKIP_KAFKA=1`; for tansu,
+//! `HAUNT_SKIP_TANSU=1`; for the Pub/Sub emulator, `HAUNT_SKIP_PUBSUB=1`)
+//! says to skip it, and then each skip is printed.
 
 use std::time::Duration;
 
@@ -16,7 +16,8 @@ use haunt_chaos::systems::brokers::{Broker, MOTO_DELETE_LOCKED, MOTO_PATCHED_LIN
 
 async fn lifecycle(broker: Broker) {
     let own = match broker {
-        Broker::Tansu => Some("HAUNT_SKIP_KAFKA"),
+        Broker::Tansu => Some("HAUNT_SKIP_TANSU"),
+        Broker::Kafka => Some("HAUNT_SKIP_KAFKA"),
         Broker::PubSub => Some("HAUNT_SKIP_PUBSUB"),
         _ => None,
     };
@@ -28,7 +29,7 @@ async fn lifecycle(broker: Broker) {
     }
     let dir = tempfile::tempdir().unwrap();
     let (port, http_port) = free_ports().unwrap();
-    let laid = broker.layout(port, http_port, &dir.path().join("data"), None).unwrap_or_else(|e| panic!("{e:#}"));
+    let laid = broker.layout(port, http_port, &dir.path().join("data"), None, &[]).unwrap_or_else(|e| panic!("{e:#}"));
     let node = laid.spec.node.clone();
     let backend = LocalBackend::new(
         laid.spec.program.clone().unwrap(),
@@ -92,6 +93,11 @@ async fn mosquitto() {
 #[tokio::test(flavor = "multi_thread")]
 async fn moto() {
     lifecycle(Broker::Moto).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka() {
+    lifecycle(Broker::Kafka).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -42,7 +42,7 @@ fn redis_laid_out(dir: &std::path::Path) -> Option<Redis> {
         return None;
     }
     let (port, http_port) = free_ports().unwrap();
-    let laid = Broker::Redis.layout(port, http_port, &dir.join("redis"), None).unwrap_or_else(|e| panic!("{e:#}"));
+    let laid = Broker::Redis.layout(port, http_port, &dir.join("redis"), None, &[]).unwrap_or_else(|e| panic!("{e:#}"));
     let node = laid.spec.node.clone();
     let backend = LocalBackend::new(laid.spec.program.clone().unwrap(), dir.to_owned(), Vec::new(), vec![laid.spec]);
     let url = haunt_transport::local_url("redis-streams".parse().unwrap(), laid.addr);

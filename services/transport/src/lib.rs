@@ -25,9 +25,13 @@
 //!   `rabbitmq` (a quorum queue, manual or automatic acks), `redis`
 //!   (Streams and Pub/Sub), `nats` (JetStream and core NATS), `mqtt`
 //!   (persistent sessions at QoS 0, 1, 2), `sqs` (standard and FIFO
-//!   queues) and `pubsub` (Google Pub/Sub's emulator: pull, exactly-once,
-//!   ordered). Each module's doc says what its broker does with a lost ack.
+//!   queues), `pubsub` (Google Pub/Sub's emulator: pull, exactly-once,
+//!   ordered) and `kafka` (Apache Kafka: a consumer group committing
+//!   offsets, idempotent or transactional producers). Each module's doc says
+//!   what its broker does with a lost ack.
 
+#[cfg(feature = "kafka")]
+mod kafka;
 #[cfg(feature = "mqtt")]
 mod mqtt;
 #[cfg(feature = "nats")]
@@ -151,6 +155,7 @@ pub enum Kind {
     Mqtt,
     Sqs,
     PubSub,
+    Kafka,
 }
 
 /// A transport's modes, each with what it claims.
@@ -181,6 +186,19 @@ const TRANSPORTS: &[(&str, Kind, Modes)] = &[
             ("pull", Guarantee::AtLeastOnce),
             ("exactly-once", Guarantee::ExactlyOnce),
             ("ordered", Guarantee::AtLeastOnce),
+        ],
+    ),
+    // Exactly-once: Kafka's transactions (an idempotent, transactional
+    // producer and `read_committed` consumers), within Kafka. acks-1 claims
+    // at-least-once only while the partition's leader lives.
+    (
+        "kafka",
+        Kind::Kafka,
+        &[
+            ("at-least-once", Guarantee::AtLeastOnce),
+            ("at-most-once", Guarantee::AtMostOnce),
+            ("eos", Guarantee::ExactlyOnce),
+            ("acks-1", Guarantee::AtLeastOnce),
         ],
     ),
 ];
@@ -234,13 +252,14 @@ impl TransportSpec {
     /// What the broker promises about order in this mode. SQS FIFO and
     /// Pub/Sub with message ordering claim one: a message group's (an
     /// ordering key's) next message is not delivered while one before it is
-    /// in flight. RabbitMQ keeps a
+    /// in flight. Kafka keeps a partition's order in every mode, and a key
+    /// has one partition. RabbitMQ keeps a
     /// queue's order for one consumer until a requeue, NATS JetStream a
     /// stream's for one pending ack, and Redis a stream's for one reader:
     /// with competing consumers, as haunt runs them, none of them claims it.
     pub fn order_claim(&self) -> OrderClaim {
         match (self.kind, self.mode) {
-            (Kind::Sqs, "fifo") | (Kind::PubSub, "ordered") => OrderClaim::PerKey,
+            (Kind::Sqs, "fifo") | (Kind::PubSub, "ordered") | (Kind::Kafka, _) => OrderClaim::PerKey,
             _ => OrderClaim::None,
         }
     }
@@ -262,6 +281,7 @@ impl TransportSpec {
             Kind::Mqtt => Some("mosquitto"),
             Kind::Sqs => Some("moto"),
             Kind::PubSub => Some("pubsub-emulator"),
+            Kind::Kafka => Some("kafka"),
         }
     }
 
@@ -275,9 +295,11 @@ impl TransportSpec {
 
     /// Whether the relay can publish without waiting for a confirmation
     /// (`no-publisher-confirms` then changes something): RabbitMQ's
-    /// publisher confirms, JetStream's publish acks, MQTT's PUBACK/PUBCOMP.
+    /// publisher confirms, JetStream's publish acks, MQTT's PUBACK/PUBCOMP,
+    /// Kafka's delivery reports (outside a transaction).
     pub fn has_publisher_confirms(&self) -> bool {
         matches!(self.kind, Kind::RabbitMq | Kind::Nats | Kind::Mqtt)
+            || (self.kind == Kind::Kafka && self.mode != "eos")
     }
 }
 
@@ -294,21 +316,6 @@ pub enum SpecError {
     Transport(String),
     #[error("transport {transport} has no mode {mode:?}; its modes: {modes}")]
     Mode { transport: String, mode: String, modes: String },
-    #[error("transport {name:?} is not built: {reason} (docs/transports.md); known: {known}", known = known_names())]
-    Open { name: String, reason: &'static str },
-}
-
-/// The transports of the tutorial's table that haunt does not have yet, and
-/// why: a broker name that a user would reasonably type gets the reason, not
-/// a bare "unknown".
-fn open_row(name: &str) -> Option<&'static str> {
-    match name {
-        "kafka" => Some(
-            "not written yet (issue 32): Apache Kafka's broker resolves from Maven Central on the machines \
-             haunt is built on, and tansu from crates.io builds for about 50 minutes and has no transactions",
-        ),
-        _ => None,
-    }
 }
 
 fn known_names() -> String {
@@ -323,10 +330,8 @@ impl std::str::FromStr for TransportSpec {
             Some((name, mode)) => (name, Some(mode)),
             None => (s, None),
         };
-        let (_, kind, modes) = TRANSPORTS.iter().find(|(n, _, _)| *n == name).ok_or_else(|| match open_row(name) {
-            Some(reason) => SpecError::Open { name: name.to_owned(), reason },
-            None => SpecError::Transport(name.to_owned()),
-        })?;
+        let (_, kind, modes) =
+            TRANSPORTS.iter().find(|(n, _, _)| *n == name).ok_or_else(|| SpecError::Transport(name.to_owned()))?;
         let (mode, guarantee) = match mode {
             None => modes[0],
             Some(m) => *modes.iter().find(|(n, _)| *n == m).ok_or_else(|| SpecError::Mode {
@@ -529,6 +534,8 @@ pub async fn publisher(
         Kind::Sqs => sqs::publisher(spec, url, options).await,
         #[cfg(feature = "pubsub")]
         Kind::PubSub => pubsub::publisher(spec, url, options).await,
+        #[cfg(feature = "kafka")]
+        Kind::Kafka => kafka::publisher(spec, url, options).await,
         #[allow(unreachable_patterns)]
         _ => {
             let _ = (url, options);
@@ -553,6 +560,8 @@ pub async fn consumer(spec: TransportSpec, url: &str, options: &Options) -> Resu
         Kind::Sqs => sqs::consumer(spec, url, options).await,
         #[cfg(feature = "pubsub")]
         Kind::PubSub => pubsub::consumer(spec, url, options).await,
+        #[cfg(feature = "kafka")]
+        Kind::Kafka => kafka::consumer(spec, url, options).await,
         #[allow(unreachable_patterns)]
         _ => {
             let _ = (url, options);
@@ -577,6 +586,8 @@ pub async fn inspector(spec: TransportSpec, url: &str) -> Result<Box<dyn Inspect
         Kind::Sqs => sqs::inspector(spec, url).await,
         #[cfg(feature = "pubsub")]
         Kind::PubSub => pubsub::inspector(spec, url).await,
+        #[cfg(feature = "kafka")]
+        Kind::Kafka => kafka::inspector(spec, url).await,
         #[allow(unreachable_patterns)]
         _ => {
             let _ = url;
@@ -641,6 +652,7 @@ pub fn url(spec: TransportSpec, authority: &str) -> String {
         Kind::Nats => format!("nats://{authority}"),
         Kind::Mqtt => format!("mqtt://{authority}"),
         Kind::Sqs | Kind::PubSub => format!("http://{authority}"),
+        Kind::Kafka => format!("kafka://{authority}"),
     }
 }
 
@@ -722,7 +734,10 @@ mod tests {
             .filter(|s| s.order_claim() == OrderClaim::PerKey)
             .map(|s| s.to_string())
             .collect();
-        assert_eq!(claiming, ["sqs:fifo", "pubsub:ordered"]);
+        assert_eq!(
+            claiming,
+            ["sqs:fifo", "pubsub:ordered", "kafka:at-least-once", "kafka:at-most-once", "kafka:eos", "kafka:acks-1"]
+        );
         assert_eq!(TransportSpec::default().order_claim(), OrderClaim::None, "the database queue claims none");
         assert_eq!(serde_json::to_value(OrderClaim::PerKey).unwrap(), serde_json::json!("per-key"));
         assert_eq!(OrderClaim::PerKey.name(), "per-key");
@@ -737,6 +752,7 @@ mod tests {
             ("mqtt:qos2", "mosquitto", "mqtt://127.0.0.1:5000"),
             ("sqs:fifo", "moto", "http://127.0.0.1:5000"),
             ("pubsub:ordered", "pubsub-emulator", "http://127.0.0.1:5000"),
+            ("kafka:eos", "kafka", "kafka://127.0.0.1:5000"),
         ] {
             let spec: TransportSpec = spelled.parse().unwrap();
             assert_eq!((spec.server(), local_url(spec, addr).as_str()), (Some(server), url), "{spelled}");
@@ -752,14 +768,20 @@ mod tests {
     }
 
     #[test]
-    fn the_open_rows_of_the_table_are_refused_with_their_reason() {
-        for spelled in ["kafka", "kafka:transactions", "kafka:at-least-once"] {
-            let e = spelled.parse::<TransportSpec>().unwrap_err();
-            assert!(matches!(e, SpecError::Open { .. }), "{spelled}: {e:?}");
-            let text = e.to_string();
-            assert!(text.contains("not built") && text.contains("docs/transports.md"), "{text}");
-            assert!(text.contains("not written yet (issue 3") && text.contains("redis-streams"), "{text}");
+    fn kafkas_modes_and_what_each_claims() {
+        let spec: TransportSpec = "kafka".parse().unwrap();
+        assert_eq!((spec.to_string(), spec.claim()), ("kafka:at-least-once".into(), Guarantee::AtLeastOnce));
+        for (spelled, claim, confirms) in [
+            ("kafka:at-most-once", Guarantee::AtMostOnce, true),
+            ("kafka:eos", Guarantee::ExactlyOnce, false),
+            ("kafka:acks-1", Guarantee::AtLeastOnce, true),
+        ] {
+            let spec: TransportSpec = spelled.parse().unwrap();
+            assert_eq!((spec.claim(), spec.has_publisher_confirms()), (claim, confirms), "{spelled}");
+            assert_eq!(spec.order_claim(), OrderClaim::PerKey, "{spelled}: a key's partition keeps its order");
         }
+        let e = "kafka:transactions".parse::<TransportSpec>().unwrap_err().to_string();
+        assert!(e.contains("at-least-once, at-most-once, eos, acks-1"), "{e}");
         assert!(matches!("kafkaesque".parse::<TransportSpec>(), Err(SpecError::Transport(_))));
     }
 }

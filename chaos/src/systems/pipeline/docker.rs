@@ -157,12 +157,7 @@ fn docker_broker(
         addr: ([127, 0, 0, 1], host_port).into(),
         spec,
     };
-    let side = BrokerSide {
-        transport,
-        url: haunt_transport::local_url(transport, laid.addr),
-        laid,
-        settle: options.visibility_timeout * 2,
-    };
+    let side = BrokerSide::new(options, laid);
     Ok((container, side))
 }
 

@@ -28,7 +28,7 @@ use crate::core::progress::say;
 use crate::core::roles::{Backend, BoxFuture, Client, Joined, Node};
 use crate::core::system::{FinalSink, Surfaces, Switches, System};
 use crate::core::workload::HttpClient;
-use crate::systems::brokers::{Broker, BrokerNode};
+use crate::systems::brokers::{Broker, BrokerNode, ClientListener};
 
 mod docker;
 use docker::docker_pipeline;
@@ -64,6 +64,13 @@ struct BrokerSide {
 }
 
 impl BrokerSide {
+    /// The broker `laid` out for a run of `options`, reached directly.
+    fn new(options: &RunOptions, laid: BrokerNode) -> BrokerSide {
+        let transport = options.transport;
+        let url = haunt_transport::local_url(transport, laid.addr);
+        BrokerSide { transport, laid, url, settle: options.visibility_timeout * 2 }
+    }
+
     async fn depth(&self) -> anyhow::Result<Depth> {
         let inspector = haunt_transport::inspector(self.transport, &self.url).await?;
         Ok(inspector.depth().await?)
@@ -334,23 +341,15 @@ async fn local_pipeline(
     let mut endpoints = vec![(api_node(), format!("http://{api_addr}"))];
     // The broker first, so that it is up by the time its clients connect;
     // each client reaches it through a fault proxy of its own.
-    let mut broker = None;
-    let mut broker_proxies: Vec<(String, Arc<FaultProxy>)> = Vec::new();
-    if let Some(server) = transport.server() {
-        let server = Broker::from_name(server).with_context(|| format!("no broker server for {transport}"))?;
-        let (port, http_port) = crate::systems::brokers::free_ports()?;
-        let laid = server.layout(port, http_port, &run_dir.join("broker"), Some(options.visibility_timeout))?;
-        specs.insert(0, laid.spec.clone());
-        for name in names.iter().filter(|n| **n != api_node().name) {
-            broker_proxies.push((format!("{name}<->broker"), Arc::new(FaultProxy::start(laid.addr).await?)));
+    let clients: Vec<&String> = names.iter().filter(|n| **n != api_node().name).collect();
+    let (broker, broker_proxies) = match transport.server() {
+        Some(server) => {
+            let (side, proxies) = local_broker(options, server, run_dir, &clients).await?;
+            specs.insert(0, side.laid.spec.clone());
+            (Some(side), proxies)
         }
-        broker = Some(BrokerSide {
-            transport,
-            url: haunt_transport::local_url(transport, laid.addr),
-            laid,
-            settle: options.visibility_timeout * 2,
-        });
-    }
+        None => (None, Vec::new()),
+    };
     let broker_for = |name: &str| -> Vec<String> {
         let link = format!("{name}<->broker");
         match broker_proxies.iter().find(|(l, _)| *l == link) {
@@ -404,6 +403,42 @@ async fn local_pipeline(
     };
     let client = Arc::new(HttpClient::new(&format!("http://{}", client_proxy.addr()), options.request_timeout)?);
     Ok(Pipeline { surfaces, store, db: db.to_string(), client, endpoints, broker })
+}
+
+/// The broker of a local run, and a fault proxy for each of its `clients`
+/// (the relay and the workers), named by link.
+async fn local_broker(
+    options: &RunOptions,
+    server: &str,
+    run_dir: &Path,
+    clients: &[&String],
+) -> anyhow::Result<(BrokerSide, Vec<(String, Arc<FaultProxy>)>)> {
+    let transport = options.transport;
+    let server = Broker::from_name(server).with_context(|| format!("no broker server for {transport}"))?;
+    let (port, http_port) = crate::systems::brokers::free_ports()?;
+    let direct: SocketAddr = ([127, 0, 0, 1], port).into();
+    let mut taken = vec![port, http_port];
+    let mut listeners = Vec::new();
+    let mut proxies = Vec::new();
+    for name in clients {
+        // A broker that tells its clients where to connect gets a listener
+        // per client, which advertises that client's proxy.
+        let target = if server.listener_per_client() {
+            let (listener, _) = crate::systems::brokers::free_ports_besides(&taken)?;
+            taken.push(listener);
+            ([127, 0, 0, 1], listener).into()
+        } else {
+            direct
+        };
+        let proxy = Arc::new(FaultProxy::start(target).await?);
+        if server.listener_per_client() {
+            listeners.push(ClientListener { client: (*name).clone(), port: target.port(), advertised: proxy.addr() });
+        }
+        proxies.push((format!("{name}<->broker"), proxy));
+    }
+    let laid = server.layout(port, http_port, &run_dir.join("broker"), Some(options.visibility_timeout), &listeners)?;
+    let side = BrokerSide::new(options, laid);
+    Ok((side, proxies))
 }
 
 /// The arguments every worker gets, wherever it runs.
