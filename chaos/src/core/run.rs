@@ -47,7 +47,7 @@ pub struct RunOutcome {
 /// What a finished run did not test though it was asked to: enabled faults
 /// that never fired, and faults that fired without one redelivery (so the
 /// inbox was never put to work).
-pub fn warnings(enabled: usize, never_fired: &[String], results: &Results) -> Vec<String> {
+pub fn warnings(enabled: usize, never_fired: &[String], delivery: &haunt_checker::results::Delivery) -> Vec<String> {
     let mut warnings = Vec::new();
     if !never_fired.is_empty() {
         warnings.push(format!(
@@ -56,7 +56,10 @@ pub fn warnings(enabled: usize, never_fired: &[String], results: &Results) -> Ve
         ));
     }
     let fired = enabled > never_fired.len();
-    if fired && results.delivery.redeliveries == Some(0) {
+    // A duplicate the inbox absorbed was a redelivery, counted or not (Kafka
+    // counts no deliveries: a partition's next owner delivers a 1 again).
+    let absorbed = delivery.duplicates_absorbed.unwrap_or(0);
+    if fired && delivery.redeliveries == Some(0) && absorbed == 0 {
         warnings.push(
             "warning: the faults fired but caused no redelivery, so this run did not test the inbox \
              (another --seed, a longer --time-limit-s or --nemesis ack-loss will)"
@@ -181,7 +184,7 @@ pub async fn execute(
     if options.metrics_listen.is_some() && !options.metrics_linger.is_zero() {
         tokio::time::sleep(options.metrics_linger).await;
     }
-    let warnings = warnings(options.faults.len(), &never_fired, &results);
+    let warnings = warnings(options.faults.len(), &never_fired, &results.delivery);
     Ok(RunOutcome { run_dir, results: Some(results), aborted, faults_never_fired: never_fired, warnings })
 }
 
@@ -301,5 +304,24 @@ fn publish_verdict(metrics: &HarnessMetrics, results: &Results) {
     for (anomaly, report) in &results.anomalies {
         let labels = AnomalyLabels { anomaly: anomaly.clone() };
         metrics.check_anomalies.get_or_create(&labels).set(report.count as i64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use haunt_checker::results::Delivery;
+
+    use super::warnings;
+
+    #[test]
+    fn faults_without_a_redelivery_are_reported_but_an_absorbed_duplicate_is_one() {
+        let none = Delivery { redeliveries: Some(0), duplicates_absorbed: Some(0), ..Delivery::default() };
+        let said = warnings(2, &[], &none);
+        assert!(said.iter().any(|w| w.contains("caused no redelivery")), "{said:?}");
+        // A partition's next owner on Kafka counts its delivery 1: the
+        // duplicate the inbox refused is the redelivery.
+        let uncounted = Delivery { duplicates_absorbed: Some(1), ..none.clone() };
+        assert!(warnings(2, &[], &uncounted).is_empty());
+        assert!(warnings(0, &[], &none).is_empty(), "no fault enabled, nothing to warn of");
     }
 }

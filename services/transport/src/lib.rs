@@ -264,6 +264,21 @@ impl TransportSpec {
         }
     }
 
+    /// Whether the broker tells a consumer how often it delivered a
+    /// message. Kafka does not: a partition's next owner reads from the last
+    /// commit, and its first delivery of a message counts 1 whoever had it
+    /// before (its consumer counts its own deliveries only).
+    pub fn counts_deliveries(&self) -> bool {
+        self.kind != Kind::Kafka
+    }
+
+    /// Whether an ack settles everything before it too: a Kafka commit is
+    /// an offset per partition. An ack lost there is covered by the next
+    /// one, and only a consumer that dies first redelivers.
+    pub fn acks_are_cumulative(&self) -> bool {
+        self.kind == Kind::Kafka
+    }
+
     /// Whether a broker (and a relay in front of it) is in the pipeline.
     pub fn is_broker(&self) -> bool {
         self.kind != Kind::Db

@@ -42,8 +42,8 @@ pub struct Faults {
 /// the ack is not sent, so a kill makes the queue deliver the batch again and
 /// the inbox must absorb it. With the ack inside the apply's transaction, the
 /// lease is in hand and nothing is written. With the ack sent on receipt (bug
-/// mode `ack-before-process`), the batch is acked and not applied, so a kill
-/// loses it.
+/// mode `ack-before-process`, or a broker's at-most-once mode), the batch is
+/// acked and not applied, so a kill loses it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum HoldPoint {

@@ -319,6 +319,10 @@ impl Worker {
             let kept = self.kept(ready.from.iter().copied().enumerate(), &trace, rng);
             source.ack_on_receipt(self, &kept).await;
             self.faults.at_hold_point(HoldPoint::AckedNotApplied, ready.len()).await;
+        } else if source.settled_on_receipt() {
+            // An at-most-once broker's consumer settled the batch as it
+            // received it: a crash here loses it, as above.
+            self.faults.at_hold_point(HoldPoint::AckedNotApplied, ready.len()).await;
         }
         let outcomes = match source.apply(self, &ready.batch).await {
             Ok(outcomes) => outcomes,

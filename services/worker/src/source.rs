@@ -243,6 +243,13 @@ impl Source {
         }
     }
 
+    /// Whether the broker's consumer settled what it received as it
+    /// received it (an at-most-once mode: auto-ack, a commit before the
+    /// effect).
+    pub(crate) fn settled_on_receipt(&self) -> bool {
+        matches!(self, Source::Broker { consumer: Some(c), .. } if c.acks_on_receipt())
+    }
+
     /// Whether this is a broker's consumer. The loop differs in three
     /// small ways, each said where it is decided: an unreadable delivery is
     /// parked at once (it is not haunt's to retry), a failed delivery on its
