@@ -284,6 +284,9 @@ impl RunOptions {
                 self.transport
             );
         }
+        if let Some(bug) = self.bug.filter(|b| b.needs_kafka() && self.transport.kind != haunt_transport::Kind::Kafka) {
+            anyhow::bail!("--bug {bug} is a bug of a Kafka consumer, which commits offsets: use --transport kafka");
+        }
         if self.bug == Some(Bug::NoPublisherConfirms) && broker && !self.transport.has_publisher_confirms() {
             anyhow::bail!(
                 "--bug no-publisher-confirms with --transport {}: its publish always waits for the server's reply, \

@@ -160,6 +160,7 @@ impl Relay {
             visibility_timeout: c.visibility_timeout,
             // BUG MODE no-publisher-confirms: publish and move on.
             confirms: c.bug != Some(Bug::NoPublisherConfirms),
+            commit_on_receipt: false,
         };
         let mut publisher: Option<Box<dyn Publisher>> = None;
         let mut error_wait = ErrorWait::new(c.poll_interval);

@@ -38,6 +38,10 @@ pub enum Bug {
     /// failed waits out its backoff while the deliveries behind it in its
     /// batch, of its own key among them, are applied.
     RetryAfterNext,
+    /// With Kafka: the consumer commits what it received asynchronously, as
+    /// it receives it, before the effect (a commit moved "off the hot
+    /// path"), so a consumer that dies before the apply loses it.
+    CommitAsyncOnReceipt,
 }
 
 impl Bug {
@@ -63,6 +67,9 @@ impl Bug {
     /// keeps one has.
     pub const ORDER: [Bug; 1] = [Bug::RetryAfterNext];
 
+    /// The bug modes of a Kafka consumer, which commits offsets.
+    pub const KAFKA: [Bug; 1] = [Bug::CommitAsyncOnReceipt];
+
     /// Whether this bug mode needs a broker transport (it is in the relay).
     pub fn needs_broker(self) -> bool {
         Bug::RELAY.contains(&self)
@@ -73,9 +80,14 @@ impl Bug {
         Bug::ORDER.contains(&self)
     }
 
-    /// Every bug mode: the pipeline's, the relay's, the order's.
+    /// Whether this bug mode needs the Kafka transport (it is in its consumer).
+    pub fn needs_kafka(self) -> bool {
+        Bug::KAFKA.contains(&self)
+    }
+
+    /// Every bug mode: the pipeline's, the relay's, the order's, Kafka's.
     pub fn every() -> impl Iterator<Item = Bug> {
-        Bug::ALL.into_iter().chain(Bug::RELAY).chain(Bug::ORDER)
+        Bug::ALL.into_iter().chain(Bug::RELAY).chain(Bug::ORDER).chain(Bug::KAFKA)
     }
 
     pub fn name(self) -> &'static str {
@@ -93,6 +105,7 @@ impl Bug {
             Bug::RelayMarksBeforePublish => "relay-marks-before-publish",
             Bug::NoPublisherConfirms => "no-publisher-confirms",
             Bug::RetryAfterNext => "retry-after-next",
+            Bug::CommitAsyncOnReceipt => "commit-async-on-receipt",
         }
     }
 }

@@ -87,6 +87,12 @@ pub const MAX_POLL_INTERVAL_MS: u32 = 30_000;
 /// How long a request (a publish, a commit, a transaction's end) may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a message may wait for the broker's acknowledgement before the
+/// producer gives up on it (`message.timeout.ms`): the relay learns of a broker out of reach within it and publishes
+/// the batch again. Kafka's default is 5 minutes. A producer that is not
+/// waited on (bug mode `no-publisher-confirms`) drops what times out.
+const DELIVERY_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// How often a receive sends the commits it owes.
 const COMMIT_REPAIR: Duration = Duration::from_secs(1);
 
@@ -156,15 +162,18 @@ pub(crate) async fn publisher(
 ) -> Result<Box<dyn Publisher>, TransportError> {
     let mode = Mode::of(spec);
     let mut c = config(&bootstrap(url)?, &options.client_id);
-    let timeout = REQUEST_TIMEOUT.as_millis().to_string();
-    c.set("linger.ms", "1").set("request.timeout.ms", &timeout).set("message.timeout.ms", &timeout);
+    let timeout = DELIVERY_TIMEOUT.as_millis().to_string();
+    let request = (DELIVERY_TIMEOUT.as_millis() * 4 / 5).to_string();
+    c.set("linger.ms", "1").set("request.timeout.ms", request).set("message.timeout.ms", &timeout);
     if mode == Mode::Acks1 {
         c.set("acks", "1").set("enable.idempotence", "false");
     } else {
         c.set("acks", "all").set("enable.idempotence", "true");
     }
     if mode == Mode::Eos {
-        c.set("transactional.id", &options.client_id).set("transaction.timeout.ms", &timeout);
+        // Above the message timeout and the socket timeout, as librdkafka asks.
+        let transaction = REQUEST_TIMEOUT.as_millis().to_string();
+        c.set("transactional.id", &options.client_id).set("transaction.timeout.ms", transaction);
     }
     let producer: FutureProducer = c.create().map_err(broker)?;
     if mode == Mode::Eos {
@@ -302,6 +311,7 @@ pub(crate) async fn consumer(
     Ok(Box::new(KafkaConsumer {
         consumer: Arc::new(consumer),
         mode,
+        commit_on_receipt: options.commit_on_receipt,
         partitions: HashMap::new(),
         assigned: BTreeSet::new(),
         deliveries: HashMap::new(),
@@ -312,6 +322,9 @@ pub(crate) async fn consumer(
 struct KafkaConsumer {
     consumer: Arc<StreamConsumer>,
     mode: Mode,
+    /// BUG MODE commit-async-on-receipt: what a receive returns is committed
+    /// at once, asynchronously, before the effect.
+    commit_on_receipt: bool,
     partitions: HashMap<i32, Partition>,
     /// The partitions of the last receive's assignment.
     assigned: BTreeSet<i32>,
@@ -377,6 +390,21 @@ impl KafkaConsumer {
         Ok(())
     }
 
+    /// BUG MODE commit-async-on-receipt: commits past everything received,
+    /// without waiting for the broker, before a single effect.
+    fn commit_received(&mut self) -> Result<(), TransportError> {
+        let mut tpl = TopicPartitionList::new();
+        for (partition, p) in &self.partitions {
+            if let Some(last) = p.batch.keys().next_back() {
+                tpl.add_partition_offset(TOPIC, *partition, Offset::Offset(last + 1)).map_err(broker)?;
+            }
+        }
+        if tpl.count() > 0 {
+            self.consumer.commit(&tpl, CommitMode::Async).map_err(broker)?;
+        }
+        Ok(())
+    }
+
     /// Takes one message into the batch in hand.
     fn take(&mut self, partition: i32, offset: i64, payload: Option<&[u8]>) -> Option<Delivery> {
         let p = self.partitions.entry(partition).or_default();
@@ -403,8 +431,12 @@ impl Consumer for KafkaConsumer {
                 p.close_batch();
             }
             self.follow_assignment()?;
-            if self.last_commit.elapsed() >= COMMIT_REPAIR {
-                self.commit().await?;
+            if self.last_commit.elapsed() >= COMMIT_REPAIR
+                && let Err(e) = self.commit().await
+            {
+                // Sent again a second later; the broker may be moving its
+                // group coordinator (a restart, a rebalance).
+                tracing::debug!(error = %e, "sending the commits owed failed");
             }
             let consumer = self.consumer.clone();
             let mut out = Vec::new();
@@ -433,6 +465,8 @@ impl Consumer for KafkaConsumer {
                     p.close_batch();
                 }
                 self.commit().await?;
+            } else if self.commit_on_receipt {
+                self.commit_received()?;
             }
             Ok(out)
         })
@@ -484,7 +518,7 @@ impl Consumer for KafkaConsumer {
     }
 
     fn acks_on_receipt(&self) -> bool {
-        self.mode == Mode::AtMostOnce
+        self.mode == Mode::AtMostOnce || self.commit_on_receipt
     }
 }
 
@@ -511,15 +545,41 @@ impl KafkaInspector {
         (factor, if factor >= 3 { 2 } else { 1 })
     }
 
-    /// Reads every partition from the group's committed offset to its end.
-    fn lag(servers: &str, mode: Mode) -> Result<Vec<Held>, TransportError> {
+    /// A reader in the group's name that never joins it, at `isolation`.
+    fn reader(servers: &str, isolation: &str) -> Result<BaseConsumer, TransportError> {
         let mut c = config(servers, "haunt-inspector");
         c.set("group.id", GROUP)
             .set("enable.auto.commit", "false")
             .set("enable.partition.eof", "true")
             .set("auto.offset.reset", "earliest")
-            .set("isolation.level", mode.isolation());
-        let reader: BaseConsumer = c.create().map_err(broker)?;
+            .set("isolation.level", isolation);
+        c.create().map_err(broker)
+    }
+
+    /// What the group still has to read. Under `read_committed` a partition
+    /// ends at its last stable offset: records of a transaction not yet
+    /// resolved (its markers are written after its producer's commit
+    /// returned, and again by a coordinator that restarted) lie beyond it,
+    /// invisible. Then the depth is a count, so that a run waits for them
+    /// and never calls them lost.
+    fn depth(servers: &str, mode: Mode) -> Result<Depth, TransportError> {
+        let held = KafkaInspector::lag(servers, mode)?;
+        if mode != Mode::Eos {
+            return Ok(Depth::Listed(held));
+        }
+        let (committed, all) = (Self::reader(servers, "read_committed")?, Self::reader(servers, "read_uncommitted")?);
+        let mut unresolved = 0;
+        for partition in 0..PARTITIONS {
+            let (_, stable) = committed.fetch_watermarks(TOPIC, partition, REQUEST_TIMEOUT).map_err(broker)?;
+            let (_, high) = all.fetch_watermarks(TOPIC, partition, REQUEST_TIMEOUT).map_err(broker)?;
+            unresolved += u64::try_from(high - stable).unwrap_or(0);
+        }
+        Ok(if unresolved == 0 { Depth::Listed(held) } else { Depth::Counted(held.len() as u64 + unresolved) })
+    }
+
+    /// Reads every partition from the group's committed offset to its end.
+    fn lag(servers: &str, mode: Mode) -> Result<Vec<Held>, TransportError> {
+        let reader = Self::reader(servers, mode.isolation())?;
         let metadata = reader.fetch_metadata(Some(TOPIC), REQUEST_TIMEOUT).map_err(broker)?;
         let topic = metadata.topics().iter().find(|t| t.name() == TOPIC).ok_or_else(|| broker("no topic"))?;
         if let Some(e) = topic.error() {
@@ -529,7 +589,19 @@ impl KafkaInspector {
         for p in topic.partitions() {
             all.add_partition(TOPIC, p.id());
         }
-        let committed = reader.committed_offsets(all, REQUEST_TIMEOUT).map_err(broker)?;
+        // The group's coordinator may be loading or moving (the broker's
+        // first group, a restart): asked again until it answers.
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        let committed = loop {
+            match reader.committed_offsets(all.clone(), REQUEST_TIMEOUT) {
+                Ok(committed) => break committed,
+                Err(e) if Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "reading the group's offsets: asking again");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => return Err(broker(e)),
+            }
+        };
         let mut from = TopicPartitionList::new();
         for e in committed.elements() {
             let (low, high) = reader.fetch_watermarks(TOPIC, e.partition(), REQUEST_TIMEOUT).map_err(broker)?;
@@ -593,7 +665,7 @@ impl Inspector for KafkaInspector {
     fn depth(&self) -> BoxFuture<'_, Result<Depth, TransportError>> {
         Box::pin(async move {
             let (servers, mode) = (self.servers.clone(), self.mode);
-            Ok(Depth::Listed(blocking(move || KafkaInspector::lag(&servers, mode)).await??))
+            blocking(move || KafkaInspector::depth(&servers, mode)).await?
         })
     }
 }

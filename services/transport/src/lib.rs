@@ -462,11 +462,19 @@ pub struct Options {
     /// Whether the publisher waits for the broker's confirmation of each
     /// batch. Off only in the `no-publisher-confirms` bug mode.
     pub confirms: bool,
+    /// BUG MODE commit-async-on-receipt: a Kafka consumer commits what it
+    /// received, asynchronously, before the effect. Other brokers ignore it.
+    pub commit_on_receipt: bool,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { client_id: "haunt".into(), visibility_timeout: Duration::from_secs(5), confirms: true }
+        Options {
+            client_id: "haunt".into(),
+            visibility_timeout: Duration::from_secs(5),
+            confirms: true,
+            commit_on_receipt: false,
+        }
     }
 }
 

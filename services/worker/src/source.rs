@@ -105,6 +105,8 @@ impl Source {
                     client_id: format!("{}-{slot}", worker.config.worker_id),
                     visibility_timeout: worker.config.visibility_timeout,
                     confirms: true,
+                    // BUG MODE commit-async-on-receipt (Kafka): settled as received.
+                    commit_on_receipt: worker.config.bug == Some(haunt_store::Bug::CommitAsyncOnReceipt),
                 };
                 Source::Broker { broker, options, consumer: None }
             }
