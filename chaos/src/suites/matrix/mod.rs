@@ -201,6 +201,9 @@ mod tests {
                 // bring one, but where the next ack covers a lost one
                 // (Kafka), a consumer that dies before its ack.
                 let no_inbox = cases.iter().find(|c| c.bug == Some(Bug::NoInbox)).unwrap();
+                // Kafka's own consumer bug, only there.
+                let async_commit = cases.iter().find(|c| c.bug == Some(Bug::CommitAsyncOnReceipt));
+                assert_eq!(async_commit.is_some(), transport.kind == haunt_transport::Kind::Kafka, "{transport}");
                 let redelivers = if transport.acks_are_cumulative() { "kill" } else { "ack-loss" };
                 assert_eq!(no_inbox.nemesis, redelivers, "{transport}");
                 // Where the relay can skip the broker's confirmation, that bug
