@@ -551,3 +551,55 @@ fn greet(port: u16, send: &[u8], expect: &[u8], timeout: Duration) -> Result<(),
     stream.read_exact(&mut answer).map_err(|e| format!("{addr}: no greeting back: {e}"))?;
     if answer == expect { Ok(()) } else { Err(format!("{addr} answered {answer:02x?}, not {expect:02x?}")) }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_kafka_client_has_a_listener_that_advertises_its_proxy() {
+        let clients = [
+            ClientListener { client: "relay".into(), port: 11001, advertised: ([127, 0, 0, 1], 40001).into() },
+            ClientListener { client: "worker-1".into(), port: 11002, advertised: ([127, 0, 0, 1], 40002).into() },
+        ];
+        let props = kafka_properties(11000, 11010, "/d/data", &clients);
+        let value = |key: &str| {
+            props.lines().find_map(|l| l.strip_prefix(&format!("{key}="))).unwrap_or_else(|| panic!("{key}: {props}"))
+        };
+        assert_eq!(
+            value("listeners"),
+            "HARNESS://127.0.0.1:11000,CONTROLLER://127.0.0.1:11010,\
+             CLIENT_RELAY://127.0.0.1:11001,CLIENT_WORKER_1://127.0.0.1:11002"
+        );
+        // The client is told to come back through its own proxy; the
+        // controller's listener is never advertised.
+        assert_eq!(
+            value("advertised.listeners"),
+            "HARNESS://127.0.0.1:11000,CLIENT_RELAY://127.0.0.1:40001,CLIENT_WORKER_1://127.0.0.1:40002"
+        );
+        assert!(value("listener.security.protocol.map").contains("CLIENT_WORKER_1:PLAINTEXT"));
+        assert_eq!(value("controller.quorum.voters"), "1@127.0.0.1:11010");
+        assert_eq!(value("log.dirs"), "/d/data");
+        for (key, want) in [("min.insync.replicas", "1"), ("unclean.leader.election.enable", "false")] {
+            assert_eq!(value(key), want, "{key}");
+        }
+    }
+
+    #[test]
+    fn the_kafka_broker_is_formatted_once_then_run_with_a_capped_heap() {
+        let launch = kafka_launch(Path::new("/cache/libs"));
+        let (format, run) = launch.split_once("&&").unwrap();
+        assert!(format.contains("kafka.tools.StorageTool format") && format.contains("--ignore-formatted"), "{launch}");
+        assert!(run.contains("exec java -Xmx512m") && run.contains("kafka.Kafka server.properties"), "{launch}");
+        assert!(launch.contains("-cp '/cache/libs/*'"), "{launch}");
+    }
+
+    #[test]
+    fn ports_chosen_for_a_broker_avoid_those_already_taken() {
+        let (first, second) = free_ports().unwrap();
+        for _ in 0..50 {
+            let (a, b) = free_ports_besides(&[first, second]).unwrap();
+            assert!(![first, second].contains(&a) && ![first, second].contains(&b), "{a} {b}");
+        }
+    }
+}
