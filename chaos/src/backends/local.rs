@@ -16,6 +16,7 @@ use anyhow::Context;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
+use super::ready::Ready;
 use crate::core::roles::{Backend, BoxFuture, Node, Role};
 
 /// How a node is started.
@@ -30,12 +31,15 @@ pub struct NodeSpec {
     pub env: Vec<(String, String)>,
     /// Where the process starts (default: the harness's working directory).
     pub cwd: Option<PathBuf>,
+    /// How to tell that it serves, and for how long to wait (see
+    /// [`Backend::serves`]); none: as soon as the process runs.
+    pub ready: Option<(Ready, Duration)>,
 }
 
 impl NodeSpec {
     /// A node run by the backend's executable with these arguments.
     pub fn args(node: Node, args: Vec<String>) -> NodeSpec {
-        NodeSpec { node, args, program: None, env: Vec::new(), cwd: None }
+        NodeSpec { node, args, program: None, env: Vec::new(), cwd: None, ready: None }
     }
 }
 
@@ -189,6 +193,16 @@ impl Backend for LocalBackend {
                 self.kill(node).await?;
             }
             Ok(())
+        })
+    }
+
+    fn serves<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move {
+            let Some((ready, limit)) = &self.spec(node)?.ready else { return Ok(()) };
+            ready
+                .wait(*limit, || self.is_running(node))
+                .await
+                .map_err(|last| anyhow::anyhow!("{} does not serve again: {last}", node.name))
         })
     }
 

@@ -69,6 +69,14 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn start<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>>;
     /// Stops a node gracefully (SIGTERM, then SIGKILL after a grace period).
     fn stop<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>>;
+    /// Waits until a started node serves, by the check its backend was given
+    /// for it, or fails with the last answer. A fault's restart waits for it,
+    /// so that its window lasts until the node is back: a Kafka broker took 6
+    /// to 10 s after its restart to accept a connection, and a fault the
+    /// schedule started meanwhile hit a system still down. No check: at once.
+    fn serves<'a>(&'a self, _node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
     /// Kills a node at once (SIGKILL).
     fn kill<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>>;
     /// Freezes a node (SIGSTOP): it holds its leases and connections, does nothing.
@@ -115,6 +123,9 @@ impl Backend for Joined {
     }
     fn stop<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
         Box::pin(async move { self.owner(node)?.stop(node).await })
+    }
+    fn serves<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move { self.owner(node)?.serves(node).await })
     }
     fn kill<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
         Box::pin(async move { self.owner(node)?.kill(node).await })

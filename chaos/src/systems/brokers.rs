@@ -7,14 +7,14 @@
 //! `scripts/brokers` installs the servers. What each does with a lost ack,
 //! and why each is started the way it is here: `docs/brokers.md`.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 
 use crate::backends::local::NodeSpec;
+pub use crate::backends::ready::Ready;
 use crate::core::roles::{Node, Role};
 
 /// A broker server haunt can run.
@@ -152,8 +152,11 @@ impl Broker {
         clients: &[ClientListener],
     ) -> anyhow::Result<BrokerNode> {
         let program = self.program()?;
-        let (spec, _) = self.lay_out(port, http_port, dir, "127.0.0.1", &program, ack_timeout, clients)?;
-        Ok(BrokerNode { broker: self, spec, ready: self.ready(port, http_port), addr: ([127, 0, 0, 1], port).into() })
+        let (mut spec, _) = self.lay_out(port, http_port, dir, "127.0.0.1", &program, ack_timeout, clients)?;
+        let ready = self.ready(port, http_port);
+        // A broker-restart is over once the broker answers again.
+        spec.ready = Some((ready.clone(), self.start_limit()));
+        Ok(BrokerNode { broker: self, spec, ready, addr: ([127, 0, 0, 1], port).into() })
     }
 
     /// [`Broker::layout`] for a container of `haunt-brokers:latest`
@@ -320,7 +323,7 @@ impl Broker {
             Broker::RabbitMq | Broker::Kafka => PathBuf::from("/bin/sh"),
             _ => program.to_owned(),
         };
-        let spec = NodeSpec { node, args, program: Some(program), env, cwd: Some(dir.clone()) };
+        let spec = NodeSpec { node, args, program: Some(program), env, cwd: Some(dir.clone()), ready: None };
         Ok((spec, dir))
     }
 }
@@ -365,8 +368,20 @@ impl ClientListener {
 /// everything (`min.insync.replicas` 1, no unclean election to need), the
 /// group's first rebalance at once, the internal topics on one partition
 /// (a first consumer group or transaction waits for them to be created),
-/// and a broker's session with its controller of 3 s instead of 9: a
-/// broker restarted after a SIGKILL waits for its old session to end.
+/// a broker's session with its controller of 3 s instead of 9 (a broker
+/// restarted after a SIGKILL waits for its old session to end), and the
+/// consumer group's settings, which Kafka's consumer protocol (KIP-848) takes
+/// from the broker, not the client:
+/// - `group.consumer.session.timeout.ms` 6 s (Kafka's 45 s, its least too,
+///   would keep a killed worker's partitions past the end of a short run);
+/// - `group.consumer.heartbeat.interval.ms` 0.5 s (Kafka's 5 s): a partition
+///   moves between members in two heartbeats, the old owner's and the new;
+/// - `group.consumer.assignment.interval.ms` 0 (Kafka's 1 s): a member that
+///   joins is given its partitions at its next heartbeat.
+///
+/// With Kafka's heartbeat, the members of a worker started a second after
+/// the others were given nothing for 4 s, and a kill aimed at that worker
+/// found no batch in hand.
 fn kafka_properties(port: u16, controller_port: u16, data: &str, clients: &[ClientListener]) -> String {
     let mut listeners =
         vec![format!("HARNESS://127.0.0.1:{port}"), format!("CONTROLLER://127.0.0.1:{controller_port}")];
@@ -386,7 +401,10 @@ fn kafka_properties(port: u16, controller_port: u16, data: &str, clients: &[Clie
          offsets.topic.replication.factor=1\noffsets.topic.num.partitions=1\n\
          transaction.state.log.replication.factor=1\ntransaction.state.log.min.isr=1\n\
          transaction.state.log.num.partitions=1\n\
-         broker.session.timeout.ms=3000\nbroker.heartbeat.interval.ms=1000\n",
+         broker.session.timeout.ms=3000\nbroker.heartbeat.interval.ms=1000\n\
+         group.consumer.session.timeout.ms=6000\ngroup.consumer.min.session.timeout.ms=6000\n\
+         group.consumer.heartbeat.interval.ms=500\ngroup.consumer.min.heartbeat.interval.ms=500\n\
+         group.consumer.assignment.interval.ms=0\n",
         listeners.join(","),
         advertised.join(","),
         protocols.join(","),
@@ -480,76 +498,6 @@ pub struct BrokerNode {
     pub ready: Ready,
     /// Where clients reach it.
     pub addr: SocketAddr,
-}
-
-/// How to tell that a broker answers.
-#[derive(Debug, Clone)]
-pub enum Ready {
-    /// A TCP connection is accepted.
-    Tcp(u16),
-    /// An HTTP GET answers 2xx.
-    Http(String),
-    /// The protocol's first bytes, and the start of the answer.
-    Greeting { port: u16, send: &'static [u8], expect: &'static [u8] },
-}
-
-impl Ready {
-    /// One attempt, given at most `timeout`: `Err` says what answered instead.
-    pub async fn check(&self, timeout: Duration) -> Result<(), String> {
-        match self {
-            Ready::Http(url) => {
-                let http = reqwest::Client::builder().timeout(timeout).build().map_err(|e| e.to_string())?;
-                match http.get(url).send().await {
-                    Ok(r) if r.status().is_success() => Ok(()),
-                    Ok(r) => Err(format!("{url} answered {}", r.status())),
-                    Err(e) => Err(format!("{url}: {e}")),
-                }
-            }
-            Ready::Tcp(port) => {
-                let addr: SocketAddr = ([127, 0, 0, 1], *port).into();
-                match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await {
-                    Ok(Ok(_)) => Ok(()),
-                    Ok(Err(e)) => Err(format!("{addr}: {e}")),
-                    Err(_) => Err(format!("{addr}: no answer within {timeout:?}")),
-                }
-            }
-            Ready::Greeting { port, send, expect } => {
-                let (port, send, expect) = (*port, *send, *expect);
-                tokio::task::spawn_blocking(move || greet(port, send, expect, timeout))
-                    .await
-                    .map_err(|e| e.to_string())?
-            }
-        }
-    }
-
-    /// Polls [`check`](Ready::check) until it passes, `alive` turns false, or `limit`.
-    pub async fn wait(&self, limit: Duration, alive: impl Fn() -> bool) -> Result<(), String> {
-        let deadline = Instant::now() + limit;
-        loop {
-            let last = match self.check(Duration::from_secs(1)).await {
-                Ok(()) => return Ok(()),
-                Err(e) => e,
-            };
-            if !alive() {
-                return Err(format!("the broker exited ({last})"));
-            }
-            if Instant::now() >= deadline {
-                return Err(format!("no answer within {limit:?} ({last})"));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-}
-
-/// Sends the greeting and compares the first bytes of the answer.
-fn greet(port: u16, send: &[u8], expect: &[u8], timeout: Duration) -> Result<(), String> {
-    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-    let mut stream = TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("{addr}: {e}"))?;
-    stream.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-    stream.write_all(send).map_err(|e| format!("{addr}: {e}"))?;
-    let mut answer = vec![0; expect.len()];
-    stream.read_exact(&mut answer).map_err(|e| format!("{addr}: no greeting back: {e}"))?;
-    if answer == expect { Ok(()) } else { Err(format!("{addr} answered {answer:02x?}, not {expect:02x?}")) }
 }
 
 #[cfg(test)]

@@ -45,6 +45,7 @@ async fn kill_pause_and_resume_reach_what_a_node_started() {
         program: Some(PathBuf::from("/bin/sh")),
         env: Vec::new(),
         cwd: None,
+        ready: None,
     };
     let backend = LocalBackend::new(PathBuf::from("/bin/sh"), dir.path().to_owned(), Vec::new(), vec![spec]);
     backend.start(&node).await.unwrap();
@@ -62,4 +63,55 @@ async fn kill_pause_and_resume_reach_what_a_node_started() {
     // Gone, or a zombie waiting for whoever adopted it.
     wait_for(sleep, "dead", |s| matches!(s, None | Some('Z')));
     assert!(!backend.is_running(&node));
+}
+
+/// A node given a readiness check serves only once it answers: a node that
+/// opens its port half a second after it starts is waited for, and one that
+/// exits before it ever answers is reported as gone, not waited on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_serves_once_its_check_answers_and_not_after_it_exits() {
+    use haunt_chaos::backends::ready::Ready;
+
+    let dir = tempfile::tempdir().unwrap();
+    let (port, _) = haunt_chaos::systems::brokers::free_ports().unwrap();
+    let late = format!(
+        "import socket, time; time.sleep(0.5); s = socket.socket(); \
+         s.bind(('127.0.0.1', {port})); s.listen(); time.sleep(60)"
+    );
+    let spec = |name: &str, program: &str, args: Vec<String>| NodeSpec {
+        node: Node { name: name.into(), role: Role::Broker },
+        args,
+        program: Some(PathBuf::from(program)),
+        env: Vec::new(),
+        cwd: None,
+        ready: Some((Ready::Tcp(port), Duration::from_secs(10))),
+    };
+    let specs = vec![
+        spec("late", "python3", vec!["-c".into(), late]),
+        spec("gone", "/bin/sh", vec!["-c".into(), "exit 3".into()]),
+    ];
+    let nodes: Vec<Node> = specs.iter().map(|s| s.node.clone()).collect();
+    let backend = LocalBackend::new(PathBuf::from("/bin/sh"), dir.path().to_owned(), Vec::new(), specs);
+
+    let started = Instant::now();
+    backend.start(&nodes[0]).await.unwrap();
+    backend.serves(&nodes[0]).await.unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(400), "served before its port opened");
+    backend.kill(&nodes[0]).await.unwrap();
+
+    // Its port is closed again; the second node never opens it.
+    wait_for_closed(port);
+    let started = Instant::now();
+    backend.start(&nodes[1]).await.unwrap();
+    let err = backend.serves(&nodes[1]).await.unwrap_err();
+    assert!(format!("{err:#}").contains("exited"), "{err:#}");
+    assert!(started.elapsed() < Duration::from_secs(5), "waited on a process that was gone");
+}
+
+fn wait_for_closed(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        assert!(Instant::now() < deadline, "port {port} still open");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

@@ -86,7 +86,12 @@ impl Nemesis for NodeNemesis {
         Box::pin(async move {
             let Some(node) = peek(&self.struck) else { return Ok(()) };
             match self.strike {
-                Strike::Kill => self.backend.start(&node).await?,
+                // Over once the node serves again; until then it stays
+                // struck, and a failed wait is retried as a failed start is.
+                Strike::Kill => {
+                    self.backend.start(&node).await?;
+                    self.backend.serves(&node).await?;
+                }
                 Strike::Pause if self.backend.is_running(&node) => self.backend.resume(&node).await?,
                 Strike::Pause => {}
             }
@@ -119,11 +124,13 @@ mod tests {
     use super::*;
     use crate::backends::local::worker_node;
 
-    /// A backend whose `start` fails a given number of times.
+    /// A backend whose `start` fails a given number of times, and whose
+    /// started node does not serve the first `not_serving` times it is asked.
     #[derive(Debug, Default)]
     struct FlakyStart {
         failures: AtomicU32,
         starts: AtomicU32,
+        not_serving: AtomicU32,
     }
 
     impl Backend for FlakyStart {
@@ -137,6 +144,16 @@ mod tests {
                 if left > 0 {
                     self.failures.store(left - 1, Ordering::Relaxed);
                     anyhow::bail!("no");
+                }
+                Ok(())
+            })
+        }
+        fn serves<'a>(&'a self, _: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
+            Box::pin(async move {
+                let left = self.not_serving.load(Ordering::Relaxed);
+                if left > 0 {
+                    self.not_serving.store(left - 1, Ordering::Relaxed);
+                    anyhow::bail!("not yet");
                 }
                 Ok(())
             })
@@ -171,6 +188,19 @@ mod tests {
         assert_eq!(backend.starts.load(Ordering::Relaxed), 2, "the second stop restarted the node again");
         kill.stop().await.unwrap();
         assert_eq!(backend.starts.load(Ordering::Relaxed), 2, "and a healed fault has nothing left to stop");
+    }
+
+    #[tokio::test]
+    async fn a_restart_is_over_only_once_the_node_serves() {
+        let backend = Arc::new(FlakyStart { not_serving: AtomicU32::new(1), ..FlakyStart::default() });
+        let restart =
+            NodeNemesis::new(Fault::BrokerRestart, backend.clone(), vec![worker_node(1)], Duration::from_secs(2), None);
+        restart.start("worker-1").await.unwrap();
+        let err = restart.stop().await.unwrap_err();
+        assert!(format!("{err:#}").contains("not yet"), "{err:#}");
+        assert!(peek(&restart.struck).is_some(), "a node that does not serve yet stays struck");
+        restart.stop().await.unwrap();
+        assert!(peek(&restart.struck).is_none(), "healed once it serves");
     }
 
     #[test]

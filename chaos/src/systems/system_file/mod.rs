@@ -450,6 +450,7 @@ impl Declared {
                     program: Some(program),
                     env,
                     cwd: Some(system_dir.to_owned()),
+                    ready: None,
                 });
             }
         }
