@@ -121,8 +121,10 @@ pub struct RunArgs {
     /// broker the run starts as a local process, with a relay publishing the
     /// outbox to it: rabbitmq[:manual-ack|auto-ack], redis-streams,
     /// redis-pubsub, nats[:jetstream|core], mqtt[:qos0|qos1|qos2],
-    /// sqs[:standard|fifo]. A name alone takes its at-least-once mode. The
-    /// broker, its links and the relay take faults too (see --nemesis).
+    /// sqs[:standard|fifo], pubsub[:pull|exactly-once|ordered],
+    /// kafka[:at-least-once|at-most-once|eos|acks-1]. A name alone takes its
+    /// at-least-once mode. The broker, its links and the relay take faults
+    /// too (see --nemesis). `haunt guarantees --help` says what each claims.
     #[arg(long, value_name = "NAME[:MODE]", default_value = "db")]
     pub transport: haunt_transport::TransportSpec,
     /// Client request timeout; a request without an answer by then is indeterminate.
@@ -138,6 +140,14 @@ pub struct RunArgs {
     /// order the --items as usual.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub ordered_keys: usize,
+    /// With --transport kafka: 1 broker, or a cluster of 3 (KRaft, each
+    /// node broker and controller; replication factor 3,
+    /// min.insync.replicas 2). A cluster's links can be cut between brokers
+    /// (broker-1<->broker-2, broker-1<->brokers) and around a node
+    /// (broker-1<->all: its peers and its clients), and broker-restart and
+    /// pause take one node at a time.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub kafka_brokers: usize,
     /// The data directory of the PostgreSQL server behind --db, which the
     /// harness may kill and restart (needed by --nemesis db-restart).
     #[arg(long, value_name = "DIR")]
@@ -250,6 +260,7 @@ fn options_from_flags(args: RunArgs) -> anyhow::Result<RunOptions> {
         request_timeout: Duration::from_millis(args.request_timeout_ms),
         items: args.items,
         ordered_keys: args.ordered_keys,
+        kafka_brokers: args.kafka_brokers,
         exe: std::env::current_exe().context("finding the haunt executable")?,
         git_revision: revision().to_owned(),
         pg_data: args.pg_data,

@@ -410,6 +410,9 @@ fn bad_options_are_refused_before_anything_starts() {
         // Without an engine the error names scripts/docker; without the image, scripts/images.
         (vec!["--backend", "docker", "--image", "no-such-image:0"], "scripts/"),
         (vec!["--backend", "podman"], "invalid value 'podman'"),
+        (vec!["--kafka-brokers", "3"], "use it with --transport kafka"),
+        (vec!["--transport", "kafka", "--kafka-brokers", "2"], "1 broker or a cluster of 3"),
+        (vec!["--transport", "kafka", "--kafka-brokers", "3", "--backend", "docker"], "local backend only"),
         // The seven local faults need 40 s at the default interval.
         (vec!["--time-limit-s", "30"], "Use --time-limit-s 40 or more"),
     ] {

@@ -170,6 +170,45 @@ impl crate::core::link::Slow for FaultProxy {
     }
 }
 
+/// Several proxies as one link: a cut cuts them all, a heal heals them all.
+/// How a Kafka cluster's links are named by what they join (`worker-1<->broker`
+/// over a client's proxy to each broker, `broker-1<->brokers` over a node's
+/// proxies to and from its peers). Two groups may share a proxy: a fault on
+/// one, healed, heals that proxy for the other too.
+#[derive(Debug, Clone)]
+pub struct ProxyGroup(pub Vec<SharedProxy>);
+
+impl crate::core::link::Link for ProxyGroup {
+    fn cut(&self) -> BoxFuture<'_, anyhow::Result<()>> {
+        for p in &self.0 {
+            p.set(ProxyMode::Partition);
+        }
+        Box::pin(async { Ok(()) })
+    }
+    fn heal(&self) -> BoxFuture<'_, anyhow::Result<()>> {
+        crate::core::link::Link::heal_blocking(self);
+        Box::pin(async { Ok(()) })
+    }
+    fn heal_blocking(&self) {
+        for p in &self.0 {
+            crate::core::link::Link::heal_blocking(p.as_ref());
+        }
+    }
+}
+
+impl crate::core::link::Slow for ProxyGroup {
+    fn slow(&self, by: Duration) {
+        for p in &self.0 {
+            crate::core::link::Slow::slow(p.as_ref(), by);
+        }
+    }
+    fn unslow(&self) {
+        for p in &self.0 {
+            crate::core::link::Slow::unslow(p.as_ref());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

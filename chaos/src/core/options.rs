@@ -116,6 +116,11 @@ pub struct RunOptions {
     /// none (absent from a `run.json` written before keys, which still runs).
     #[serde(default)]
     pub ordered_keys: usize,
+    /// Kafka's nodes (`--transport kafka`): 1, or a cluster of 3, whose
+    /// brokers' links and leaders take faults of their own. 1 when absent
+    /// from a `run.json` written before clusters.
+    #[serde(default = "one")]
+    pub kafka_brokers: usize,
     /// The data directory of the PostgreSQL server behind `db`, when the
     /// harness may crash and restart it (`db-restart`).
     pub pg_data: Option<PathBuf>,
@@ -177,6 +182,7 @@ impl Default for RunOptions {
             request_timeout: Duration::from_secs(2),
             items: 5,
             ordered_keys: 0,
+            kafka_brokers: 1,
             pg_data: None,
             exe: PathBuf::from("haunt"),
             git_revision: "unknown".into(),
@@ -240,6 +246,26 @@ impl RunOptions {
 
     /// Every check of the options, before anything is created: each error
     /// names the flag.
+    /// The size of a Kafka cluster: 1 or 3, with Kafka, on the local backend.
+    fn validate_kafka(&self, docker: bool) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            matches!(self.kafka_brokers, 1 | 3),
+            "--kafka-brokers {}: Kafka runs as 1 broker or a cluster of 3",
+            self.kafka_brokers
+        );
+        anyhow::ensure!(
+            self.kafka_brokers == 1 || self.transport.kind == haunt_transport::Kind::Kafka,
+            "--kafka-brokers {} is the size of a Kafka cluster: use it with --transport kafka[:MODE]",
+            self.kafka_brokers
+        );
+        anyhow::ensure!(
+            self.kafka_brokers == 1 || !docker,
+            "--kafka-brokers {} runs on the local backend only, for now (not with --backend docker)",
+            self.kafka_brokers
+        );
+        Ok(())
+    }
+
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(!self.time_limit.is_zero(), "--time-limit-s must be positive");
         anyhow::ensure!(self.rate > 0.0 && self.rate.is_finite(), "--rate must be positive");
@@ -287,6 +313,7 @@ impl RunOptions {
         if let Some(bug) = self.bug.filter(|b| b.needs_kafka() && self.transport.kind != haunt_transport::Kind::Kafka) {
             anyhow::bail!("--bug {bug} is a bug of a Kafka consumer, which commits offsets: use --transport kafka");
         }
+        self.validate_kafka(docker)?;
         if self.bug == Some(Bug::NoPublisherConfirms) && broker && !self.transport.has_publisher_confirms() {
             anyhow::bail!(
                 "--bug no-publisher-confirms with --transport {}: its publish always waits for the server's reply, \
@@ -370,4 +397,8 @@ fn check_fault_fit(options: &RunOptions) -> anyhow::Result<()> {
         secs(unfit.needed),
         unfit.needed.as_secs_f64().ceil() as u64,
     )
+}
+
+fn one() -> usize {
+    1
 }

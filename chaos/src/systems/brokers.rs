@@ -151,8 +151,21 @@ impl Broker {
         ack_timeout: Option<Duration>,
         clients: &[ClientListener],
     ) -> anyhow::Result<BrokerNode> {
+        self.layout_in(port, http_port, dir, ack_timeout, clients, &KafkaPlace::alone())
+    }
+
+    /// [`Broker::layout`] of one node of a Kafka cluster, at its `place`.
+    pub fn layout_in(
+        self,
+        port: u16,
+        http_port: u16,
+        dir: &Path,
+        ack_timeout: Option<Duration>,
+        clients: &[ClientListener],
+        place: &KafkaPlace,
+    ) -> anyhow::Result<BrokerNode> {
         let program = self.program()?;
-        let (mut spec, _) = self.lay_out(port, http_port, dir, "127.0.0.1", &program, ack_timeout, clients)?;
+        let (mut spec, _) = self.lay_out(port, http_port, dir, "127.0.0.1", &program, ack_timeout, clients, place)?;
         let ready = self.ready(port, http_port);
         // A broker-restart is over once the broker answers again.
         spec.ready = Some((ready.clone(), self.start_limit()));
@@ -184,7 +197,7 @@ impl Broker {
             // Copied in from the host by scripts/images, where the host has it.
             Broker::PubSub => PUBSUB_EMULATOR_IN_IMAGE,
         });
-        self.lay_out(port, http_port, dir, "0.0.0.0", &program, ack_timeout, &[])
+        self.lay_out(port, http_port, dir, "0.0.0.0", &program, ack_timeout, &[], &KafkaPlace::alone())
     }
 
     /// How to tell that the broker answers on `port` (and `http_port`) of 127.0.0.1.
@@ -218,11 +231,12 @@ impl Broker {
         program: &Path,
         ack_timeout: Option<Duration>,
         clients: &[ClientListener],
+        place: &KafkaPlace,
     ) -> anyhow::Result<(NodeSpec, PathBuf)> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let dir = std::path::absolute(dir)?;
         let d = |rel: &str| dir.join(rel).to_string_lossy().into_owned();
-        let node = Node { name: "broker".into(), role: Role::Broker };
+        let node = Node { name: place.node_name(), role: Role::Broker };
         let mut env = Vec::new();
         let args: Vec<String> = match self {
             Broker::RabbitMq => {
@@ -314,7 +328,8 @@ impl Broker {
             }
             Broker::Kafka => {
                 let libs = program.parent().context("the Kafka jar's directory")?;
-                write(&dir.join("server.properties"), &kafka_properties(port, http_port, &d("data"), clients))?;
+                let props = kafka_properties(port, http_port, &d("data"), clients, place);
+                write(&dir.join("server.properties"), &props)?;
                 write(&dir.join("log4j2.properties"), KAFKA_LOG4J)?;
                 vec!["-c".into(), kafka_launch(libs)]
             }
@@ -361,12 +376,17 @@ impl ClientListener {
     }
 }
 
-/// One broker in KRaft mode, broker and controller in one process (node 1):
-/// the harness's listener on `port` (also the one brokers would replicate
-/// over), the controller's on `controller_port`, and one per client.
-/// Every setting that decides what a run can show is here: one copy of
-/// everything (`min.insync.replicas` 1, no unclean election to need), the
-/// group's first rebalance at once, the internal topics on one partition
+/// One Kafka node in KRaft mode, broker and controller in one process: the
+/// harness's listener on `port`, the controller's on `controller_port`, one
+/// per client, and in a cluster one per node (`FROM_<id>`), each advertised
+/// at the address that node reaches it by (its fault proxy), so that every
+/// byte between two brokers crosses a proxy of their pair. A node replicates
+/// over its own `FROM_` listener name, and reaches the other controllers
+/// through its proxies too.
+/// Every setting that decides what a run can show is here: a copy of
+/// everything on every node (one alone; three in a cluster, where
+/// `min.insync.replicas` is 2, so that an `acks=all` write outlives a
+/// node's loss), no unclean election, the group's first rebalance at once, the internal topics on one partition
 /// (a first consumer group or transaction waits for them to be created),
 /// a broker's session with its controller of 3 s instead of 9 (a broker
 /// restarted after a SIGKILL waits for its old session to end), and the
@@ -382,24 +402,40 @@ impl ClientListener {
 /// With Kafka's heartbeat, the members of a worker started a second after
 /// the others were given nothing for 4 s, and a kill aimed at that worker
 /// found no batch in hand.
-fn kafka_properties(port: u16, controller_port: u16, data: &str, clients: &[ClientListener]) -> String {
+fn kafka_properties(
+    port: u16,
+    controller_port: u16,
+    data: &str,
+    clients: &[ClientListener],
+    place: &KafkaPlace,
+) -> String {
     let mut listeners =
         vec![format!("HARNESS://127.0.0.1:{port}"), format!("CONTROLLER://127.0.0.1:{controller_port}")];
     let mut advertised = vec![format!("HARNESS://127.0.0.1:{port}")];
     let mut protocols = vec!["HARNESS:PLAINTEXT".to_owned(), "CONTROLLER:PLAINTEXT".to_owned()];
-    for c in clients {
-        listeners.push(format!("{}://127.0.0.1:{}", c.name(), c.port));
-        advertised.push(format!("{}://{}", c.name(), c.advertised));
-        protocols.push(format!("{}:PLAINTEXT", c.name()));
+    let peers = place.peers.iter().map(|p| (format!("FROM_{}", p.from), p.port, p.advertised));
+    let clients = clients.iter().map(|c| (c.name(), c.port, c.advertised));
+    for (name, port, to) in peers.chain(clients) {
+        listeners.push(format!("{name}://127.0.0.1:{port}"));
+        advertised.push(format!("{name}://{to}"));
+        protocols.push(format!("{name}:PLAINTEXT"));
     }
+    let voters = if place.voters.is_empty() {
+        format!("1@127.0.0.1:{controller_port}")
+    } else {
+        place.voters.iter().map(|(id, addr)| format!("{id}@{addr}")).collect::<Vec<_>>().join(",")
+    };
+    let inter = if place.peers.is_empty() { "HARNESS".to_owned() } else { format!("FROM_{}", place.id) };
+    let copies = place.voters.len().max(1);
+    let insync = if copies >= 3 { 2 } else { 1 };
     format!(
-        "process.roles=broker,controller\nnode.id=1\ncontroller.quorum.voters=1@127.0.0.1:{controller_port}\n\
-         controller.listener.names=CONTROLLER\ninter.broker.listener.name=HARNESS\n\
+        "process.roles=broker,controller\nnode.id={id}\ncontroller.quorum.voters={voters}\n\
+         controller.listener.names=CONTROLLER\ninter.broker.listener.name={inter}\n\
          listeners={}\nadvertised.listeners={}\nlistener.security.protocol.map={}\nlog.dirs={data}\n\
-         auto.create.topics.enable=false\ndefault.replication.factor=1\nmin.insync.replicas=1\n\
+         auto.create.topics.enable=false\ndefault.replication.factor={copies}\nmin.insync.replicas={insync}\n\
          unclean.leader.election.enable=false\ngroup.initial.rebalance.delay.ms=0\n\
-         offsets.topic.replication.factor=1\noffsets.topic.num.partitions=1\n\
-         transaction.state.log.replication.factor=1\ntransaction.state.log.min.isr=1\n\
+         offsets.topic.replication.factor={copies}\noffsets.topic.num.partitions=1\n\
+         transaction.state.log.replication.factor={copies}\ntransaction.state.log.min.isr={insync}\n\
          transaction.state.log.num.partitions=1\n\
          broker.session.timeout.ms=3000\nbroker.heartbeat.interval.ms=1000\n\
          group.consumer.session.timeout.ms=6000\ngroup.consumer.min.session.timeout.ms=6000\n\
@@ -408,7 +444,40 @@ fn kafka_properties(port: u16, controller_port: u16, data: &str, clients: &[Clie
         listeners.join(","),
         advertised.join(","),
         protocols.join(","),
+        id = place.id,
     )
+}
+
+/// A Kafka node's place in its cluster. [`KafkaPlace::alone`]: node 1, with
+/// no other node.
+#[derive(Debug, Clone)]
+pub struct KafkaPlace {
+    pub id: u32,
+    /// Every node's controller as this node reaches it (its own directly,
+    /// the others' through its proxies); empty alone.
+    pub voters: Vec<(u32, SocketAddr)>,
+    /// This node's listener for each node of the cluster, itself included.
+    pub peers: Vec<PeerListener>,
+}
+
+/// A node's listener for node `from`: its `port`, advertised at the
+/// address `from` reaches it by.
+#[derive(Debug, Clone)]
+pub struct PeerListener {
+    pub from: u32,
+    pub port: u16,
+    pub advertised: SocketAddr,
+}
+
+impl KafkaPlace {
+    pub fn alone() -> KafkaPlace {
+        KafkaPlace { id: 1, voters: Vec::new(), peers: Vec::new() }
+    }
+
+    /// `broker` alone, `broker-<id>` in a cluster.
+    pub fn node_name(&self) -> String {
+        if self.voters.len() > 1 { format!("broker-{}", self.id) } else { "broker".to_owned() }
+    }
 }
 
 /// The broker's JVM options: 512 MiB of heap at most.
@@ -504,13 +573,52 @@ pub struct BrokerNode {
 mod tests {
     use super::*;
 
+    /// Node 2 of three: it replicates over its own `FROM_2` listener, is
+    /// reached by node 1 and 3 at their proxies, reaches the other
+    /// controllers through its own, and keeps three copies, two in sync.
+    #[test]
+    fn a_cluster_node_is_reached_by_each_peer_through_its_proxy() {
+        let addr = |port: u16| -> SocketAddr { ([127, 0, 0, 1], port).into() };
+        let peer = |from: u32, port: u16, advertised: u16| PeerListener { from, port, advertised: addr(advertised) };
+        let place = KafkaPlace {
+            id: 2,
+            voters: vec![(1, addr(41001)), (2, addr(12010)), (3, addr(41003))],
+            peers: vec![peer(1, 12101, 42001), peer(2, 12102, 12102), peer(3, 12103, 42003)],
+        };
+        assert_eq!(place.node_name(), "broker-2");
+        assert_eq!(KafkaPlace::alone().node_name(), "broker");
+        let props = kafka_properties(12000, 12010, "/d/data", &[], &place);
+        let value = |key: &str| {
+            props.lines().find_map(|l| l.strip_prefix(&format!("{key}="))).unwrap_or_else(|| panic!("{key}: {props}"))
+        };
+        assert_eq!(value("node.id"), "2");
+        assert_eq!(value("controller.quorum.voters"), "1@127.0.0.1:41001,2@127.0.0.1:12010,3@127.0.0.1:41003");
+        assert_eq!(value("inter.broker.listener.name"), "FROM_2");
+        assert_eq!(
+            value("advertised.listeners"),
+            "HARNESS://127.0.0.1:12000,FROM_1://127.0.0.1:42001,FROM_2://127.0.0.1:12102,FROM_3://127.0.0.1:42003"
+        );
+        for (key, want) in [
+            ("default.replication.factor", "3"),
+            ("min.insync.replicas", "2"),
+            ("offsets.topic.replication.factor", "3"),
+            ("transaction.state.log.min.isr", "2"),
+            ("unclean.leader.election.enable", "false"),
+        ] {
+            assert_eq!(value(key), want, "{key}");
+        }
+        let alone = kafka_properties(12000, 12010, "/d/data", &[], &KafkaPlace::alone());
+        assert!(alone.contains("inter.broker.listener.name=HARNESS\n"), "{alone}");
+        assert!(alone.contains("min.insync.replicas=1\n"), "{alone}");
+    }
+
     #[test]
     fn each_kafka_client_has_a_listener_that_advertises_its_proxy() {
         let clients = [
             ClientListener { client: "relay".into(), port: 11001, advertised: ([127, 0, 0, 1], 40001).into() },
             ClientListener { client: "worker-1".into(), port: 11002, advertised: ([127, 0, 0, 1], 40002).into() },
         ];
-        let props = kafka_properties(11000, 11010, "/d/data", &clients);
+        let props = kafka_properties(11000, 11010, "/d/data", &clients, &KafkaPlace::alone());
         let value = |key: &str| {
             props.lines().find_map(|l| l.strip_prefix(&format!("{key}="))).unwrap_or_else(|| panic!("{key}: {props}"))
         };

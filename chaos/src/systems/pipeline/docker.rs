@@ -74,7 +74,7 @@ pub(super) async fn docker_pipeline(
     if transport.server().is_some() {
         let (spec, side) = docker_broker(options, run_dir, (port()?, port()?))?;
         specs.insert(0, spec);
-        let inside = haunt_transport::url(transport, &format!("{}:{DOCKER_BROKER_PORT}", side.laid.spec.node.name));
+        let inside = haunt_transport::url(transport, &format!("{}:{DOCKER_BROKER_PORT}", side.first().spec.node.name));
         broker_args = vec!["--transport".into(), transport.to_string(), "--broker".into(), inside];
         broker = Some(side);
     }
@@ -157,7 +157,7 @@ fn docker_broker(
         addr: ([127, 0, 0, 1], host_port).into(),
         spec,
     };
-    let side = BrokerSide::new(options, laid);
+    let side = BrokerSide::new(options, vec![laid]);
     Ok((container, side))
 }
 
@@ -183,7 +183,7 @@ fn docker_links(
     }
     if let Some(broker) = broker {
         for node in clients.iter().filter(|n| n.name != api.name) {
-            let link = IptablesLink::new(docker.clone(), node.clone(), Peer::Node(broker.laid.spec.node.clone()));
+            let link = IptablesLink::new(docker.clone(), node.clone(), Peer::Node(broker.first().spec.node.clone()));
             lossy.push((format!("{}<->broker", node.name), Arc::new(link)));
         }
     }

@@ -28,9 +28,11 @@ use crate::core::progress::say;
 use crate::core::roles::{Backend, BoxFuture, Client, Joined, Node};
 use crate::core::system::{FinalSink, Surfaces, Switches, System};
 use crate::core::workload::HttpClient;
-use crate::systems::brokers::{Broker, BrokerNode, ClientListener};
+use crate::systems::brokers::{Broker, BrokerNode};
 
+mod broker;
 mod docker;
+use broker::local_broker;
 use docker::docker_pipeline;
 
 /// The reference pipeline of one run, its nodes created (a Docker run's
@@ -54,7 +56,8 @@ pub struct Pipeline {
 #[derive(Debug)]
 struct BrokerSide {
     transport: TransportSpec,
-    laid: BrokerNode,
+    /// Its nodes: one, or a Kafka cluster's.
+    laid: Vec<BrokerNode>,
     url: String,
     /// How long nothing may wait in a broker that cannot count what its
     /// consumers hold before the run calls it drained: twice the visibility
@@ -65,10 +68,16 @@ struct BrokerSide {
 
 impl BrokerSide {
     /// The broker `laid` out for a run of `options`, reached directly.
-    fn new(options: &RunOptions, laid: BrokerNode) -> BrokerSide {
+    fn new(options: &RunOptions, laid: Vec<BrokerNode>) -> BrokerSide {
         let transport = options.transport;
-        let url = haunt_transport::local_url(transport, laid.addr);
+        let addrs: Vec<String> = laid.iter().map(|l| l.addr.to_string()).collect();
+        let url = haunt_transport::url(transport, &addrs.join(","));
         BrokerSide { transport, laid, url, settle: options.visibility_timeout * 2 }
+    }
+
+    /// The first node (the only one but in a Kafka cluster).
+    fn first(&self) -> &BrokerNode {
+        &self.laid[0]
     }
 
     async fn depth(&self) -> anyhow::Result<Depth> {
@@ -142,17 +151,19 @@ impl System for Pipeline {
     fn ready(&self) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(async move {
             if let Some(broker) = &self.broker {
-                let laid = &broker.laid;
                 let backend = &self.surfaces.backend;
-                laid.ready.wait(laid.broker.start_limit(), || backend.is_running(&laid.spec.node)).await.map_err(
-                    |last| {
+                for laid in &broker.laid {
+                    let node = &laid.spec.node;
+                    laid.ready.wait(laid.broker.start_limit(), || backend.is_running(node)).await.map_err(|last| {
                         anyhow::anyhow!(
-                            "the {} broker did not answer within {:?} (last: {last}; its log is logs/broker.log)",
+                            "the {} broker {} did not answer within {:?} (last: {last}; its log is logs/{}.log)",
                             laid.broker.name(),
-                            laid.broker.start_limit()
+                            node.name,
+                            laid.broker.start_limit(),
+                            node.name,
                         )
-                    },
-                )?;
+                    })?;
+                }
                 // Declared by the harness before the run: RabbitMQ 3.10.8 lost
                 // a quorum queue for good when the node crashed within about a
                 // second of its declaration (publishes nacked, consumers
@@ -161,7 +172,7 @@ impl System for Pipeline {
                 // queue is declared here, and given two seconds to settle.
                 let inspector = haunt_transport::inspector(broker.transport, &broker.url).await?;
                 inspector.declare().await.context("declaring the broker's queue")?;
-                if laid.broker == Broker::RabbitMq {
+                if broker.first().broker == Broker::RabbitMq {
                     tokio::time::sleep(Duration::from_secs(2)).await;
                 }
             }
@@ -342,23 +353,19 @@ async fn local_pipeline(
     // The broker first, so that it is up by the time its clients connect;
     // each client reaches it through a fault proxy of its own.
     let clients: Vec<&String> = names.iter().filter(|n| **n != api_node().name).collect();
-    let (broker, broker_proxies) = match transport.server() {
+    let wired = match transport.server() {
         Some(server) => {
-            let (side, proxies) = local_broker(options, server, run_dir, &clients).await?;
-            specs.insert(0, side.laid.spec.clone());
-            (Some(side), proxies)
+            let wired = local_broker(options, server, run_dir, &clients).await?;
+            for (i, laid) in wired.side.laid.iter().enumerate() {
+                specs.insert(i, laid.spec.clone());
+            }
+            Some(wired)
         }
-        None => (None, Vec::new()),
+        None => None,
     };
     let broker_for = |name: &str| -> Vec<String> {
-        let link = format!("{name}<->broker");
-        match broker_proxies.iter().find(|(l, _)| *l == link) {
-            Some((_, proxy)) => vec![
-                "--transport".into(),
-                transport.to_string(),
-                "--broker".into(),
-                haunt_transport::local_url(transport, proxy.addr()),
-            ],
+        match wired.as_ref().and_then(|w| w.url_for(name)) {
+            Some(url) => vec!["--transport".into(), transport.to_string(), "--broker".into(), url.to_owned()],
             None => Vec::new(),
         }
     };
@@ -390,55 +397,23 @@ async fn local_pipeline(
     let client_proxy = Arc::new(FaultProxy::start(api_addr).await?);
     // Every port is chosen and every proxy listens: the services may bind theirs.
     drop(reserved);
-    let mut all: Vec<(String, Arc<FaultProxy>)> = vec![("client<->api".into(), client_proxy.clone())];
-    all.extend(proxies.into_iter().map(|(link, proxy, _)| (link, proxy)));
-    all.extend(broker_proxies);
+    let mut all: Vec<(String, SharedLink, SharedSlow)> =
+        vec![("client<->api".into(), client_proxy.clone(), client_proxy.clone())];
+    all.extend(proxies.into_iter().map(|(link, proxy, _)| (link, proxy.clone() as SharedLink, proxy as SharedSlow)));
+    let broker = wired.map(|w| {
+        all.extend(w.links.into_iter().map(|(link, g)| (link, g.clone() as SharedLink, g as SharedSlow)));
+        w.side
+    });
     let surfaces = Surfaces {
         node_faults: crate::core::system::by_role(&backend.nodes()),
         backend,
-        links: all.iter().map(|(n, p)| (n.clone(), p.clone() as SharedLink)).collect(),
-        slowable: all.iter().map(|(n, p)| (n.clone(), p.clone() as SharedSlow)).collect(),
+        links: all.iter().map(|(n, l, _)| (n.clone(), l.clone())).collect(),
+        slowable: all.iter().map(|(n, _, s)| (n.clone(), s.clone())).collect(),
         lossy: Vec::new(),
         switches: Some(switches(token, &endpoints)?),
     };
     let client = Arc::new(HttpClient::new(&format!("http://{}", client_proxy.addr()), options.request_timeout)?);
     Ok(Pipeline { surfaces, store, db: db.to_string(), client, endpoints, broker })
-}
-
-/// The broker of a local run, and a fault proxy for each of its `clients`
-/// (the relay and the workers), named by link.
-async fn local_broker(
-    options: &RunOptions,
-    server: &str,
-    run_dir: &Path,
-    clients: &[&String],
-) -> anyhow::Result<(BrokerSide, Vec<(String, Arc<FaultProxy>)>)> {
-    let transport = options.transport;
-    let server = Broker::from_name(server).with_context(|| format!("no broker server for {transport}"))?;
-    let (port, http_port) = crate::systems::brokers::free_ports()?;
-    let direct: SocketAddr = ([127, 0, 0, 1], port).into();
-    let mut taken = vec![port, http_port];
-    let mut listeners = Vec::new();
-    let mut proxies = Vec::new();
-    for name in clients {
-        // A broker that tells its clients where to connect gets a listener
-        // per client, which advertises that client's proxy.
-        let target = if server.listener_per_client() {
-            let (listener, _) = crate::systems::brokers::free_ports_besides(&taken)?;
-            taken.push(listener);
-            ([127, 0, 0, 1], listener).into()
-        } else {
-            direct
-        };
-        let proxy = Arc::new(FaultProxy::start(target).await?);
-        if server.listener_per_client() {
-            listeners.push(ClientListener { client: (*name).clone(), port: target.port(), advertised: proxy.addr() });
-        }
-        proxies.push((format!("{name}<->broker"), proxy));
-    }
-    let laid = server.layout(port, http_port, &run_dir.join("broker"), Some(options.visibility_timeout), &listeners)?;
-    let side = BrokerSide::new(options, laid);
-    Ok((side, proxies))
 }
 
 /// The arguments every worker gets, wherever it runs.
