@@ -234,8 +234,12 @@ async fn drive(
         let (recorder, active, endpoints) = (recorder.clone(), active.clone(), system.metrics());
         tokio::spawn(crate::core::progress::progress(recorder, active, endpoints, deadline, abort.clone()))
     });
-    let schedule =
-        ScheduleOptions { interval: options.nemesis_interval, seed: RunSeed(options.seed).schedule(), deadline };
+    let schedule = ScheduleOptions {
+        interval: options.nemesis_interval,
+        seed: RunSeed(options.seed).schedule(),
+        deadline,
+        context: system.fault_context(),
+    };
     let coverage =
         crate::core::nemesis::run_schedule(nemeses, &recorder, &active, schedule, options.faults_at_once, abort).await;
     let workload = workload.await;

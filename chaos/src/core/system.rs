@@ -91,6 +91,12 @@ pub trait System: Send + Sync + std::fmt::Debug {
     /// Whether nothing is left to deliver: the run reads the final state once
     /// the system is quiet, or its quiesce timeout passed.
     fn is_quiet(&self) -> BoxFuture<'_, anyhow::Result<bool>>;
+
+    /// What the system tells of itself as each fault strikes, for the
+    /// history (a Kafka cluster's partition leaders); none by default.
+    fn fault_context(&self) -> Option<Arc<dyn crate::core::nemesis::FaultContext>> {
+        None
+    }
     /// Reads the final state, every line into `sink`, the `meta` line excepted
     /// (the run writes that).
     fn read_final_state<'a>(&'a self, sink: &'a mut FinalSink<'_>) -> BoxFuture<'a, anyhow::Result<()>>;

@@ -273,6 +273,8 @@ pub struct Fold {
     processes: HashMap<Process, ProcessState, hashbrown::DefaultHashBuilder>,
     windows: HashMap<(String, String), WindowState, hashbrown::DefaultHashBuilder>,
     window_order: Vec<(String, String)>,
+    /// The partition leaders a window's start recorded, until it closes.
+    fault_leaders: HashMap<(String, String), serde_json::Value, hashbrown::DefaultHashBuilder>,
     last: Option<(u64, u64)>,
     // Final state.
     pub final_present: bool,
@@ -300,7 +302,7 @@ pub struct Fold {
 }
 
 /// A nemesis op's target (`value.target`, else `value.targets`) and result.
-fn fault_target(value: &str) -> (String, FaultResult) {
+fn fault_target(value: &str) -> (String, FaultResult, Option<serde_json::Value>) {
     #[derive(serde::Deserialize)]
     struct Target {
         #[serde(default)]
@@ -309,9 +311,11 @@ fn fault_target(value: &str) -> (String, FaultResult) {
         targets: Option<serde_json::Value>,
         #[serde(default)]
         result: Option<serde_json::Value>,
+        #[serde(default)]
+        leaders: Option<serde_json::Value>,
     }
     let Ok(parsed) = serde_json::from_str::<Target>(value) else {
-        return (String::new(), FaultResult::Unsaid);
+        return (String::new(), FaultResult::Unsaid, None);
     };
     let result = match &parsed.result {
         None | Some(serde_json::Value::Null) => FaultResult::Unsaid,
@@ -323,7 +327,7 @@ fn fault_target(value: &str) -> (String, FaultResult) {
         Some(other) => other.to_string(),
         None => String::new(),
     };
-    (target, result)
+    (target, result, parsed.leaders.filter(|l| !l.is_null()))
 }
 
 impl Fold {
@@ -447,8 +451,8 @@ impl Fold {
     fn push_nemesis_op(&mut self, op: &OpRef<'_>) -> Result<(), String> {
         op.check_other_value()?;
         self.nemesis_ops += 1;
-        let (target, result) = fault_target(op.value);
-        self.push_fault(&op.f, target, result, op.time_ns);
+        let (target, result, leaders) = fault_target(op.value);
+        self.push_fault(&op.f, target, result, op.time_ns, leaders);
         Ok(())
     }
 
@@ -573,9 +577,12 @@ impl Fold {
 }
 
 impl Fold {
-    fn push_fault(&mut self, f: &str, target: String, result: FaultResult, t: u64) {
+    fn push_fault(&mut self, f: &str, target: String, result: FaultResult, t: u64, leaders: Option<serde_json::Value>) {
         let (family, starts) = haunt_format::fault_edge(f);
         let key = (family.to_owned(), target);
+        // A start's first op says who led what as it struck; kept for the
+        // window it opens (its second op says nothing of them).
+        let leaders = leaders.filter(|_| starts);
         let opened =
             |t| WindowState { start_ns: t, end_ns: None, stopping_ns: None, starting: result == FaultResult::Unsaid };
         let Some(mut w) = self.windows.get(&key).copied() else {
@@ -587,6 +594,9 @@ impl Fold {
                     self.first_fault_ns = Some(t);
                 }
                 self.window_order.push(key.clone());
+                if let Some(leaders) = leaders {
+                    self.fault_leaders.insert(key.clone(), leaders);
+                }
                 self.windows.insert(key, opened(t));
             }
             return;
@@ -596,10 +606,15 @@ impl Fold {
             // while it runs (the start's own second op, or a start after a
             // stop that failed) belongs to this one.
             if let Some(end_ns) = w.settled_end() {
-                self.faults.push(FaultWindow::new(&key.0, &key.1, w.start_ns, Some(end_ns)));
+                let mut window = FaultWindow::new(&key.0, &key.1, w.start_ns, Some(end_ns));
+                window.leaders = self.fault_leaders.remove(&key);
+                self.faults.push(window);
                 if result == FaultResult::Failed {
                     self.windows.remove(&key);
                     return;
+                }
+                if let Some(leaders) = leaders {
+                    self.fault_leaders.insert(key.clone(), leaders);
                 }
                 w = opened(t);
             } else if w.starting {
@@ -607,6 +622,7 @@ impl Fold {
                     // The start's own result: it never happened.
                     FaultResult::Failed => {
                         self.windows.remove(&key);
+                        self.fault_leaders.remove(&key);
                         return;
                     }
                     FaultResult::Ok => w.starting = false,
@@ -651,7 +667,9 @@ impl Fold {
         }
         for key in std::mem::take(&mut self.window_order) {
             if let Some(w) = self.windows.remove(&key) {
-                self.faults.push(FaultWindow::new(&key.0, &key.1, w.start_ns, w.settled_end()));
+                let mut window = FaultWindow::new(&key.0, &key.1, w.start_ns, w.settled_end());
+                window.leaders = self.fault_leaders.remove(&key);
+                self.faults.push(window);
             }
         }
         self.faults.sort_by(|a, b| (a.start_ns, &a.fault, &a.target).cmp(&(b.start_ns, &b.fault, &b.target)));

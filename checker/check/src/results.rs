@@ -339,6 +339,11 @@ pub struct FaultWindow {
     /// inside the window; absent without the order check or the run's clock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overtaken: Option<u64>,
+    /// Which node led which partition as the fault struck, as the start op
+    /// recorded it (a Kafka cluster's `{"broker-2": [0, 3]}`); absent where
+    /// the history has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leaders: Option<serde_json::Value>,
 }
 
 impl FaultWindow {
@@ -361,6 +366,7 @@ impl FaultWindow {
             latency_ms_p50: None,
             latency_ms_p50_outside: None,
             overtaken: None,
+            leaders: None,
         }
     }
 

@@ -73,7 +73,7 @@ fn faults_table(out: &mut String, results: &Results) {
         if order { " overtaken" } else { "" }
     );
     let figure = |n: Option<u64>| n.map_or("-".to_owned(), thousands);
-    for w in windows {
+    for w in &windows {
         let span = match w.end_ns {
             Some(end) => format!("{:.1}-{:.1}", w.start_ns as f64 / 1e9, end as f64 / 1e9),
             None => format!("{:.1}-open", w.start_ns as f64 / 1e9),
@@ -97,6 +97,37 @@ fn faults_table(out: &mut String, results: &Results) {
     if let Some(outside) = results.faults.iter().find_map(|w| w.latency_ms_p99_outside) {
         let _ = writeln!(out, "  (p99 of the ops outside every window: {outside:.1} ms)");
     }
+    let led: Vec<String> = windows
+        .iter()
+        .filter_map(|w| {
+            Some(format!(
+                "  {} {} at {:.1} s: {}",
+                w.fault,
+                w.target,
+                w.start_ns as f64 / 1e9,
+                led(w.leaders.as_ref()?)?
+            ))
+        })
+        .collect();
+    if !led.is_empty() {
+        let _ = writeln!(out, "partition leaders as each fault struck:");
+        for line in led {
+            let _ = writeln!(out, "{line}");
+        }
+    }
+}
+
+/// `{"broker-2": [0, 3]}` as "broker-2 led 0,3"; `None` if not that shape.
+fn led(leaders: &serde_json::Value) -> Option<String> {
+    let nodes: Vec<String> = leaders
+        .as_object()?
+        .iter()
+        .map(|(node, parts)| {
+            let parts: Vec<String> = parts.as_array().into_iter().flatten().map(ToString::to_string).collect();
+            format!("{node} led {}", parts.join(","))
+        })
+        .collect();
+    Some(nodes.join("; "))
 }
 
 /// What the order check found, in one line.

@@ -668,6 +668,29 @@ impl Inspector for KafkaInspector {
             blocking(move || KafkaInspector::depth(&servers, mode)).await?
         })
     }
+
+    /// From the cluster's metadata, as any node the harness reaches gives
+    /// it (within a second: a fault starts late by that at most).
+    fn leaders(&self) -> BoxFuture<'_, Result<Option<crate::Leaders>, TransportError>> {
+        Box::pin(async move {
+            if self.brokers < 2 {
+                return Ok(None);
+            }
+            let servers = self.servers.clone();
+            blocking(move || {
+                let reader = KafkaInspector::reader(&servers, "read_uncommitted")?;
+                let metadata = reader.fetch_metadata(Some(TOPIC), Duration::from_secs(1)).map_err(broker)?;
+                let mut leaders = crate::Leaders::new();
+                for topic in metadata.topics() {
+                    for p in topic.partitions() {
+                        leaders.entry(p.leader()).or_default().push(p.id());
+                    }
+                }
+                Ok(Some(leaders))
+            })
+            .await?
+        })
+    }
 }
 
 #[cfg(test)]

@@ -45,6 +45,7 @@ mod redis;
 #[cfg(feature = "sqs")]
 mod sqs;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -513,6 +514,9 @@ pub trait Consumer: Send + fmt::Debug {
     }
 }
 
+/// A cluster's partition leaders: node id to the partitions it leads.
+pub type Leaders = BTreeMap<i32, Vec<i32>>;
+
 /// The broker's side of a run: its topology declared, what it holds.
 pub trait Inspector: Send + Sync + fmt::Debug {
     /// Declares the queue, stream or topic and its consumer group, durable
@@ -534,6 +538,13 @@ pub trait Inspector: Send + Sync + fmt::Debug {
     fn drained(&self, settle: Duration) -> BoxFuture<'_, Result<bool, TransportError>> {
         let _ = settle;
         Box::pin(async move { Ok(self.depth().await?.is_empty()) })
+    }
+
+    /// Which node leads which partition, for a broker of several nodes that
+    /// has partition leaders (a Kafka cluster): node id to the partitions it
+    /// leads (-1: partitions without a leader). `None` elsewhere.
+    fn leaders(&self) -> BoxFuture<'_, Result<Option<Leaders>, TransportError>> {
+        Box::pin(async { Ok(None) })
     }
 }
 

@@ -33,7 +33,8 @@ pub use heal::{Faults, heal_all};
 pub use link::{DelayNemesis, LossNemesis, PartitionNemesis};
 pub use node::NodeNemesis;
 pub use schedule::{
-    ACT_ALLOWANCE, ActiveFaults, Coverage, ScheduleOptions, Unfit, check_fit, run_schedule, stop_retry_for,
+    ACT_ALLOWANCE, ActiveFaults, Coverage, FaultContext, ScheduleOptions, Unfit, check_fit, run_schedule,
+    stop_retry_for,
 };
 pub use switch::{AckLossNemesis, ClockSkewNemesis, DbErrorNemesis, StallNemesis};
 

@@ -162,6 +162,16 @@ pub struct ScheduleOptions {
     pub seed: u64,
     /// No fault starts after this; one that is active is stopped by then.
     pub deadline: Instant,
+    /// What the system says of itself as each fault strikes.
+    pub context: Option<Arc<dyn FaultContext>>,
+}
+
+/// What a system tells of itself when a fault strikes, recorded in the
+/// fault's start op: a Kafka cluster's partition leaders, so that a report
+/// can say whether a cut isolated a leader.
+pub trait FaultContext: Send + Sync + std::fmt::Debug {
+    /// Fields to add to the start op's value; `None` when it cannot tell.
+    fn at_fault(&self) -> crate::core::roles::BoxFuture<'_, Option<serde_json::Map<String, serde_json::Value>>>;
 }
 
 /// How long a failed stop is retried: past the longest hold any fault of the
@@ -204,7 +214,23 @@ async fn act(
     action: impl Future<Output = anyhow::Result<()>>,
     aim: impl FnOnce() -> Option<serde_json::Value>,
 ) -> bool {
-    recorder.nemesis(f, json!({"target": target}));
+    act_in(recorder, f, target, None, action, aim).await
+}
+
+/// [`act`], with `context` added to the value of the op before.
+async fn act_in(
+    recorder: &Recorder,
+    f: &str,
+    target: &str,
+    context: Option<serde_json::Map<String, serde_json::Value>>,
+    action: impl Future<Output = anyhow::Result<()>>,
+    aim: impl FnOnce() -> Option<serde_json::Value>,
+) -> bool {
+    let mut before = json!({"target": target});
+    for (k, v) in context.into_iter().flatten() {
+        before[k] = v;
+    }
+    recorder.nemesis(f, before);
     let result = action.await;
     let (ok, outcome) = match &result {
         Ok(()) => (true, "ok".to_owned()),
@@ -355,7 +381,11 @@ async fn one_schedule(
         let target = targets[rng.below(targets.len() as u64) as usize].clone();
         let (start_f, _) = haunt_format::fault_ops(nemesis.family());
         active.set(nemesis.name(), &target, true);
-        if act(recorder, &start_f, &target, nemesis.start(&target), || nemesis.take_aim()).await {
+        let context = match &options.context {
+            Some(c) => c.at_fault().await,
+            None => None,
+        };
+        if act_in(recorder, &start_f, &target, context, nemesis.start(&target), || nemesis.take_aim()).await {
             fired[k] += 1;
         }
         sleep_until(Instant::now() + hold, stop).await;
@@ -454,6 +484,16 @@ mod tests {
         }
     }
 
+    /// A cluster whose node 2 leads both partitions.
+    #[derive(Debug)]
+    struct Leaders;
+
+    impl FaultContext for Leaders {
+        fn at_fault(&self) -> crate::core::roles::BoxFuture<'_, Option<serde_json::Map<String, serde_json::Value>>> {
+            Box::pin(async { json!({"leaders": {"broker-2": [0, 1]}}).as_object().cloned() })
+        }
+    }
+
     #[tokio::test]
     async fn a_failed_stop_stays_active_and_is_retried_until_it_takes_effect() {
         tokio::time::pause();
@@ -469,10 +509,21 @@ mod tests {
             interval: Duration::from_secs(1),
             seed: 1,
             deadline: Instant::now() + Duration::from_secs(4),
+            context: Some(Arc::new(Leaders)),
         };
         let coverage = run_schedule(&nemeses, &recorder, &active, options, 1, &AtomicBool::new(false)).await;
         recorder.finish().unwrap();
         assert_eq!(coverage.fired, vec![("db-error".to_owned(), 1)]);
+        // The system's word as the fault struck is in the start op before the
+        // strike, and only there.
+        let starts: Vec<serde_json::Value> = history(&dir)
+            .iter()
+            .filter(|op| op.f == "start-fake")
+            .map(|op| serde_json::to_value(&op.value).unwrap())
+            .collect();
+        assert_eq!(starts.len(), 2);
+        assert_eq!(starts[0]["leaders"], json!({"broker-2": [0, 1]}), "{starts:?}");
+        assert!(starts[1].get("leaders").is_none(), "{starts:?}");
         let stops = stops.lock().unwrap().clone();
         assert_eq!(stops.len(), 4, "three failed attempts, then the one that took effect");
         assert!(stops.iter().all(|(_, listed)| *listed), "active until a stop took effect: {stops:?}");
@@ -501,7 +552,8 @@ mod tests {
         let stops = f.stops.clone();
         let nemeses = fakes(vec![f]);
         let interval = Duration::from_secs(1);
-        let options = ScheduleOptions { interval, seed: 1, deadline: Instant::now() + Duration::from_secs(60) };
+        let options =
+            ScheduleOptions { interval, seed: 1, deadline: Instant::now() + Duration::from_secs(60), context: None };
         run_schedule(&nemeses, &recorder, &active, options, 1, &AtomicBool::new(false)).await;
         let retry_for = stop_retry_for(&nemeses, interval);
         assert_eq!(retry_for, Duration::from_millis(1500) + STOP_RETRY_MARGIN);
@@ -546,7 +598,7 @@ mod tests {
                 let recorder = Recorder::create(&dir.path().join("h.jsonl")).unwrap();
                 let active = Arc::new(ActiveFaults::default());
                 let nemeses = fakes(seven_local_faults(&active, vt, Duration::from_millis(50)));
-                let options = ScheduleOptions { interval, seed, deadline: Instant::now() + limit };
+                let options = ScheduleOptions { interval, seed, deadline: Instant::now() + limit, context: None };
                 let coverage =
                     run_schedule(&nemeses, &recorder, &active, options, at_once, &AtomicBool::new(false)).await;
                 assert_eq!(coverage.never_fired(), Vec::<String>::new(), "seed {seed}, {at_once} at once");
@@ -573,7 +625,7 @@ mod tests {
             let recorder = Recorder::create(&dir.path().join("h.jsonl")).unwrap();
             let active = Arc::new(ActiveFaults::default());
             let nemeses = fakes(seven_local_faults(&active, vt, Duration::from_millis(100)));
-            let options = ScheduleOptions { interval, seed, deadline: Instant::now() + needed };
+            let options = ScheduleOptions { interval, seed, deadline: Instant::now() + needed, context: None };
             let coverage = run_schedule(&nemeses, &recorder, &active, options, 1, &AtomicBool::new(false)).await;
             assert_eq!(coverage.never_fired(), Vec::<String>::new(), "seed {seed}");
         }

@@ -20,7 +20,9 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use crate::backends::proxy::{FaultProxy, ProxyGroup, SharedProxy};
+use crate::core::nemesis::FaultContext;
 use crate::core::options::RunOptions;
+use crate::core::roles::BoxFuture;
 use crate::systems::brokers::{Broker, ClientListener, KafkaPlace, PeerListener, free_ports_besides};
 
 use super::BrokerSide;
@@ -37,6 +39,40 @@ pub(super) struct Wired {
 impl Wired {
     pub fn url_for(&self, client: &str) -> Option<&str> {
         self.urls.iter().find(|(c, _)| c == client).map(|(_, u)| u.as_str())
+    }
+}
+
+/// A Kafka cluster's partition leaders, asked as each fault strikes:
+/// `{"leaders": {"broker-2": [0, 3, 6], …}}` (`none`: partitions without a
+/// leader). Nothing when the cluster does not answer within a second.
+#[derive(Debug)]
+pub(super) struct Leaders {
+    pub transport: haunt_transport::TransportSpec,
+    pub url: String,
+}
+
+impl FaultContext for Leaders {
+    fn at_fault(&self) -> BoxFuture<'_, Option<serde_json::Map<String, serde_json::Value>>> {
+        Box::pin(async move {
+            let inspector = haunt_transport::inspector(self.transport, &self.url).await.ok()?;
+            let leaders = match inspector.leaders().await {
+                Ok(leaders) => leaders?,
+                Err(e) => {
+                    tracing::info!(error = %e, "no partition leaders for the history");
+                    return None;
+                }
+            };
+            let named: serde_json::Map<String, serde_json::Value> = leaders
+                .into_iter()
+                .map(|(id, partitions)| {
+                    let name = if id < 0 { "none".to_owned() } else { format!("broker-{id}") };
+                    (name, serde_json::json!(partitions))
+                })
+                .collect();
+            let mut out = serde_json::Map::new();
+            out.insert("leaders".into(), named.into());
+            Some(out)
+        })
     }
 }
 

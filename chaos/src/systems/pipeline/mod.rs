@@ -196,6 +196,12 @@ impl System for Pipeline {
         })
     }
 
+    /// A Kafka cluster's partition leaders, as each fault strikes.
+    fn fault_context(&self) -> Option<Arc<dyn crate::core::nemesis::FaultContext>> {
+        let broker = self.broker.as_ref().filter(|b| b.laid.len() > 1)?;
+        Some(Arc::new(broker::Leaders { transport: broker.transport, url: broker.url.clone() }))
+    }
+
     /// Quiet: the queue (with a broker, the outbox) is empty, and so is
     /// the broker: nothing ready, nothing delivered and not acked.
     fn is_quiet(&self) -> BoxFuture<'_, anyhow::Result<bool>> {
