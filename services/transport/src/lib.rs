@@ -265,6 +265,19 @@ impl TransportSpec {
         }
     }
 
+    /// The faults under which this mode's claim promises nothing, by
+    /// `--nemesis` name. `kafka:acks-1`: a leader acknowledges a write
+    /// before any follower has it, so a leader that fails (restarted,
+    /// paused, cut off) may take acknowledged writes with it. A loss in a
+    /// run where one of these struck is what the mode allows, not a
+    /// contradiction of its claim.
+    pub fn no_promise_under(&self) -> &'static [&'static str] {
+        match (self.kind, self.mode) {
+            (Kind::Kafka, "acks-1") => &["broker-restart", "pause", "partition"],
+            _ => &[],
+        }
+    }
+
     /// Whether the broker tells a consumer how often it delivered a
     /// message. Kafka does not: a partition's next owner reads from the last
     /// commit, and its first delivery of a message counts 1 whoever had it

@@ -6,8 +6,13 @@ use haunt_transport::{Guarantee, OrderClaim};
 use super::FaultRun;
 
 /// Whether the measurement matches the claim, and what is worth saying.
+///
+/// `no_promise`: the faults under which the claim promises nothing
+/// (`TransportSpec::no_promise_under`). A loss only in runs where one of
+/// them struck is reported as measured, and matches the claim.
 pub(super) fn judge(
     claim: Guarantee,
+    no_promise: &[&str],
     lost: u64,
     delivered_twice: Option<u64>,
     applied_twice: u64,
@@ -22,7 +27,17 @@ pub(super) fn judge(
     // Deliveries are recorded by the inbox; without one, an application
     // twice is the evidence of a delivery twice.
     let duplicated = delivered_twice.map_or(applied_twice > 0, |d| d > 0);
+    let excused = |r: &FaultRun| no_promise.iter().any(|f| r.faults_fired[*f].as_u64().unwrap_or(0) > 0);
+    let promised_lost = runs.iter().any(|r| r.lost > 0 && !excused(r));
     match claim {
+        Guarantee::AtLeastOnce | Guarantee::ExactlyOnce if lost > 0 && !promised_lost => (
+            Some(true),
+            Some(format!(
+                "promises nothing under {}, and lost {lost} acknowledged effects in runs where they struck ({})",
+                no_promise.join(", "),
+                lost_at()
+            )),
+        ),
         Guarantee::AtMostOnce if duplicated => (
             Some(false),
             Some(format!(

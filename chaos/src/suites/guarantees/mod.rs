@@ -135,6 +135,8 @@ pub struct Throughput {
 pub struct Row {
     /// As `--transport` spells it.
     pub transport: String,
+    /// The broker's nodes: 3 for a Kafka cluster (`×3` in the table), else 1.
+    pub brokers: usize,
     pub inbox: bool,
     /// What the transport claims.
     pub claim: &'static str,
@@ -164,9 +166,21 @@ pub struct Row {
     pub throughput: Throughput,
 }
 
-/// The faults of a transport's fault runs, and their targets.
+/// Kafka's nodes for a row: three where the mode's claim turns on what a
+/// cluster does when a partition's leader fails (`acks=all` with
+/// `min.insync.replicas` 2 against `acks=1`), one elsewhere.
+fn kafka_brokers(spec: TransportSpec) -> usize {
+    if spec.kind == haunt_transport::Kind::Kafka && matches!(spec.mode(), "at-least-once" | "acks-1") { 3 } else { 1 }
+}
+
+/// The faults of a transport's fault runs, and their targets. On a Kafka
+/// cluster a partition may also isolate a node from its peers and its
+/// clients (a leader's failover), and a broker-restart takes any node.
 fn fault_schedule(spec: TransportSpec) -> (Vec<Fault>, Vec<String>) {
     let (mut faults, mut targets) = (vec![Fault::Kill, Fault::Partition, Fault::AckLoss], vec!["worker-1"]);
+    if kafka_brokers(spec) > 1 {
+        targets.extend(["broker-1<->all", "broker-2<->all", "broker-3<->all"]);
+    }
     if spec.is_broker() {
         targets.extend(["worker-1<->broker", "relay"]);
         if spec.server_is_durable() {
@@ -189,6 +203,7 @@ fn row_options(options: &GuaranteesOptions, runs_dir: &Path, spec: TransportSpec
         quiesce_timeout: QUIESCE_TIMEOUT,
         bug: (!inbox).then_some(haunt_store::Bug::NoInbox),
         exe: options.haunt.clone(),
+        kafka_brokers: kafka_brokers(spec),
         ..RunOptions::default()
     }
 }
@@ -427,11 +442,13 @@ impl Row {
         let (matches_claim, finding) = if done.is_empty() {
             (None, None)
         } else {
-            let delivery = judge(claim, lost, delivered_more_than_once, applied_more_than_once, &done);
+            let (no_promise, twice) = (spec.no_promise_under(), delivered_more_than_once);
+            let delivery = judge(claim, no_promise, lost, twice, applied_more_than_once, &done);
             judge_order(order_claim, order_pairs, overtaken, &done, delivery)
         };
         Row {
             transport: spec.to_string(),
+            brokers: kafka_brokers(spec),
             inbox,
             claim: claim.name(),
             lost,

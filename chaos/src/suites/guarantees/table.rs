@@ -141,7 +141,7 @@ fn every_row(t: &mut String, rows: &[Row]) {
         let _ = writeln!(
             t,
             "{:<22} {:<6} {:<14} {:>6} {:>11} {:>13} {:<24} {:>9} {:>6} {:>11} {:<26} {}",
-            r.transport,
+            if r.brokers > 1 { format!("{} ×{}", r.transport, r.brokers) } else { r.transport.clone() },
             yes_no(r.inbox),
             r.claim,
             r.lost,
