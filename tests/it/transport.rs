@@ -441,6 +441,54 @@ fn kafka_at_most_once_loses_under_a_consumer_kill() {
     at_most_once_loses_under_a_consumer_kill("kafka:at-most-once");
 }
 
+/// A cluster of three (`--kafka-brokers 3`): a node cut off from its peers
+/// and its clients, then a node killed and restarted. acks=all with
+/// min.insync.replicas 2 loses nothing and keeps each key's order, and
+/// each fault's start names the partition leaders as it struck.
+#[test]
+fn a_kafka_cluster_is_valid_when_a_node_is_isolated_and_one_is_restarted() {
+    if skipped("kafka") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let args = [
+        "--kafka-brokers",
+        "3",
+        "--time-limit-s",
+        "30",
+        "--nemesis",
+        "partition,broker-restart",
+        "--nemesis-interval-s",
+        "3",
+        "--fault-targets",
+        "broker-1<->all,broker-2<->all,broker-3<->all",
+        "--ordered-keys",
+        "4",
+    ];
+    let (out, results, run) = run(tmp.path(), "kafka", &args);
+    assert_eq!(out.status.code(), Some(0), "{}", why(&out, &results));
+    assert_eq!(run["options"]["kafka_brokers"], 3, "{run}");
+    for fault in ["partition", "broker-restart"] {
+        assert!(run["faults_fired"][fault].as_u64().unwrap_or(0) >= 1, "{fault} never fired: {run}");
+    }
+    assert!(results["counts"]["acknowledged"].as_u64().unwrap() > 100, "{results}");
+    assert_eq!(results["anomalies"]["reordered"]["count"], 0, "{}", results["order"]);
+    assert!(results["order"]["pairs_checked"].as_u64().unwrap() > 100, "{}", results["order"]);
+    // Each window names the leaders as it struck: every partition led by
+    // some node (or none), each once.
+    let windows = results["faults"].as_array().unwrap();
+    let isolated = windows.iter().find(|w| w["fault"] == "partition").expect("a partition window");
+    assert!(isolated["target"].as_str().unwrap().ends_with("<->all"), "{isolated}");
+    for w in windows {
+        let leaders = w["leaders"].as_object().unwrap_or_else(|| panic!("no leaders: {w}"));
+        let mut partitions: Vec<u64> =
+            leaders.values().flat_map(|p| p.as_array().unwrap().iter().map(|n| n.as_u64().unwrap())).collect();
+        partitions.sort_unstable();
+        assert_eq!(partitions, (0..8).collect::<Vec<u64>>(), "{w}");
+        assert!(leaders.keys().all(|k| k.starts_with("broker-") || k == "none"), "{w}");
+    }
+}
+
 #[test]
 fn kafka_keeps_each_keys_order_through_failed_applies_and_retry_after_next_breaks_it() {
     keeps_each_keys_order_and_retry_after_next_breaks_it("kafka");
