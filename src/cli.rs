@@ -47,6 +47,10 @@ enum Command {
     /// (consumer kill, broker restart, partition, ack loss, relay kill) with
     /// and without the inbox, reconcile afterwards, then a fault-free run for
     /// speed; the tutorial's table with claim and measurement side by side.
+    /// `kafka` and `kafka:acks-1` run on a cluster of three brokers, whose
+    /// nodes a partition may cut off (a leader's failover), and a loss under a
+    /// fault its claim makes no promise for (acks=1 under a leader's loss) is
+    /// reported, not called a contradiction.
     /// Exit 1 if a row contradicts its claim, 2 if a row could not be measured.
     Guarantees(crate::guarantees_cmd::GuaranteesArgs),
     /// Benchmarks, each against a baseline measured in the same run.
