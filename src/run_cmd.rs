@@ -67,6 +67,12 @@ pub struct RunArgs {
     /// broker-restart; with --system, all that the file allows.
     #[arg(long)]
     pub nemesis: Option<String>,
+    /// Strike these fault windows instead of the seeded schedule: a run's
+    /// `schedule.json` (its faults, targets, starts and holds, in order;
+    /// docs/run-format.md). The seed still drives the workload. The faults are
+    /// the ones it names, so --nemesis cannot be given with it.
+    #[arg(long, value_name = "FILE", conflicts_with = "nemesis")]
+    pub schedule: Option<PathBuf>,
     /// Run the system this file describes (docs/system-format.md) instead of
     /// haunt's reference pipeline: its nodes, its client, its final-state SQL.
     #[arg(long, value_name = "FILE")]
@@ -184,8 +190,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
             (options, Some(named))
         }
         None => {
-            let nemesis = args.nemesis.clone();
-            (options_from_flags(args)?, nemesis)
+            let schedule = args.schedule.as_deref().map(haunt_chaos::core::nemesis::ScheduleFile::read).transpose()?;
+            let nemesis = match &schedule {
+                Some(s) => Some(s.faults().iter().map(|f| f.name()).collect::<Vec<_>>().join(",")),
+                None => args.nemesis.clone(),
+            };
+            let mut options = options_from_flags(args)?;
+            options.schedule = schedule;
+            (options, nemesis)
         }
     };
     // `all` depends on the rest: db-restart with a database node, loss in containers.
@@ -261,6 +273,7 @@ fn options_from_flags(args: RunArgs) -> anyhow::Result<RunOptions> {
         items: args.items,
         ordered_keys: args.ordered_keys,
         kafka_brokers: args.kafka_brokers,
+        schedule: None,
         exe: std::env::current_exe().context("finding the haunt executable")?,
         git_revision: revision().to_owned(),
         pg_data: args.pg_data,

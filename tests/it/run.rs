@@ -424,6 +424,76 @@ fn bad_options_are_refused_before_anything_starts() {
     assert!(!tmp.path().join("latest").exists(), "no run directory for refused options");
 }
 
+/// A valid run of pause, ack-loss and delay in 10 s (seed 3), its directory.
+fn three_faults_in_ten_seconds(store: &Path) -> PathBuf {
+    let args =
+        ["--time-limit-s", "10", "--nemesis", "pause,ack-loss,delay", "--nemesis-interval-s", "1.5", "--seed", "3"];
+    let out = haunt_run(store, &args).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    latest(store)
+}
+
+/// `haunt run --schedule FILE` strikes a run's `schedule.json` as given:
+/// the same windows (fault, target, in order), each starting within a
+/// second of its plan, under another seed's workload. A schedule that is
+/// not one, or names what the run cannot do, is refused before anything
+/// starts, naming the file and the field.
+#[test]
+fn a_run_replayed_from_its_schedule_strikes_the_same_windows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let first = three_faults_in_ten_seconds(tmp.path());
+    let schedule = first.join("schedule.json");
+    let planned = read_json(&schedule);
+    assert_eq!(planned["version"], 1);
+    assert!(planned["windows"].as_array().unwrap().len() >= 3, "{planned}");
+    let replay = ["--time-limit-s", "10", "--seed", "9", "--schedule", schedule.to_str().unwrap()];
+    let out = haunt_run(tmp.path(), &replay).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let second = latest(tmp.path());
+    assert_ne!(first, second);
+    let windows = |run: &Path| -> Vec<(String, String, u64)> {
+        read_json(&run.join("results.json"))["faults"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| {
+                let f = w["fault"].as_str().unwrap().to_owned();
+                (f, w["target"].as_str().unwrap().to_owned(), w["start_ns"].as_u64().unwrap())
+            })
+            .collect()
+    };
+    let (a, b) = (windows(&first), windows(&second));
+    let names = |ws: &[(String, String, u64)]| ws.iter().map(|(f, t, _)| (f.clone(), t.clone())).collect::<Vec<_>>();
+    assert_eq!(names(&a), names(&b), "the same windows in the same order");
+    let (a0, b0) = (a[0].2, b[0].2);
+    for ((_, _, x), (_, _, y)) in a.iter().zip(&b) {
+        let (x, y) = ((x - a0) as i64, (y - b0) as i64);
+        assert!((x - y).abs() < 1_000_000_000, "each start within a second of its plan: {a:?} / {b:?}");
+    }
+    assert_eq!(read_json(&second.join("run.json"))["options"]["schedule"], planned, "the schedule goes into run.json");
+
+    let bad = tmp.path().join("bad.json");
+    for (text, needle) in [
+        (
+            r#"{"version": 1, "windows": [{"fault": "kil", "target": "worker-1", "start_ms": 0, "hold_ms": 1}]}"#,
+            "windows[0].fault",
+        ),
+        (
+            r#"{"version": 1, "windows": [{"fault": "kill", "target": "worker-9", "start_ms": 0, "hold_ms": 1}]}"#,
+            "windows[0].target worker-9",
+        ),
+        (r#"{"version": 1, "windows": [{"fault": "kill"}]}"#, "not a schedule"),
+    ] {
+        std::fs::write(&bad, text).unwrap();
+        let out = haunt_run(tmp.path(), &["--schedule", bad.to_str().unwrap()]).output().unwrap();
+        assert_ne!(out.status.code(), Some(0));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(needle), "{text}: {stderr}");
+    }
+    let out = haunt_run(tmp.path(), &["--schedule", bad.to_str().unwrap(), "--nemesis", "kill"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"), "--schedule names the faults");
+}
+
 /// `haunt run --options FILE` takes every option from a file: a recorded
 /// run's `run.json` runs that run again, with its seed, and draws the same
 /// fault windows in the same order (fault and target; their times vary with
@@ -433,11 +503,7 @@ fn bad_options_are_refused_before_anything_starts() {
 #[test]
 fn a_recorded_run_runs_again_from_its_run_json_with_the_same_fault_windows() {
     let tmp = tempfile::tempdir().unwrap();
-    let args =
-        ["--time-limit-s", "10", "--nemesis", "pause,ack-loss,delay", "--nemesis-interval-s", "1.5", "--seed", "3"];
-    let out = haunt_run(tmp.path(), &args).output().unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let first = latest(tmp.path());
+    let first = three_faults_in_ten_seconds(tmp.path());
     let out = Command::new(env!("CARGO_BIN_EXE_haunt"))
         .args(["run", "--options"])
         .arg(first.join("run.json"))

@@ -121,6 +121,10 @@ pub struct RunOptions {
     /// from a `run.json` written before clusters.
     #[serde(default = "one")]
     pub kafka_brokers: usize,
+    /// The windows to strike instead of the seeded schedule (`--schedule
+    /// FILE`: a run's `schedule.json`); `faults` are those it names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<crate::core::nemesis::ScheduleFile>,
     /// The data directory of the PostgreSQL server behind `db`, when the
     /// harness may crash and restart it (`db-restart`).
     pub pg_data: Option<PathBuf>,
@@ -183,6 +187,7 @@ impl Default for RunOptions {
             items: 5,
             ordered_keys: 0,
             kafka_brokers: 1,
+            schedule: None,
             pg_data: None,
             exe: PathBuf::from("haunt"),
             git_revision: "unknown".into(),
@@ -353,7 +358,8 @@ impl RunOptions {
             "--nemesis db-restart needs --pg-data DIR (the data directory of the PostgreSQL server behind --db), \
              or --backend docker"
         );
-        if self.fit_check {
+        // A given schedule is struck as given, each window in its place.
+        if self.fit_check && self.schedule.is_none() {
             check_fault_fit(self)?;
         }
         Ok(())

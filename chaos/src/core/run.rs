@@ -85,6 +85,9 @@ impl Roles {
     pub fn for_system(system: Arc<dyn System>, options: &RunOptions) -> anyhow::Result<Roles> {
         let settings = options.fault_settings();
         let nemeses = Faults::new(crate::core::nemesis::build_all(&options.faults, system.surfaces(), &settings)?);
+        if let Some(schedule) = &options.schedule {
+            crate::core::nemesis::script::check(&schedule.windows, &nemeses)?;
+        }
         Ok(Roles { client: system.client(), system, nemeses, checker: Box::new(RunDirChecker) })
     }
 }
@@ -141,6 +144,11 @@ pub async fn execute(
         if let Err(e) = backend.stop(&node).await {
             tracing::warn!(node = %node.name, error = ?e, "stopping");
         }
+    }
+    if let Ok(driven) = &driven {
+        // What was struck, to replay (`haunt run --schedule`), also for a run cut short.
+        let schedule = crate::core::nemesis::ScheduleFile::new(driven.coverage.windows.clone());
+        write_json(&run_dir.join(crate::core::nemesis::SCHEDULE_FILE), &schedule)?;
     }
     let aborted = abort.load(Ordering::Relaxed);
     run_file.aborted = aborted;
@@ -239,6 +247,7 @@ async fn drive(
         seed: RunSeed(options.seed).schedule(),
         deadline,
         context: system.fault_context(),
+        script: options.schedule.as_ref().map(|s| Arc::new(s.windows.clone())),
     };
     let coverage =
         crate::core::nemesis::run_schedule(nemeses, &recorder, &active, schedule, options.faults_at_once, abort).await;

@@ -9,6 +9,8 @@
 //!   clock skew, stalls).
 //! - [`schedule`]: the seeded schedule, its fit to the time limit, the
 //!   coverage it reports and the faults active now.
+//! - [`script`]: an explicit schedule, the windows a run struck
+//!   (`schedule.json`), struck again as given (`haunt run --schedule`).
 //! - [`heal`]: healing at the end of a run, and on every path out of one.
 //!
 //! **Invariant:** the nemesis never reads the history; it only appends its own
@@ -26,6 +28,7 @@ pub mod heal;
 pub mod link;
 pub mod node;
 pub mod schedule;
+pub mod script;
 pub mod switch;
 
 pub use aim::Aim;
@@ -36,6 +39,7 @@ pub use schedule::{
     ACT_ALLOWANCE, ActiveFaults, Coverage, FaultContext, ScheduleOptions, Unfit, check_fit, run_schedule,
     stop_retry_for,
 };
+pub use script::{PlannedWindow, SCHEDULE_FILE, ScheduleFile};
 pub use switch::{AckLossNemesis, ClockSkewNemesis, DbErrorNemesis, StallNemesis};
 
 // The slot of a fault's target is emptied only once its stop has worked: a

@@ -14,6 +14,7 @@ use haunt_store::Rng;
 use serde_json::json;
 use tokio::time::Instant;
 
+use super::script::PlannedWindow;
 use crate::core::history::Recorder;
 use crate::core::roles::Nemesis;
 
@@ -164,6 +165,9 @@ pub struct ScheduleOptions {
     pub deadline: Instant,
     /// What the system says of itself as each fault strikes.
     pub context: Option<Arc<dyn FaultContext>>,
+    /// Windows to strike as given (`haunt run --schedule`), instead of the
+    /// seeded schedule.
+    pub script: Option<Arc<Vec<PlannedWindow>>>,
 }
 
 /// What a system tells of itself when a fault strikes, recorded in the
@@ -185,9 +189,12 @@ pub fn stop_retry_for(nemeses: &[Box<dyn Nemesis>], interval: Duration) -> Durat
 
 /// How often each enabled fault started, in the order of the nemeses given to
 /// [`run_schedule`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Coverage {
     pub fired: Vec<(String, u32)>,
+    /// Every window that started, as struck, in order of start: the run's
+    /// `schedule.json`, which `--schedule` replays.
+    pub windows: Vec<PlannedWindow>,
 }
 
 impl Coverage {
@@ -214,7 +221,7 @@ async fn act(
     action: impl Future<Output = anyhow::Result<()>>,
     aim: impl FnOnce() -> Option<serde_json::Value>,
 ) -> bool {
-    act_in(recorder, f, target, None, action, aim).await
+    act_in(recorder, f, target, None, action, aim).await.0
 }
 
 /// [`act`], with `context` added to the value of the op before.
@@ -225,7 +232,7 @@ async fn act_in(
     context: Option<serde_json::Map<String, serde_json::Value>>,
     action: impl Future<Output = anyhow::Result<()>>,
     aim: impl FnOnce() -> Option<serde_json::Value>,
-) -> bool {
+) -> (bool, Option<serde_json::Value>) {
     let mut before = json!({"target": target});
     for (k, v) in context.into_iter().flatten() {
         before[k] = v;
@@ -240,11 +247,12 @@ async fn act_in(
         tracing::warn!(f, target, %outcome, "nemesis action failed");
     }
     let mut value = json!({"target": target, "result": outcome});
-    if let Some(aim) = aim() {
-        value["aim"] = aim;
+    let aim = aim();
+    if let Some(aim) = &aim {
+        value["aim"] = aim.clone();
     }
     recorder.nemesis(f, value);
-    ok
+    (ok, aim)
 }
 
 /// Stops a fault, again and again until a stop takes effect, `retry_for` has
@@ -274,7 +282,7 @@ pub(super) async fn stop_until_healed(
 }
 
 /// Sleeps until `at` unless stopped first; true if it slept the whole way.
-async fn sleep_until(at: Instant, stop: &AtomicBool) -> bool {
+pub(super) async fn sleep_until(at: Instant, stop: &AtomicBool) -> bool {
     // Checks the stop flag every 50 ms: Ctrl-C must not wait out a long hold.
     while Instant::now() < at {
         if stop.load(Ordering::Relaxed) {
@@ -303,16 +311,21 @@ pub async fn run_schedule(
     at_once: usize,
     stop: &AtomicBool,
 ) -> Coverage {
+    let retry_for = stop_retry_for(nemeses, options.interval);
+    let struck = Struck { recorder, active, started: Instant::now(), retry_for, stop, windows: Mutex::default() };
+    if let Some(script) = options.script.clone() {
+        return super::script::replay(nemeses, &script, &struck, &options).await;
+    }
     let timing = Timing { interval: options.interval };
     let usable: Vec<usize> = (0..nemeses.len()).filter(|&i| !nemeses[i].targets().is_empty()).collect();
     let costs: Vec<Duration> = usable.iter().map(|&i| timing.cost_min(nemeses[i].hold_min())).collect();
-    let retry_for = stop_retry_for(nemeses, options.interval);
+    let struck = &struck;
     let schedules = deal(&costs, at_once).into_iter().enumerate().map(|(lane, share)| {
         let share: Vec<usize> = share.into_iter().map(|k| usable[k]).collect();
         let options = ScheduleOptions { seed: crate::core::seed::lane(options.seed, lane), ..options.clone() };
         async move {
             let kinds: Vec<&dyn Nemesis> = share.iter().map(|&i| nemeses[i].as_ref()).collect();
-            let fired = one_schedule(&kinds, recorder, active, options, retry_for, stop).await;
+            let fired = one_schedule(&kinds, lane, struck, options).await;
             share.into_iter().zip(fired).collect::<Vec<_>>()
         }
     });
@@ -320,18 +333,77 @@ pub async fn run_schedule(
     for (i, n) in futures_util::future::join_all(schedules).await.into_iter().flatten() {
         fired[i] = n;
     }
-    Coverage { fired: nemeses.iter().zip(fired).map(|(n, c)| (n.name().to_owned(), c)).collect() }
+    struck.coverage(nemeses, fired)
+}
+
+/// What every lane of a schedule shares: where it records, what is active,
+/// when the schedule started, how long a stop is retried, the stop flag,
+/// and the windows struck so far.
+pub(super) struct Struck<'a> {
+    pub recorder: &'a Recorder,
+    pub active: &'a ActiveFaults,
+    pub started: Instant,
+    pub retry_for: Duration,
+    pub stop: &'a AtomicBool,
+    pub windows: Mutex<Vec<PlannedWindow>>,
+}
+
+impl Struck<'_> {
+    /// One window: `nemesis` starts on `target` (its start op carrying what
+    /// the system tells of itself), holds for `hold`, and is stopped until
+    /// healed. Returns whether it started, and whether it healed (a lane
+    /// whose fault never healed starts nothing more).
+    pub async fn strike(
+        &self,
+        nemesis: &dyn Nemesis,
+        target: &str,
+        hold: Duration,
+        lane: usize,
+        context: Option<&Arc<dyn FaultContext>>,
+    ) -> (bool, bool) {
+        let (start_f, _) = haunt_format::fault_ops(nemesis.family());
+        self.active.set(nemesis.name(), target, true);
+        let context = match context {
+            Some(c) => c.at_fault().await,
+            None => None,
+        };
+        let at = Instant::now();
+        let (started, aim) =
+            act_in(self.recorder, &start_f, target, context, nemesis.start(target), || nemesis.take_aim()).await;
+        if started {
+            let window = PlannedWindow {
+                lane,
+                fault: nemesis.name().to_owned(),
+                target: target.to_owned(),
+                start_ms: millis(at - self.started),
+                hold_ms: millis(hold),
+                aim,
+            };
+            self.windows.lock().unwrap_or_else(|p| p.into_inner()).push(window);
+        }
+        sleep_until(Instant::now() + hold, self.stop).await;
+        let healed = stop_until_healed(nemesis, target, self.recorder, self.active, self.retry_for, self.stop).await;
+        if !healed && !self.stop.load(Ordering::Relaxed) {
+            tracing::warn!(fault = nemesis.name(), %target, retry_for = ?self.retry_for, "the fault's stop never took effect");
+        }
+        (started, healed)
+    }
+
+    /// How often each of `nemeses` fired, and the windows in order of start.
+    pub fn coverage(&self, nemeses: &[Box<dyn Nemesis>], fired: Vec<u32>) -> Coverage {
+        let mut windows = std::mem::take(&mut *self.windows.lock().unwrap_or_else(|p| p.into_inner()));
+        windows.sort_by_key(|w| (w.start_ms, w.lane));
+        Coverage { fired: nemeses.iter().zip(fired).map(|(n, c)| (n.name().to_owned(), c)).collect(), windows }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// One lane of [`run_schedule`]. Returns how often each of `kinds` started.
-async fn one_schedule(
-    kinds: &[&dyn Nemesis],
-    recorder: &Recorder,
-    active: &ActiveFaults,
-    options: ScheduleOptions,
-    retry_for: Duration,
-    stop: &AtomicBool,
-) -> Vec<u32> {
+async fn one_schedule(kinds: &[&dyn Nemesis], lane: usize, struck: &Struck<'_>, options: ScheduleOptions) -> Vec<u32> {
+    let stop = struck.stop;
     let mut fired = vec![0u32; kinds.len()];
     if kinds.is_empty() {
         return fired;
@@ -379,20 +451,9 @@ async fn one_schedule(
         }
         let targets = nemesis.targets();
         let target = targets[rng.below(targets.len() as u64) as usize].clone();
-        let (start_f, _) = haunt_format::fault_ops(nemesis.family());
-        active.set(nemesis.name(), &target, true);
-        let context = match &options.context {
-            Some(c) => c.at_fault().await,
-            None => None,
-        };
-        if act_in(recorder, &start_f, &target, context, nemesis.start(&target), || nemesis.take_aim()).await {
-            fired[k] += 1;
-        }
-        sleep_until(Instant::now() + hold, stop).await;
-        if !stop_until_healed(nemesis, &target, recorder, active, retry_for, stop).await {
-            if !stop.load(Ordering::Relaxed) {
-                tracing::warn!(fault = nemesis.name(), %target, ?retry_for, "the fault's stop never took effect");
-            }
+        let (started, healed) = struck.strike(nemesis, &target, hold, lane, options.context.as_ref()).await;
+        fired[k] += u32::from(started);
+        if !healed {
             break;
         }
     }
@@ -484,6 +545,59 @@ mod tests {
         }
     }
 
+    /// A seeded schedule's windows, struck again as a script, come back the
+    /// same: the same faults on the same targets in the same lanes, in the
+    /// same order, each at its start (in paused time, to the millisecond),
+    /// and none after the deadline.
+    #[tokio::test]
+    async fn a_schedule_struck_again_from_its_windows_repeats_them() {
+        tokio::time::pause();
+        let dir = tempfile::tempdir().unwrap();
+        let recorder = Recorder::create(&dir.path().join("h.jsonl")).unwrap();
+        let active = Arc::new(ActiveFaults::default());
+        let make = || {
+            fakes(vec![
+                Fake::new("a", HOLD_MIN_DEFAULT, &active),
+                Fake::new("b", HOLD_MIN_DEFAULT, &active),
+                Fake::new("c", HOLD_MIN_DEFAULT, &active),
+            ])
+        };
+        let options = |script: Option<Vec<PlannedWindow>>| ScheduleOptions {
+            interval: Duration::from_secs(1),
+            seed: 5,
+            deadline: Instant::now() + Duration::from_secs(20),
+            context: None,
+            script: script.map(Arc::new),
+        };
+        let never = AtomicBool::new(false);
+        let seeded = run_schedule(&make(), &recorder, &active, options(None), 2, &never).await;
+        assert!(seeded.windows.len() >= 6, "{:?}", seeded.windows);
+        assert!(seeded.windows.iter().any(|w| w.lane == 1), "two lanes: {:?}", seeded.windows);
+        crate::core::nemesis::script::check(&seeded.windows, &make()).unwrap();
+        let again = run_schedule(&make(), &recorder, &active, options(Some(seeded.windows.clone())), 1, &never).await;
+        let shape = |ws: &[PlannedWindow]| -> Vec<(usize, String, String, u64)> {
+            ws.iter().map(|w| (w.lane, w.fault.clone(), w.target.clone(), w.hold_ms)).collect()
+        };
+        assert_eq!(shape(&again.windows), shape(&seeded.windows));
+        for (a, b) in again.windows.iter().zip(&seeded.windows) {
+            assert!(a.start_ms.abs_diff(b.start_ms) <= 5, "{a:?} against {b:?}");
+        }
+        assert_eq!(again.fired, seeded.fired);
+
+        // A window past the deadline is not struck; one naming another fault
+        // or a target the fault cannot hit is refused before anything starts.
+        let mut late = seeded.windows[0].clone();
+        late.start_ms = 60_000;
+        let cut = run_schedule(&make(), &recorder, &active, options(Some(vec![late.clone()])), 1, &never).await;
+        assert!(cut.windows.is_empty(), "{:?}", cut.windows);
+        let other = PlannedWindow { fault: "d".into(), ..late.clone() };
+        let err = crate::core::nemesis::script::check(&[other], &make()).unwrap_err().to_string();
+        assert!(err.contains("windows[0].fault d"), "{err}");
+        let elsewhere = PlannedWindow { target: "u".into(), ..late };
+        let err = crate::core::nemesis::script::check(&[elsewhere], &make()).unwrap_err().to_string();
+        assert!(err.contains("windows[0].target u"), "{err}");
+    }
+
     /// A cluster whose node 2 leads both partitions.
     #[derive(Debug)]
     struct Leaders;
@@ -510,6 +624,7 @@ mod tests {
             seed: 1,
             deadline: Instant::now() + Duration::from_secs(4),
             context: Some(Arc::new(Leaders)),
+            script: None,
         };
         let coverage = run_schedule(&nemeses, &recorder, &active, options, 1, &AtomicBool::new(false)).await;
         recorder.finish().unwrap();
@@ -552,8 +667,13 @@ mod tests {
         let stops = f.stops.clone();
         let nemeses = fakes(vec![f]);
         let interval = Duration::from_secs(1);
-        let options =
-            ScheduleOptions { interval, seed: 1, deadline: Instant::now() + Duration::from_secs(60), context: None };
+        let options = ScheduleOptions {
+            interval,
+            seed: 1,
+            deadline: Instant::now() + Duration::from_secs(60),
+            context: None,
+            script: None,
+        };
         run_schedule(&nemeses, &recorder, &active, options, 1, &AtomicBool::new(false)).await;
         let retry_for = stop_retry_for(&nemeses, interval);
         assert_eq!(retry_for, Duration::from_millis(1500) + STOP_RETRY_MARGIN);
@@ -598,7 +718,8 @@ mod tests {
                 let recorder = Recorder::create(&dir.path().join("h.jsonl")).unwrap();
                 let active = Arc::new(ActiveFaults::default());
                 let nemeses = fakes(seven_local_faults(&active, vt, Duration::from_millis(50)));
-                let options = ScheduleOptions { interval, seed, deadline: Instant::now() + limit, context: None };
+                let options =
+                    ScheduleOptions { interval, seed, deadline: Instant::now() + limit, context: None, script: None };
                 let coverage =
                     run_schedule(&nemeses, &recorder, &active, options, at_once, &AtomicBool::new(false)).await;
                 assert_eq!(coverage.never_fired(), Vec::<String>::new(), "seed {seed}, {at_once} at once");
@@ -625,7 +746,8 @@ mod tests {
             let recorder = Recorder::create(&dir.path().join("h.jsonl")).unwrap();
             let active = Arc::new(ActiveFaults::default());
             let nemeses = fakes(seven_local_faults(&active, vt, Duration::from_millis(100)));
-            let options = ScheduleOptions { interval, seed, deadline: Instant::now() + needed, context: None };
+            let options =
+                ScheduleOptions { interval, seed, deadline: Instant::now() + needed, context: None, script: None };
             let coverage = run_schedule(&nemeses, &recorder, &active, options, 1, &AtomicBool::new(false)).await;
             assert_eq!(coverage.never_fired(), Vec::<String>::new(), "seed {seed}");
         }
