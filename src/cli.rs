@@ -53,6 +53,11 @@ enum Command {
     /// reported, not called a contradiction.
     /// Exit 1 if a row contradicts its claim, 2 if a row could not be measured.
     Guarantees(crate::guarantees_cmd::GuaranteesArgs),
+    /// From a failing run to a smaller one that still fails the same way:
+    /// fewer fault windows (ddmin), shorter holds, a shorter run, fewer
+    /// clients, each candidate rerun a few times. Writes DIR/shrunk/ with the
+    /// schedule, the options to replay and every candidate tried.
+    Shrink(crate::shrink_cmd::ShrinkArgs),
     /// Benchmarks, each against a baseline measured in the same run.
     #[command(subcommand)]
     Bench(crate::bench::BenchCommand),
@@ -133,6 +138,7 @@ pub fn main() -> i32 {
         Command::Redrive(args) => run_async(services::redrive(args)),
         Command::Matrix(args) => run_async_code("haunt matrix", crate::matrix_cmd::matrix(args)),
         Command::Guarantees(args) => run_async_code("haunt guarantees", crate::guarantees_cmd::guarantees(args)),
+        Command::Shrink(args) => run_async_code("haunt shrink", crate::shrink_cmd::shrink(args)),
         Command::Run(args) => run_async_code("haunt run", crate::run_cmd::run(*args)),
     }
 }

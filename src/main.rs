@@ -7,6 +7,7 @@ mod guarantees_cmd;
 mod matrix_cmd;
 mod run_cmd;
 mod services;
+mod shrink_cmd;
 
 fn main() {
     let code = cli::main();

@@ -12,6 +12,7 @@ mod matrix;
 mod observability;
 mod report;
 mod run;
+mod shrink;
 mod source;
 mod store_boundary;
 mod system;

@@ -1,4 +1,368 @@
-//! Shrinking a failing run to the smallest schedule that still fails
-//! (issue 34). So far: [`ddmin`], the search over a run's windows.
+//! `haunt shrink DIR`: from a failing run toward the smallest run that
+//! still fails the same way.
+//!
+//! A candidate is the run's options with fewer fault windows, shorter holds,
+//! a shorter time limit or fewer clients; it **still fails** when one of a
+//! few reruns (real processes are not deterministic) shows one of the
+//! anomaly kinds the run showed (`unknown`, a queue that never drained,
+//! counts as a kind of its own). The search, in order:
+//!
+//! 1. cut the time limit a little after the first anomalous op, and the
+//!    windows that start after it;
+//! 2. ddmin over the windows ([`ddmin`]);
+//! 3. halve each window's hold;
+//! 4. end the run a little after the last window, and halve the clients.
+//!
+//! Every step keeps what still fails, within a budget of wall time. What it
+//! ends with goes to `DIR/shrunk/`: `schedule.json`, `options.json` (the run
+//! to replay with `haunt run --options`), `shrink.json` (every candidate and
+//! its reruns) and `run` (the last failing rerun's directory).
 
 pub mod ddmin;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde::Serialize;
+
+use crate::core::nemesis::{PlannedWindow, SCHEDULE_FILE, ScheduleFile};
+use crate::core::options::RunOptions;
+use crate::suites::matrix::child::child_run;
+
+/// `haunt shrink`'s options.
+#[derive(Debug, Clone)]
+pub struct ShrinkOptions {
+    /// The failing run's directory.
+    pub dir: PathBuf,
+    /// Reruns of a candidate before it is said to pass.
+    pub reruns: u32,
+    /// Wall time for the search (the confirmation after it is not counted).
+    pub budget: Duration,
+    /// Reruns of the result, for its reproduction rate (0: none).
+    pub confirm: u32,
+    /// The `haunt` that runs each candidate.
+    pub haunt: PathBuf,
+    pub quiet: bool,
+}
+
+/// What a candidate changes of the run: its windows, its time limit, its clients.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Candidate {
+    pub windows: Vec<PlannedWindow>,
+    pub time_limit_s: u64,
+    pub concurrency: usize,
+}
+
+impl Candidate {
+    /// "1 window (ack-loss worker-2, 1.5 s), 8 s": what a summary says of it.
+    pub fn describe(&self) -> String {
+        let n = self.windows.len();
+        let listed: Vec<String> = self
+            .windows
+            .iter()
+            .take(3)
+            .map(|w| format!("{} {}, {:.1} s", w.fault, w.target, w.hold_ms as f64 / 1000.0))
+            .collect();
+        let more = if n > 3 { ", …" } else { "" };
+        let what = if n == 0 { String::new() } else { format!(" ({}{more})", listed.join("; ")) };
+        format!("{n} window{}{what}, {} s", if n == 1 { "" } else { "s" }, self.time_limit_s)
+    }
+}
+
+/// One rerun of a candidate.
+#[derive(Debug, Clone, Serialize)]
+pub struct Rerun {
+    pub run_dir: Option<String>,
+    /// The anomaly kinds it showed (`unknown` for a run that never drained).
+    pub kinds: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One candidate tried, in `shrink.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Step {
+    pub step: &'static str,
+    pub candidate: Candidate,
+    pub fails: bool,
+    pub reruns: Vec<Rerun>,
+}
+
+/// `shrink.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub run: String,
+    pub kinds: Vec<String>,
+    pub before: Candidate,
+    pub after: Candidate,
+    /// Whether every step ran to its end within the budget.
+    pub finished: bool,
+    pub tries: usize,
+    pub wall_s: f64,
+    /// The result's failing reruns out of `confirm`, when confirmed.
+    pub reproduced: Option<(u32, u32)>,
+    pub replay: String,
+    pub steps: Vec<Step>,
+}
+
+/// The anomaly kinds a run's results show, `unknown` for one that never drained.
+pub fn kinds_of(results: &haunt_checker::Results) -> Vec<String> {
+    let mut kinds: Vec<String> = results.anomalies.iter().filter(|(_, a)| a.count > 0).map(|(k, _)| k.clone()).collect();
+    if results.valid == haunt_checker::Verdict::Unknown {
+        kinds.push("unknown".into());
+    }
+    kinds
+}
+
+/// Runs candidates as child runs of `haunt run --options`, each up to
+/// `reruns` times, until the budget is spent.
+struct Trial<'a> {
+    options: &'a ShrinkOptions,
+    base: RunOptions,
+    kinds: Vec<String>,
+    tries_dir: PathBuf,
+    deadline: Instant,
+    tries: usize,
+    steps: Vec<Step>,
+    last_failing: Option<String>,
+    bar: Option<indicatif::ProgressBar>,
+    best: String,
+}
+
+impl Trial<'_> {
+    fn run_options(&self, c: &Candidate, seed: u64) -> RunOptions {
+        RunOptions {
+            store: self.tries_dir.clone(),
+            time_limit: Duration::from_secs(c.time_limit_s),
+            concurrency: c.concurrency,
+            schedule: Some(ScheduleFile::new(c.windows.clone())),
+            faults: ScheduleFile::new(c.windows.clone()).faults(),
+            seed,
+            quiet: true,
+            exe: self.options.haunt.clone(),
+            ..self.base.clone()
+        }
+    }
+
+    /// Whether `c` still fails; `None` once the budget is spent.
+    async fn fails(&mut self, step: &'static str, c: &Candidate) -> Option<bool> {
+        let mut reruns = Vec::new();
+        let mut fails = false;
+        for i in 0..self.options.reruns.max(1) {
+            if Instant::now() >= self.deadline {
+                return None;
+            }
+            self.tick(step, c);
+            // The first rerun keeps the run's seed; the others vary it.
+            let seed = self.base.seed.wrapping_add(u64::from(i));
+            let rerun = match child_run(&self.options.haunt, &self.run_options(c, seed), "shrink").await {
+                Ok((dir, results)) => {
+                    let kinds = kinds_of(&results);
+                    Rerun { run_dir: Some(dir.display().to_string()), kinds, error: None }
+                }
+                Err(e) => Rerun { run_dir: None, kinds: Vec::new(), error: Some(e) },
+            };
+            let same = rerun.kinds.iter().any(|k| self.kinds.contains(k));
+            if same {
+                self.last_failing.clone_from(&rerun.run_dir);
+            }
+            reruns.push(rerun);
+            if same {
+                fails = true;
+                break;
+            }
+        }
+        self.tries += 1;
+        if fails {
+            self.best = c.describe();
+        }
+        self.steps.push(Step { step, candidate: c.clone(), fails, reruns });
+        Some(fails)
+    }
+
+    fn tick(&self, step: &str, c: &Candidate) {
+        if let Some(bar) = &self.bar {
+            let left = self.deadline.saturating_duration_since(Instant::now()).as_secs();
+            bar.set_message(format!(
+                "{step}: trying {} | tries {} | best {} | {left} s left",
+                c.describe(),
+                self.tries,
+                self.best
+            ));
+        }
+    }
+}
+
+/// Shrinks the failing run in `options.dir`; writes `DIR/shrunk/`.
+pub async fn shrink(options: &ShrinkOptions) -> anyhow::Result<Report> {
+    let dir = &options.dir;
+    let run_file = read_json(&dir.join("run.json"))?;
+    let base: RunOptions = serde_json::from_value(run_file["options"].clone())
+        .with_context(|| format!("{}: options: not the options of a haunt run", dir.join("run.json").display()))?;
+    let schedule = ScheduleFile::read(&dir.join(SCHEDULE_FILE))
+        .with_context(|| format!("{} has no schedule to shrink (runs write one since 2026-12-05)", dir.display()))?;
+    let results: haunt_checker::Results = serde_json::from_value(read_json(&dir.join("results.json"))?)
+        .with_context(|| format!("{}: results.json", dir.display()))?;
+    let kinds = kinds_of(&results);
+    anyhow::ensure!(!kinds.is_empty(), "{}: the run was valid; there is nothing to shrink", dir.display());
+    let out = dir.join("shrunk");
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let started = Instant::now();
+    let before = Candidate {
+        windows: schedule.windows.clone(),
+        time_limit_s: base.time_limit.as_secs().max(1),
+        concurrency: base.concurrency,
+    };
+    let bar = (!options.quiet).then(|| {
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.enable_steady_tick(Duration::from_millis(200));
+        bar
+    });
+    let mut trial = Trial {
+        options,
+        base,
+        kinds: kinds.clone(),
+        tries_dir: out.join("tries"),
+        deadline: started + options.budget,
+        tries: 0,
+        steps: Vec::new(),
+        last_failing: None,
+        bar,
+        best: before.describe(),
+    };
+    let first_anomaly_ms = results.anomalies.values().filter_map(|a| a.first_time_ns).min().map(|ns| ns / 1_000_000);
+    let (after, finished) = search(&mut trial, before.clone(), first_anomaly_ms).await;
+    let wall_s = started.elapsed().as_secs_f64();
+    let replay_options = RunOptions { store: out.join("replays"), quiet: false, ..trial.run_options(&after, trial.base.seed) };
+    write_json(&out.join("options.json"), &replay_options)?;
+    write_json(&out.join(SCHEDULE_FILE), &ScheduleFile::new(after.windows.clone()))?;
+    let replay = format!("haunt run --options {}", out.join("options.json").display());
+    let reproduced = confirm(&mut trial, &after).await;
+    if let Some(bar) = &trial.bar {
+        bar.finish_and_clear();
+    }
+    if let Some(run) = &trial.last_failing {
+        let link = out.join("run");
+        let _ = std::fs::remove_file(&link);
+        let _ = std::os::unix::fs::symlink(run, &link);
+    }
+    let report = Report {
+        run: dir.display().to_string(),
+        kinds,
+        before,
+        after,
+        finished,
+        tries: trial.tries,
+        wall_s,
+        reproduced,
+        replay,
+        steps: trial.steps,
+    };
+    write_json(&out.join("shrink.json"), &report)?;
+    Ok(report)
+}
+
+/// The steps of the search over `trial`, from `start` (which fails). Returns
+/// the smallest candidate that still failed, and whether every step ended
+/// within the budget.
+async fn search(trial: &mut Trial<'_>, start: Candidate, first_anomaly_ms: Option<u64>) -> (Candidate, bool) {
+    let mut best = start;
+    // 1. Cut after the first anomaly (2 s on, at least 5 s of run).
+    if let Some(ms) = first_anomaly_ms {
+        let limit = (ms + 2_000).div_ceil(1000).max(5);
+        if limit < best.time_limit_s {
+            let windows = best.windows.iter().filter(|w| w.start_ms < limit * 1000).cloned().collect();
+            let cut = Candidate { windows, time_limit_s: limit, ..best.clone() };
+            match trial.fails("cut after the first anomaly", &cut).await {
+                Some(true) => best = cut,
+                Some(false) => {}
+                None => return (best, false),
+            }
+        }
+    }
+    // 2. ddmin over the windows.
+    if best.windows.len() >= 2 {
+        let windows = best.windows.clone();
+        let template = best.clone();
+        // One candidate at a time: the lock is never contended, it only lets
+        // each try's future borrow the trial.
+        let cell = tokio::sync::Mutex::new(&mut *trial);
+        let found = ddmin::ddmin(windows.len(), |kept| {
+            let candidate = Candidate { windows: kept.iter().map(|&i| windows[i].clone()).collect(), ..template.clone() };
+            let cell = &cell;
+            async move { cell.lock().await.fails("ddmin over the windows", &candidate).await }
+        })
+        .await;
+        drop(cell);
+        best.windows = found.kept.iter().map(|&i| windows[i].clone()).collect();
+        if !found.minimal {
+            return (best, false);
+        }
+    }
+    // 3. Shorter holds, each halved while it still fails (down to 0.5 s).
+    for i in 0..best.windows.len() {
+        while best.windows[i].hold_ms / 2 >= 500 {
+            let mut shorter = best.clone();
+            shorter.windows[i].hold_ms /= 2;
+            match trial.fails("a shorter hold", &shorter).await {
+                Some(true) => best = shorter,
+                Some(false) => break,
+                None => return (best, false),
+            }
+        }
+    }
+    // 4. The run ends 3 s after its last window; then fewer clients.
+    let last_end = best.windows.iter().map(|w| w.start_ms + w.hold_ms).max().unwrap_or(0);
+    let limit = (last_end + 3_000).div_ceil(1000).max(5);
+    if limit < best.time_limit_s {
+        let shorter = Candidate { time_limit_s: limit, ..best.clone() };
+        match trial.fails("a shorter run", &shorter).await {
+            Some(true) => best = shorter,
+            Some(false) => {}
+            None => return (best, false),
+        }
+    }
+    while best.concurrency > 1 {
+        let fewer = Candidate { concurrency: best.concurrency / 2, ..best.clone() };
+        match trial.fails("fewer clients", &fewer).await {
+            Some(true) => best = fewer,
+            Some(false) => break,
+            None => return (best, false),
+        }
+    }
+    (best, true)
+}
+
+/// The result's failing reruns out of `options.confirm`, each under a seed
+/// of its own.
+async fn confirm(trial: &mut Trial<'_>, after: &Candidate) -> Option<(u32, u32)> {
+    let n = trial.options.confirm;
+    if n == 0 {
+        return None;
+    }
+    let mut failed = 0;
+    for i in 0..n {
+        if let Some(bar) = &trial.bar {
+            bar.set_message(format!("confirming {}: rerun {} of {n}, {failed} failed", after.describe(), i + 1));
+        }
+        let options = trial.run_options(after, trial.base.seed.wrapping_add(100 + u64::from(i)));
+        if let Ok((dir, results)) = child_run(&trial.options.haunt, &options, "confirm").await
+            && kinds_of(&results).iter().any(|k| trial.kinds.contains(k))
+        {
+            failed += 1;
+            trial.last_failing = Some(dir.display().to_string());
+        }
+    }
+    Some((failed, n))
+}
+
+fn read_json(path: &Path) -> anyhow::Result<serde_json::Value> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))
+}
+
+fn write_json(path: &Path, value: &impl Serialize) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(value)?;
+    std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
+}
