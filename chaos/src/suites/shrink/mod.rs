@@ -55,7 +55,7 @@ pub struct Candidate {
 }
 
 impl Candidate {
-    /// "1 window (ack-loss worker-2, 1.5 s), 8 s": what a summary says of it.
+    /// "1 window (ack-loss worker-2, 1.5 s), 8 s, 2 clients": what a summary says of it.
     pub fn describe(&self) -> String {
         let n = self.windows.len();
         let listed: Vec<String> = self
@@ -66,7 +66,9 @@ impl Candidate {
             .collect();
         let more = if n > 3 { ", …" } else { "" };
         let what = if n == 0 { String::new() } else { format!(" ({}{more})", listed.join("; ")) };
-        format!("{n} window{}{what}, {} s", if n == 1 { "" } else { "s" }, self.time_limit_s)
+        let clients =
+            if self.concurrency == 1 { "1 client".to_owned() } else { format!("{} clients", self.concurrency) };
+        format!("{n} window{}{what}, {} s, {clients}", if n == 1 { "" } else { "s" }, self.time_limit_s)
     }
 }
 
@@ -108,7 +110,8 @@ pub struct Report {
 
 /// The anomaly kinds a run's results show, `unknown` for one that never drained.
 pub fn kinds_of(results: &haunt_checker::Results) -> Vec<String> {
-    let mut kinds: Vec<String> = results.anomalies.iter().filter(|(_, a)| a.count > 0).map(|(k, _)| k.clone()).collect();
+    let mut kinds: Vec<String> =
+        results.anomalies.iter().filter(|(_, a)| a.count > 0).map(|(k, _)| k.clone()).collect();
     if results.valid == haunt_checker::Verdict::Unknown {
         kinds.push("unknown".into());
     }
@@ -207,7 +210,7 @@ pub async fn shrink(options: &ShrinkOptions) -> anyhow::Result<Report> {
     let kinds = kinds_of(&results);
     anyhow::ensure!(!kinds.is_empty(), "{}: the run was valid; there is nothing to shrink", dir.display());
     let out = dir.join("shrunk");
-    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    std::fs::create_dir_all(out.join("tries")).with_context(|| format!("creating {}", out.display()))?;
     let started = Instant::now();
     let before = Candidate {
         windows: schedule.windows.clone(),
@@ -234,7 +237,8 @@ pub async fn shrink(options: &ShrinkOptions) -> anyhow::Result<Report> {
     let first_anomaly_ms = results.anomalies.values().filter_map(|a| a.first_time_ns).min().map(|ns| ns / 1_000_000);
     let (after, finished) = search(&mut trial, before.clone(), first_anomaly_ms).await;
     let wall_s = started.elapsed().as_secs_f64();
-    let replay_options = RunOptions { store: out.join("replays"), quiet: false, ..trial.run_options(&after, trial.base.seed) };
+    let replay_options =
+        RunOptions { store: out.join("replays"), quiet: false, ..trial.run_options(&after, trial.base.seed) };
     write_json(&out.join("options.json"), &replay_options)?;
     write_json(&out.join(SCHEDULE_FILE), &ScheduleFile::new(after.windows.clone()))?;
     let replay = format!("haunt run --options {}", out.join("options.json").display());
@@ -286,15 +290,17 @@ async fn search(trial: &mut Trial<'_>, start: Candidate, first_anomaly_ms: Optio
         let windows = best.windows.clone();
         let template = best.clone();
         // One candidate at a time: the lock is never contended, it only lets
-        // each try's future borrow the trial.
-        let cell = tokio::sync::Mutex::new(&mut *trial);
-        let found = ddmin::ddmin(windows.len(), |kept| {
-            let candidate = Candidate { windows: kept.iter().map(|&i| windows[i].clone()).collect(), ..template.clone() };
-            let cell = &cell;
-            async move { cell.lock().await.fails("ddmin over the windows", &candidate).await }
-        })
-        .await;
-        drop(cell);
+        // each try's future borrow the trial, for as long as the search runs.
+        let found = {
+            let cell = tokio::sync::Mutex::new(&mut *trial);
+            ddmin::ddmin(windows.len(), |kept| {
+                let candidate =
+                    Candidate { windows: kept.iter().map(|&i| windows[i].clone()).collect(), ..template.clone() };
+                let cell = &cell;
+                async move { cell.lock().await.fails("ddmin over the windows", &candidate).await }
+            })
+            .await
+        };
         best.windows = found.kept.iter().map(|&i| windows[i].clone()).collect();
         if !found.minimal {
             return (best, false);
