@@ -213,10 +213,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         return Ok(haunt_chaos::interrupt::EXIT_INTERRUPTED);
     }
     let results = outcome.results.context("a finished run has results")?;
+    // A failing run can be shrunk to a smaller one that fails the same way.
+    let shrink = (results.valid != haunt_checker::Verdict::Valid)
+        .then(|| format!("shrink: haunt shrink {}", outcome.run_dir.display()));
     if quiet {
         println!("{} {}", results.valid.as_str(), outcome.run_dir.display());
         // The one line on stdout stays the verdict's.
-        for warning in &outcome.warnings {
+        for warning in outcome.warnings.iter().chain(&shrink) {
             eprintln!("{warning}");
         }
     } else {
@@ -227,6 +230,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         println!("\nrun: {}", outcome.run_dir.display());
         println!("report: {}", outcome.run_dir.join("report.html").display());
         println!("seed: {seed} (replay with --seed {seed})");
+        if let Some(shrink) = &shrink {
+            println!("{shrink}");
+        }
     }
     Ok(results.valid.exit_code())
 }

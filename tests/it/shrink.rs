@@ -28,6 +28,8 @@ fn a_failing_run_shrinks_to_fewer_windows_that_still_fail_the_same_way() {
     let out = haunt_run(tmp.path(), &args).output().unwrap();
     assert_eq!(out.status.code(), Some(1), "the run fails: {}", String::from_utf8_lossy(&out.stderr));
     let dir = latest(tmp.path());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("shrink: haunt shrink {}", dir.display())), "the run says how: {stderr}");
     let before = read_json(&dir.join("schedule.json"))["windows"].as_array().unwrap().len();
     assert!(before >= 3, "three kinds of fault struck");
 
