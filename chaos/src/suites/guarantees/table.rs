@@ -192,6 +192,14 @@ fn findings(t: &mut String, rows: &[Row]) {
             r.finding.as_deref().unwrap_or_default(),
             dirs.join(" ")
         );
+        // A contradicted claim's failing runs, each to shrink to a smaller one.
+        if r.matches_claim == Some(false) {
+            for run in r.runs.iter().filter(|run| run.verdict.as_deref().is_some_and(|v| v != "true")) {
+                if let Some(dir) = &run.run_dir {
+                    let _ = writeln!(t, "    shrink: haunt shrink {dir}");
+                }
+            }
+        }
     }
 }
 

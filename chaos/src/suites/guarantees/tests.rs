@@ -114,4 +114,31 @@ fn the_fault_schedule_reaches_the_broker_and_the_relay_only_where_there_are_some
     assert_eq!(targets, ["worker-1", "worker-1<->broker", "relay"]);
     let (faults, _) = fault_schedule("sqs".parse().unwrap());
     assert!(!faults.contains(&BrokerRestart), "moto keeps nothing through a restart: {faults:?}");
+    // On a Kafka cluster a partition may cut any node off: a leader's failover.
+    let (_, targets) = fault_schedule("kafka:acks-1".parse().unwrap());
+    for n in 1..=3 {
+        assert!(targets.contains(&format!("broker-{n}<->all")), "{targets:?}");
+    }
+    let (_, targets) = fault_schedule("kafka:eos".parse().unwrap());
+    assert!(!targets.iter().any(|t| t.contains("<->all")), "eos runs on one broker: {targets:?}");
+}
+
+/// A row that contradicts its claim names the shrink command of each of its
+/// failing runs; a row that matches names none.
+#[test]
+fn a_contradicted_row_says_how_to_shrink_its_failing_runs() {
+    let t = Throughput { run_dir: None, events_per_s: None, effect_lag_ms_p99: None, error: None };
+    let spec: TransportSpec = "db".parse().unwrap();
+    let mut lost = run(2, 1, Some(0), 0);
+    lost.verdict = Some("false".into());
+    lost.run_dir = Some("/runs/seed-2".into());
+    let mut fine = run(1, 0, Some(1), 0);
+    fine.run_dir = Some("/runs/seed-1".into());
+    let contradicted = Row::new(spec, true, vec![fine.clone(), lost], t.clone());
+    assert_eq!(contradicted.matches_claim, Some(false));
+    let text = super::table::table(&[contradicted], "haunt guarantees");
+    assert!(text.contains("shrink: haunt shrink /runs/seed-2"), "{text}");
+    assert!(!text.contains("haunt shrink /runs/seed-1"), "{text}");
+    let matched = Row::new(spec, true, vec![fine], t);
+    assert!(!super::table::table(&[matched], "haunt guarantees").contains("haunt shrink"));
 }
