@@ -149,7 +149,10 @@ pub async fn run(options: &MatrixOptions, mut progress: impl FnMut(&str)) -> any
             let what = match (&record.error, record.passed, case.expected) {
                 (Some(e), _, _) => format!("ERROR {e}"),
                 (None, true, Expect::Valid) => "valid".to_owned(),
-                (None, false, Expect::Valid) => format!("NOT VALID ({})", record.verdict),
+                // The correct build failed: the run to shrink.
+                (None, false, Expect::Valid) => {
+                    format!("NOT VALID ({}); shrink: haunt shrink {}", record.verdict, record.run_dir)
+                }
                 (None, true, Expect::NotDrained) => {
                     format!("caught: not drained, {} orders pending", record.pending)
                 }
