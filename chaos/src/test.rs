@@ -50,6 +50,8 @@ pub struct ChaosTest {
     options: RunOptions,
     /// `None`: the system's defaults.
     faults: Option<Vec<Fault>>,
+    /// A `schedule.json` to strike instead of the seeded schedule.
+    schedule: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for ChaosTest {
@@ -67,7 +69,7 @@ impl ChaosTest {
             exe: std::env::var_os("HAUNT_EXE").map_or_else(|| PathBuf::from("haunt"), PathBuf::from),
             ..RunOptions::default()
         };
-        ChaosTest { target, options, faults: None }
+        ChaosTest { target, options, faults: None, schedule: None }
     }
 
     /// haunt's own pipeline, as local processes of the `haunt` executable
@@ -180,6 +182,15 @@ impl ChaosTest {
         self
     }
 
+    /// Strikes the fault windows of a run's `schedule.json` instead of the
+    /// seeded schedule (`haunt run --schedule`): what a failed test's message
+    /// names, to replay its faults window for window. The faults are the
+    /// ones the file names; the seed still draws the workload.
+    pub fn schedule(mut self, path: impl Into<PathBuf>) -> ChaosTest {
+        self.schedule = Some(path.into());
+        self
+    }
+
     /// Every other option of a run, for what the builder does not name.
     pub fn options(mut self, edit: impl FnOnce(&mut RunOptions)) -> ChaosTest {
         edit(&mut self.options);
@@ -192,7 +203,14 @@ impl ChaosTest {
     /// never became ready, an interrupted run); a verdict that is not valid is
     /// an `Ok` outcome, for [`Outcome::assert_valid`].
     pub async fn run(self) -> anyhow::Result<Outcome> {
-        let ChaosTest { target, mut options, faults } = self;
+        let ChaosTest { target, mut options, mut faults, schedule } = self;
+        if let Some(path) = schedule {
+            let file = crate::core::nemesis::ScheduleFile::read(&path)?;
+            faults = Some(file.faults());
+            options.schedule = Some(file);
+        }
+        // A system given in code cannot be run again from the command line.
+        let shrinkable = !matches!(target, Target::Given(..));
         let target = match target {
             Target::Pipeline => crate::assemble::Target::Pipeline,
             Target::File(path) => {
@@ -210,7 +228,7 @@ impl ChaosTest {
         target.complete(&mut options, faults);
         let outcome = crate::assemble::run_interruptible(target, &options).await?;
         let results = outcome.results.ok_or_else(|| anyhow::anyhow!("the run was aborted"))?;
-        Ok(Outcome { results, run_dir: outcome.run_dir, seed: options.seed, warnings: outcome.warnings })
+        Ok(Outcome { results, run_dir: outcome.run_dir, seed: options.seed, warnings: outcome.warnings, shrinkable })
     }
 }
 
@@ -223,6 +241,8 @@ pub struct Outcome {
     /// What the run did not test though it was asked to (faults that never
     /// fired, or fired without a redelivery), as `haunt run` prints them.
     pub warnings: Vec<String>,
+    /// Whether `haunt shrink` can rerun it: not a system given in code.
+    pub shrinkable: bool,
 }
 
 impl Outcome {
@@ -238,13 +258,27 @@ impl Outcome {
             text.push_str(warning);
             text.push('\n');
         }
+        let schedule = self.run_dir.join(crate::core::nemesis::SCHEDULE_FILE);
         text.push_str(&format!(
-            "\nseed: {} (replay with .seed({}))\nrun: {}\nreport: {}\n",
+            "\nseed: {} (replay with .seed({}))\nschedule: {} (replay its fault windows with .schedule({:?}))\n\
+             run: {}\nreport: {}\n",
             self.seed,
             self.seed,
+            schedule.display(),
+            schedule.display().to_string(),
             self.run_dir.display(),
             self.report().display()
         ));
+        if self.results.valid != Verdict::Valid {
+            if self.shrinkable {
+                text.push_str(&format!("shrink: haunt shrink {}\n", self.run_dir.display()));
+            } else {
+                text.push_str(
+                    "shrink: a system given in code cannot be rerun by `haunt shrink`; \
+                     replay the schedule with .schedule(…) and cut its windows by hand\n",
+                );
+            }
+        }
         text
     }
 

@@ -40,6 +40,25 @@ async fn a_chaos_test_of_the_reference_pipeline_passes_and_a_bug_mode_fails_it()
     let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| caught.assert_valid())).unwrap_err();
     let message = panic.downcast_ref::<String>().unwrap();
     assert!(message.contains("double-applied") && message.contains("report: "), "{message}");
+    // It says how to shrink the run and how to replay its fault windows;
+    // the replay strikes the same windows.
+    assert!(message.contains(&format!("shrink: haunt shrink {}", caught.dir().display())), "{message}");
+    assert!(message.contains(".schedule(\""), "{message}");
+    let replay = ChaosTest::reference_pipeline()
+        .haunt_exe(haunt())
+        .bug(haunt_store::Bug::NoInbox)
+        .schedule(caught.dir().join("schedule.json"))
+        .time_limit(Duration::from_secs(8))
+        .seed(4)
+        .store(store.path())
+        .run()
+        .await
+        .unwrap();
+    let windows = |o: &haunt_chaos::test::Outcome| -> Vec<(String, String)> {
+        o.results.faults.iter().map(|w| (w.fault.clone(), w.target.clone())).collect()
+    };
+    assert_eq!(windows(&replay), windows(&caught));
+    assert!(!windows(&replay).is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread")]
