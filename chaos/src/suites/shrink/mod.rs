@@ -28,6 +28,7 @@ use serde::Serialize;
 
 use crate::core::nemesis::{PlannedWindow, SCHEDULE_FILE, ScheduleFile};
 use crate::core::options::RunOptions;
+use crate::core::roles::BoxFuture;
 use crate::suites::matrix::child::child_run;
 
 /// `haunt shrink`'s options.
@@ -118,6 +119,18 @@ pub fn kinds_of(results: &haunt_checker::Results) -> Vec<String> {
     kinds
 }
 
+/// What the search asks of a candidate: whether it still fails, `None`
+/// once the budget is spent. [`Trial`] answers with child runs.
+pub trait Tries: Send {
+    fn fails<'a>(&'a mut self, step: &'static str, c: &'a Candidate) -> BoxFuture<'a, Option<bool>>;
+}
+
+impl Tries for Trial<'_> {
+    fn fails<'a>(&'a mut self, step: &'static str, c: &'a Candidate) -> BoxFuture<'a, Option<bool>> {
+        Box::pin(self.try_candidate(step, c))
+    }
+}
+
 /// Runs candidates as child runs of `haunt run --options`, each up to
 /// `reruns` times, until the budget is spent.
 struct Trial<'a> {
@@ -149,7 +162,7 @@ impl Trial<'_> {
     }
 
     /// Whether `c` still fails; `None` once the budget is spent.
-    async fn fails(&mut self, step: &'static str, c: &Candidate) -> Option<bool> {
+    async fn try_candidate(&mut self, step: &'static str, c: &Candidate) -> Option<bool> {
         let mut reruns = Vec::new();
         let mut fails = false;
         for i in 0..self.options.reruns.max(1) {
@@ -270,7 +283,7 @@ pub async fn shrink(options: &ShrinkOptions) -> anyhow::Result<Report> {
 /// The steps of the search over `trial`, from `start` (which fails). Returns
 /// the smallest candidate that still failed, and whether every step ended
 /// within the budget.
-async fn search(trial: &mut Trial<'_>, start: Candidate, first_anomaly_ms: Option<u64>) -> (Candidate, bool) {
+async fn search<T: Tries>(trial: &mut T, start: Candidate, first_anomaly_ms: Option<u64>) -> (Candidate, bool) {
     let mut best = start;
     // 1. Cut after the first anomaly (2 s on, at least 5 s of run).
     if let Some(ms) = first_anomaly_ms {
@@ -371,4 +384,72 @@ fn read_json(path: &Path) -> anyhow::Result<serde_json::Value> {
 fn write_json(path: &Path, value: &impl Serialize) -> anyhow::Result<()> {
     let text = serde_json::to_string_pretty(value)?;
     std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run that fails when an ack-loss window of at least 1 s is in it and
+    /// the run lasts 6 s or more, whatever else it holds: what each step of
+    /// the search may cut and what it must keep.
+    struct Scripted {
+        tries: Vec<Candidate>,
+        budget: usize,
+    }
+
+    impl Tries for Scripted {
+        fn fails<'a>(&'a mut self, _: &'static str, c: &'a Candidate) -> BoxFuture<'a, Option<bool>> {
+            Box::pin(async move {
+                if self.tries.len() >= self.budget {
+                    return None;
+                }
+                self.tries.push(c.clone());
+                let loses_acks = c.windows.iter().any(|w| w.fault == "ack-loss" && w.hold_ms >= 1000);
+                Some(loses_acks && c.time_limit_s >= 6)
+            })
+        }
+    }
+
+    fn window(fault: &str, start_ms: u64, hold_ms: u64) -> PlannedWindow {
+        PlannedWindow { lane: 0, fault: fault.into(), target: "t".into(), start_ms, hold_ms, aim: None }
+    }
+
+    fn start() -> Candidate {
+        let windows = vec![
+            window("kill", 1_000, 3_000),
+            window("ack-loss", 6_000, 4_000),
+            window("pause", 12_000, 3_000),
+            window("delay", 17_000, 3_000),
+            window("clock-skew", 22_000, 3_000),
+            window("partition", 40_000, 3_000),
+        ];
+        Candidate { windows, time_limit_s: 60, concurrency: 8 }
+    }
+
+    #[tokio::test]
+    async fn the_search_keeps_what_fails_and_cuts_the_rest() {
+        let mut scripted = Scripted { tries: Vec::new(), budget: 100 };
+        let (best, finished) = search(&mut scripted, start(), Some(8_000)).await;
+        assert!(finished);
+        // Cut 2 s after the first anomaly (10 s), ddmin to the ack loss, its
+        // hold halved while it fails (4 -> 2 -> 1 s), the run ended 3 s after
+        // it (but no shorter than what fails: 10 s), the clients down to one.
+        assert_eq!(best.windows, vec![window("ack-loss", 6_000, 1_000)], "{best:?}");
+        assert_eq!(best.time_limit_s, 10);
+        assert_eq!(best.concurrency, 1);
+        // Minimal: without its one window, or with its hold halved again, it passes.
+        assert!(scripted.tries.iter().any(|c| c.windows.len() == 1 && c.windows[0].hold_ms == 500));
+        assert_eq!(best.describe(), "1 window (ack-loss t, 1.0 s), 10 s, 1 client");
+    }
+
+    #[tokio::test]
+    async fn a_spent_budget_ends_with_the_smallest_failing_run_so_far() {
+        let mut scripted = Scripted { tries: Vec::new(), budget: 2 };
+        let (best, finished) = search(&mut scripted, start(), Some(8_000)).await;
+        assert!(!finished);
+        assert!(best.windows.iter().any(|w| w.fault == "ack-loss"), "it still fails: {best:?}");
+        assert!(best.time_limit_s >= 6);
+        assert_eq!(scripted.tries.len(), 2);
+    }
 }
