@@ -94,7 +94,7 @@ pub trait System: Send + Sync + std::fmt::Debug {
 
     /// What the system tells of itself as each fault strikes, for the
     /// history (a Kafka cluster's partition leaders); none by default.
-    fn fault_context(&self) -> Option<Arc<dyn crate::core::nemesis::FaultContext>> {
+    fn fault_context(&self) -> Option<Arc<dyn FaultContext>> {
         None
     }
     /// Reads the final state, every line into `sink`, the `meta` line excepted
@@ -123,6 +123,14 @@ pub trait System: Send + Sync + std::fmt::Debug {
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(async {})
     }
+}
+
+/// What a system tells of itself when a fault strikes, recorded in the
+/// fault's start op: a Kafka cluster's partition leaders, so that a report
+/// can say whether a cut isolated a leader.
+pub trait FaultContext: Send + Sync + std::fmt::Debug {
+    /// Fields to add to the start op's value; `None` when it cannot tell.
+    fn at_fault(&self) -> BoxFuture<'_, Option<serde_json::Map<String, serde_json::Value>>>;
 }
 
 /// Polls a readiness probe until it answers: an `http://` URL (any 2xx) or

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use super::script::PlannedWindow;
 use crate::core::history::Recorder;
 use crate::core::roles::Nemesis;
+pub use crate::core::system::FaultContext;
 
 /// Time allowed for starting and stopping one fault, in [`check_fit`] and in
 /// the first round's plan. Locally a signal, a proxy switch or an admin call
@@ -168,14 +169,6 @@ pub struct ScheduleOptions {
     /// Windows to strike as given (`haunt run --schedule`), instead of the
     /// seeded schedule.
     pub script: Option<Arc<Vec<PlannedWindow>>>,
-}
-
-/// What a system tells of itself when a fault strikes, recorded in the
-/// fault's start op: a Kafka cluster's partition leaders, so that a report
-/// can say whether a cut isolated a leader.
-pub trait FaultContext: Send + Sync + std::fmt::Debug {
-    /// Fields to add to the start op's value; `None` when it cannot tell.
-    fn at_fault(&self) -> crate::core::roles::BoxFuture<'_, Option<serde_json::Map<String, serde_json::Value>>>;
 }
 
 /// How long a failed stop is retried: past the longest hold any fault of the

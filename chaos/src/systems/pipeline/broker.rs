@@ -20,9 +20,9 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use crate::backends::proxy::{FaultProxy, ProxyGroup, SharedProxy};
-use crate::core::nemesis::FaultContext;
 use crate::core::options::RunOptions;
 use crate::core::roles::BoxFuture;
+use crate::core::system::FaultContext;
 use crate::systems::brokers::{Broker, ClientListener, KafkaPlace, PeerListener, free_ports_besides};
 
 use super::BrokerSide;

@@ -197,7 +197,7 @@ impl System for Pipeline {
     }
 
     /// A Kafka cluster's partition leaders, as each fault strikes.
-    fn fault_context(&self) -> Option<Arc<dyn crate::core::nemesis::FaultContext>> {
+    fn fault_context(&self) -> Option<Arc<dyn crate::core::system::FaultContext>> {
         let broker = self.broker.as_ref().filter(|b| b.laid.len() > 1)?;
         Some(Arc::new(broker::Leaders { transport: broker.transport, url: broker.url.clone() }))
     }
