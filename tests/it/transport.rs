@@ -162,6 +162,14 @@ fn at_most_once_loses_under_a_consumer_kill(transport: &str) {
     let args = ["--time-limit-s", time_limit, "--nemesis", "kill", "--nemesis-interval-s", interval, "--workers", "1"];
     let args = [&args[..], &["--rate", "500", "--fault-targets", "worker-1"]].concat();
     let (out, results, _) = run(tmp.path(), transport, &args);
+    // An aimed kill holds the batch where the consumer has settled it and
+    // not applied it, never after its effect, where it has nothing to lose.
+    let history = std::fs::read_to_string(latest(tmp.path()).join("history.jsonl")).unwrap();
+    for op in history.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()) {
+        if op["value"]["aim"]["held"] == true {
+            assert_eq!(op["value"]["aim"]["point"], "acked-not-applied", "{op}");
+        }
+    }
     assert_eq!(out.status.code(), Some(1), "{}", why(&out, &results));
     assert!(results["anomalies"]["lost-effect"]["count"].as_u64().unwrap() > 0, "{results}");
 }
@@ -192,6 +200,14 @@ fn unconfirmed_publishes_are_lost_when_the_relay_is_cut_off(transport: &str) {
         "no-publisher-confirms",
     ];
     let (out, results, _) = run(tmp.path(), transport, &args);
+    // An aimed kill holds the batch where the consumer has settled it and
+    // not applied it, never after its effect, where it has nothing to lose.
+    let history = std::fs::read_to_string(latest(tmp.path()).join("history.jsonl")).unwrap();
+    for op in history.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()) {
+        if op["value"]["aim"]["held"] == true {
+            assert_eq!(op["value"]["aim"]["point"], "acked-not-applied", "{op}");
+        }
+    }
     assert_eq!(out.status.code(), Some(1), "{}", why(&out, &results));
     assert!(results["anomalies"]["lost-effect"]["count"].as_u64().unwrap() > 0, "{results}");
 }
