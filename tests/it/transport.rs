@@ -158,7 +158,9 @@ fn at_most_once_loses_under_a_consumer_kill(transport: &str) {
     // all landed in rebalances, with no batch in hand to lose (a CI run,
     // 2026-12-05). So there one aimed kill, once the group has settled.
     let spec: haunt_transport::TransportSpec = transport.parse().unwrap();
-    let (time_limit, interval) = if spec.kind == haunt_transport::Kind::Kafka { ("20", "8") } else { ("10", "1") };
+    // Two aimed kills (the first and the third), 5 s apart on the consumer
+    // protocol, so that one landing while the group moves still leaves one.
+    let (time_limit, interval) = if spec.kind == haunt_transport::Kind::Kafka { ("30", "5") } else { ("10", "1") };
     let args = ["--time-limit-s", time_limit, "--nemesis", "kill", "--nemesis-interval-s", interval, "--workers", "1"];
     let args = [&args[..], &["--rate", "500", "--fault-targets", "worker-1"]].concat();
     let (out, results, _) = run(tmp.path(), transport, &args);
@@ -470,8 +472,10 @@ fn a_kafka_cluster_is_valid_when_a_node_is_isolated_and_one_is_restarted() {
     let args = [
         "--kafka-brokers",
         "3",
+        // A node's restart lasts until it serves again (11 to 14 s, longer on
+        // a loaded machine): 30 s left the partition no room after it.
         "--time-limit-s",
-        "30",
+        "50",
         "--nemesis",
         "partition,broker-restart",
         "--nemesis-interval-s",
