@@ -148,12 +148,13 @@ struct Trial<'a> {
 
 impl Trial<'_> {
     fn run_options(&self, c: &Candidate, seed: u64) -> RunOptions {
+        let schedule = ScheduleFile::new(c.windows.clone());
         RunOptions {
             store: self.tries_dir.clone(),
             time_limit: Duration::from_secs(c.time_limit_s),
             concurrency: c.concurrency,
-            schedule: Some(ScheduleFile::new(c.windows.clone())),
-            faults: ScheduleFile::new(c.windows.clone()).faults(),
+            faults: schedule.faults(),
+            schedule: Some(schedule),
             seed,
             quiet: true,
             exe: self.options.haunt.clone(),
