@@ -1,5 +1,6 @@
 //! Tests of the `haunt` binary, run as a process.
 
+mod admin;
 mod async_settle;
 mod bench;
 mod check;

@@ -158,7 +158,8 @@ fn a_bad_system_file_starts_nothing() {
 fn tutorial_shop(variant: &str, seed: &str) -> (Option<i32>, Value) {
     let store = tempfile::tempdir().unwrap();
     let file = example(&format!("tutorial-python/{variant}.toml")).to_string_lossy().into_owned();
-    let args = ["--system", &file, "--seed", seed, "--time-limit-s", "18", "--nemesis-interval-s", "3", "--quiet"];
+    // Every fault the file allows: kill, pause, partition, delay and its hooks.
+    let args = ["--system", &file, "--seed", seed, "--time-limit-s", "30", "--nemesis-interval-s", "3", "--quiet"];
     let out = haunt_run(store.path(), &args).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("never became ready"), "python3 must be installed (./scripts/test does): {stderr}");
@@ -175,7 +176,7 @@ fn the_fixed_tutorial_shop_in_python_is_valid_under_every_fault_it_takes() {
     assert!(results.get("ledger").is_none(), "it keeps a ledger: {results:#}");
     assert!(results["counts"]["applied_events"].as_u64().unwrap() > 100, "{results:#}");
     let faults: Vec<String> = windows(&results).into_iter().map(|(f, _)| f).collect();
-    for fault in ["kill", "pause", "partition", "delay"] {
+    for fault in ["kill", "pause", "partition", "delay", "ack-loss", "db-error", "clock-skew"] {
         assert!(faults.iter().any(|f| f == fault), "{fault} fired: {faults:?}");
     }
 }
@@ -222,7 +223,8 @@ fn the_matrix_runs_a_system_file_under_each_fault_it_allows() {
     let (code, out) = matrix(&["--system", &naive, "--seeds", "1", "--time-limit-s", "8", "--only", "kill"]);
     assert_eq!(code, Some(1), "the naive shop is not valid under a kill: {out}");
     assert!(out.contains("projection-mismatch"), "{out}");
-    let (code, out) = matrix(&["--system", &naive, "--only", "ack-loss"]);
+    let (code, out) = matrix(&["--system", &naive, "--only", "stall"]);
     assert_ne!(code, Some(0));
-    assert!(out.contains("--only \"ack-loss\": not a row; known: kill, pause, partition, delay, all"), "{out}");
+    let known = "kill, pause, partition, delay, ack-loss, db-error, clock-skew, all";
+    assert!(out.contains(&format!("--only \"stall\": not a row; known: {known}")), "{out}");
 }

@@ -67,13 +67,23 @@ pub fn by_role(nodes: &[Node]) -> Vec<(Fault, Vec<Node>)> {
     ]
 }
 
-/// The admin endpoints of a system's services.
+/// The admin endpoints of a system's nodes (`docs/admin.md`): which nodes
+/// take each switch fault, and which a kill or a pause aims through a hold
+/// point.
 #[derive(Debug, Clone)]
 pub struct Switches {
-    /// The workers' (ack loss, clock offset, stall).
-    pub workers: Admin,
-    /// Every service's (database errors).
-    pub services: Admin,
+    /// For each switch fault (`ack-loss`, `db-error`, `clock-skew`,
+    /// `stall`), the nodes that take it.
+    pub by_fault: Vec<(Fault, Admin)>,
+    /// The nodes whose work a kill or a pause waits for.
+    pub holds: Admin,
+}
+
+impl Switches {
+    /// The nodes that take `fault` through their switches, if any do.
+    pub fn for_fault(&self, fault: Fault) -> Option<&Admin> {
+        self.by_fault.iter().find(|(f, a)| *f == fault && !a.nodes.is_empty()).map(|(_, a)| a)
+    }
 }
 
 /// Where a line of the final state goes.

@@ -58,6 +58,22 @@ fn instances_of_a_counted_node_fill_their_number() {
 }
 
 #[test]
+fn a_node_declares_its_admin_endpoint_points_and_hooks() {
+    use haunt_chaos::core::fault::Fault;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/system_files/good/admin-points-hooks.toml");
+    let s = spec::load(&path).unwrap();
+    let w2 = &s.nodes[2];
+    assert_eq!(w2.admin.as_deref(), Some("http://127.0.0.1:{port:worker-2}/"), "{{n}} filled per instance");
+    assert_eq!(w2.points, ["after-effect-before-ack", "after-lease"]);
+    assert_eq!(w2.hooks, [Fault::AckLoss, Fault::ClockSkew]);
+    assert_eq!(s.nodes[0].hooks, [Fault::DbError]);
+    assert_eq!(
+        haunt_chaos::systems::system_file::faults_allowed(&s),
+        [Fault::Kill, Fault::Pause, Fault::Partition, Fault::Delay, Fault::AckLoss, Fault::DbError, Fault::ClockSkew]
+    );
+}
+
+#[test]
 fn the_faults_a_file_allows_follow_its_nodes_and_links() {
     use haunt_chaos::core::fault::Fault;
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/system_files/good");

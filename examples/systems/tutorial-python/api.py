@@ -27,6 +27,12 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import shopdb
+from shopdb import haunt_admin
+
+# Where haunt may hold an order still for a kill (docs/admin.md of haunt):
+# the order is written and its message is not. In the naive variant the order
+# is committed there; in the fixed one both are still in one transaction.
+POINT = "after-order-before-message"
 
 MAX_BODY = 64 * 1024
 MAX_ID_LEN = 200
@@ -66,7 +72,8 @@ def parse_order(raw):
 class Shop:
     """The two ways of placing an order. Each thread has its own connection."""
 
-    def __init__(self, db, variant, busy_timeout_ms, publish_delay_ms):
+    def __init__(self, db, variant, busy_timeout_ms, publish_delay_ms, admin):
+        self.admin = admin
         self.db = db
         self.variant = variant
         self.busy_timeout_ms = busy_timeout_ms
@@ -98,6 +105,11 @@ class Shop:
         payload = json.dumps({"order_id": order_id, "item_id": item_id, "qty": qty, "event_id": event_id})
         return (str(uuid.uuid4()), event_id, payload, shopdb.now_ms(), shopdb.now_ms())
 
+    def injected_error(self):
+        """The db-error hook: the next statement fails as a busy database would."""
+        if self.admin.db_error():
+            raise sqlite3.OperationalError("database is locked (injected by haunt's db-error)")
+
     def place(self, order_id, item_id, qty):
         if self.variant == "fixed":
             return self.place_fixed(order_id, item_id, qty)
@@ -122,6 +134,8 @@ class Shop:
         # A retry of the same order_id then finds the order and answers 200.
         if self.publish_delay_ms > 0:
             time.sleep(self.publish_delay_ms / 1000.0)
+        self.admin.reached(POINT, order_id=order_id)
+        self.injected_error()
         conn.execute(
             "INSERT INTO queue(message_id, event_id, payload, visible_at_ms, enqueued_at_ms)"
             " VALUES (?, ?, ?, ?, ?)", self.message(order_id, item_id, qty, event_id))
@@ -140,6 +154,8 @@ class Shop:
             conn.execute(
                 "INSERT INTO orders(order_id, item_id, qty, event_id, created_at_ms) VALUES (?, ?, ?, ?, ?)",
                 (order_id, item_id, qty, event_id, shopdb.now_ms()))
+            self.admin.reached(POINT, order_id=order_id)
+            self.injected_error()
             conn.execute(
                 "INSERT INTO queue(message_id, event_id, payload, visible_at_ms, enqueued_at_ms)"
                 " VALUES (?, ?, ?, ?, ?)", self.message(order_id, item_id, qty, event_id))
@@ -170,13 +186,28 @@ class Handler(BaseHTTPRequestHandler):
             corr = self.headers.get("x-correlation-id", "-")
             shopdb.log("api", f"{self.command} {self.path} -> {status} {body} corr={corr}")
 
+    def admin(self, body=b""):
+        """True if this was an admin request (docs/admin.md of haunt), answered."""
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        answer = self.server.shop.admin.handle(self.command, self.path, headers, body)
+        if answer is None:
+            return False
+        self.reply(*answer)
+        return True
+
     def do_GET(self):
+        if self.admin():
+            return
         if self.path.split("?")[0] == "/healthz":
             self.reply(200, {"status": "ok", "variant": self.server.shop.variant})
         else:
             self.reply(404, {"error": "not found"})
 
     def do_POST(self):
+        if self.path.startswith("/admin/"):
+            length = int(self.headers.get("content-length") or 0)
+            if self.admin(self.rfile.read(length) if length > 0 else b""):
+                return
         if self.path.split("?")[0] != "/orders":
             self.reply(404, {"error": "not found"})
             return
@@ -234,7 +265,9 @@ def main(argv=None):
     shopdb.init(args.db, args.variant, args.busy_timeout_ms, "api").close()
     server = ThreadingHTTPServer(args.listen, Handler)
     server.daemon_threads = True
-    server.shop = Shop(args.db, args.variant, args.busy_timeout_ms, args.publish_delay_ms)
+    # Served on --listen beside /orders, only when haunt hands a token.
+    admin = haunt_admin.Admin(points=[POINT], switches=["db_error_rate"])
+    server.shop = Shop(args.db, args.variant, args.busy_timeout_ms, args.publish_delay_ms, admin)
 
     def stop(signum, _frame):
         shopdb.log("api", f"signal {signum}: shutting down")

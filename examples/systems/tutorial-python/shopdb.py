@@ -7,10 +7,19 @@ against the same file changes nothing.
 Standard library only.
 """
 
+import os
 import random
 import sqlite3
 import sys
 import time
+
+# haunt's admin protocol (hold points and fault hooks), from clients/python of
+# haunt's repository; installed elsewhere, it is found on the path as it is.
+try:
+    import haunt_admin
+except ImportError:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "clients", "python"))
+    import haunt_admin  # noqa: F401 - re-exported for api.py and worker.py
 
 # Tables both variants use. The queue is the outbox *and* the broker: the API
 # inserts a message, workers lease it (visible_at_ms moves into the future),

@@ -12,8 +12,8 @@ consumer can keep them from being applied twice.
                   read-modify-write over two autocommit statements; there is no
                   inbox; the ack deletes the message by id, whoever holds it now.
 --variant fixed   the idempotent consumer: the lease is claimed in one write
-                  transaction and carries a fencing token; the inbox insert, the
-                  atomic upsert of the reservation and a ledger row commit in one
+                  transaction, on the database's clock, and carries a fencing
+                  token; the inbox insert, the atomic upsert of the reservation and a ledger row commit in one
                   transaction that first checks the token; the ack deletes only
                   if the token still matches; a message delivered
                   --max-deliveries times without an ack is dead-lettered, unless
@@ -37,6 +37,14 @@ import time
 import uuid
 
 import shopdb
+from shopdb import haunt_admin
+
+# Where haunt may hold a delivery still for a kill (docs/admin.md of haunt):
+# its effect is in the projection and its ack is not sent.
+POINT = "after-effect-before-ack"
+
+# SQLite's own idea of now, in ms since the epoch.
+DB_NOW_MS = "SELECT CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
 
 stopping = False
 
@@ -66,22 +74,26 @@ def parse_payload(msg):
 
 
 class Worker:
-    def __init__(self, conn, args):
+    def __init__(self, conn, args, admin):
         self.conn = conn
         self.me = args.id
         self.variant = args.variant
         self.vt = args.visibility_timeout_ms
         self.ack_fail_rate = args.ack_fail_rate
         self.max_deliveries = args.max_deliveries
+        self.admin = admin
         self.stats = {"applied": 0, "duplicates": 0, "acks_lost": 0, "leases_lost": 0, "dead": 0}
 
     def log(self, text):
         shopdb.log(self.me, text)
 
     def lost_ack(self, msg):
-        if self.ack_fail_rate > 0 and random.random() < self.ack_fail_rate:
+        # The hold point comes first: the effect is in and the ack not sent.
+        self.admin.reached(POINT, event_id=msg.event_id)
+        hooked = self.admin.drop_ack()
+        if hooked or (self.ack_fail_rate > 0 and random.random() < self.ack_fail_rate):
             self.stats["acks_lost"] += 1
-            self.log(f"ack lost (simulated) message={msg.message_id} event={msg.event_id}"
+            self.log(f"ack lost ({'haunt ack-loss' if hooked else 'simulated'}) message={msg.message_id} event={msg.event_id}"
                      f" delivery={msg.delivery}")
             return True
         return False
@@ -92,7 +104,7 @@ class Worker:
         # Find a visible message, then mark it leased: two statements, so two
         # workers can pick the same message between them. The lease ends on
         # this worker's clock, and nothing says who holds it afterwards.
-        t = shopdb.now_ms()
+        t = self.admin.now_ms()
         row = self.conn.execute(
             "SELECT message_id, event_id, payload, delivery_count FROM queue"
             " WHERE visible_at_ms <= ? ORDER BY visible_at_ms LIMIT 1", (t,)).fetchone()
@@ -126,7 +138,10 @@ class Worker:
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            t = shopdb.now_ms()
+            # The database's clock, not this worker's: a worker whose clock
+            # jumped (haunt's clock-skew) still leases for the visibility
+            # timeout, and sees others' leases as they are.
+            t = conn.execute(DB_NOW_MS).fetchone()[0]
             row = conn.execute(
                 "SELECT message_id, event_id, payload, delivery_count, last_error FROM queue"
                 " WHERE visible_at_ms <= ? ORDER BY visible_at_ms LIMIT 1", (t,)).fetchone()
@@ -302,6 +317,9 @@ def main(argv=None):
     ap.add_argument("--poll-ms", type=int, default=100, help="sleep when the queue is empty (default 100)")
     ap.add_argument("--busy-timeout-ms", type=int, default=2000, help="SQLite busy timeout (default 2000)")
     ap.add_argument("--seed", type=int, default=None, help="seed for the simulated ack losses")
+    ap.add_argument("--admin-listen", default=None, metavar="HOST:PORT",
+                    help="serve haunt's admin protocol here (hold point and the ack-loss and clock-skew "
+                         "hooks); only when HAUNT_ADMIN_TOKEN is set")
     args = ap.parse_args(argv)
     if args.ack_fail_rate is None:
         args.ack_fail_rate = 0.1 if args.variant == "naive" else 0.0
@@ -317,7 +335,11 @@ def main(argv=None):
     conn = shopdb.init(args.db, args.variant, args.busy_timeout_ms, args.id)
     shopdb.log(args.id, f"variant={args.variant} vt={args.visibility_timeout_ms}ms"
                         f" ack_fail_rate={args.ack_fail_rate} db={args.db}")
-    Worker(conn, args).run(args.poll_ms)
+    admin = haunt_admin.Admin(points=[POINT], switches=["ack_fail_rate", "clock_offset_ms"])
+    if args.admin_listen and admin.enabled:
+        host, _, port = args.admin_listen.rpartition(":")
+        admin.serve(host, int(port))
+    Worker(conn, args, admin).run(args.poll_ms)
     conn.close()
     return 0
 

@@ -44,12 +44,18 @@ pub struct Faults {
 /// lease is in hand and nothing is written. With the ack sent on receipt (bug
 /// mode `ack-before-process`, or a broker's at-most-once mode), the batch is
 /// acked and not applied, so a kill loses it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum HoldPoint {
     BeforeAck,
     AfterLease,
     AckedNotApplied,
+}
+
+impl HoldPoint {
+    /// Every point, by the name the admin endpoint gives it: a worker holds
+    /// at one of them, which its configuration decides.
+    pub const ALL: [&'static str; 3] = ["before-ack", "after-lease", "acked-not-applied"];
 }
 
 /// A batch at its hold point, as told to the request that armed it.
@@ -62,6 +68,9 @@ pub struct Held {
 #[derive(Debug)]
 struct HoldArm {
     call: u64,
+    /// Only a batch at this point holds (`None`: at whichever point the
+    /// worker has).
+    point: Option<HoldPoint>,
     reached: oneshot::Sender<Held>,
     hold: Duration,
 }
@@ -221,12 +230,12 @@ impl Faults {
     /// `None` when no batch came in time: the hold is disarmed, and a later
     /// batch goes through. So it is when the caller gives up (its request
     /// dropped). A second call while one waits replaces it.
-    pub async fn hold_next(&self, wait: Duration, hold: Duration) -> Option<Held> {
+    pub async fn hold_next(&self, point: Option<HoldPoint>, wait: Duration, hold: Duration) -> Option<Held> {
         let (reached, answer) = oneshot::channel();
         let call = self.hold_calls.fetch_add(1, Ordering::Relaxed);
         {
             let mut slot = self.hold.lock().unwrap_or_else(PoisonError::into_inner);
-            *slot = Some(HoldArm { call, reached, hold });
+            *slot = Some(HoldArm { call, point, reached, hold });
             self.hold_armed.store(true, Ordering::Release);
         }
         let _disarm = Disarm { faults: self, call };
@@ -247,6 +256,10 @@ impl Faults {
         }
         let arm = {
             let mut slot = self.hold.lock().unwrap_or_else(PoisonError::into_inner);
+            if slot.as_ref().is_some_and(|arm| arm.point.is_some_and(|p| p != point)) {
+                // Armed for another point: it stays armed for a batch there.
+                return;
+            }
             self.hold_armed.store(false, Ordering::Release);
             slot.take()
         };

@@ -15,7 +15,7 @@ use haunt_telemetry::metrics::{QueueLabels, WorkerMetrics};
 use haunt_transport::Links;
 use serde_json::json;
 
-use crate::faults::{FaultSettings, Faults, HOLD_MS_MAX};
+use crate::faults::{FaultSettings, Faults, HOLD_MS_MAX, HoldPoint};
 
 #[derive(Debug)]
 struct HttpState {
@@ -42,7 +42,8 @@ pub fn router(
     if admin {
         app = app
             .route("/admin/faults", get(get_faults).post(set_faults))
-            .route("/admin/hold", axum::routing::post(hold));
+            .route("/admin/hold", axum::routing::post(hold))
+            .route("/admin/points", get(points));
     }
     app.with_state(state)
 }
@@ -110,11 +111,23 @@ fn unprocessable(field: Option<&str>, error: String) -> Response {
     (StatusCode::UNPROCESSABLE_ENTITY, axum::Json(json!({"error": error, "field": field}))).into_response()
 }
 
+/// `GET /admin/points`: the hold points a worker has. It reaches one of
+/// them, which its configuration decides (`docs/admin.md`).
+async fn points(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
+    if !authorized(&state, &headers) {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    axum::Json(json!({"points": HoldPoint::ALL})).into_response()
+}
+
 /// `POST /admin/hold`: how long to wait for a batch to reach its hold point,
 /// and how long that batch then holds still.
 #[derive(Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct HoldRequest {
+    /// Only a batch at this point holds; absent: at the worker's own point.
+    #[serde(default)]
+    point: Option<String>,
     wait_ms: u64,
     hold_ms: u64,
 }
@@ -137,8 +150,19 @@ async fn hold(State(state): State<Arc<HttpState>>, headers: HeaderMap, body: axu
             return unprocessable(Some(field), format!("{field} must be within 1..={HOLD_MS_MAX}, got {ms}"));
         }
     }
+    let point = match request.point.as_deref().map(|p| serde_json::from_value::<HoldPoint>(json!(p))) {
+        None => None,
+        Some(Ok(point)) => Some(point),
+        Some(Err(_)) => {
+            let known = HoldPoint::ALL.join(", ");
+            return unprocessable(
+                Some("point"),
+                format!("a worker has no hold point {:?} (it has: {known})", request.point.unwrap_or_default()),
+            );
+        }
+    };
     let wait = std::time::Duration::from_millis(request.wait_ms);
-    match state.faults.hold_next(wait, std::time::Duration::from_millis(request.hold_ms)).await {
+    match state.faults.hold_next(point, wait, std::time::Duration::from_millis(request.hold_ms)).await {
         Some(held) => axum::Json(json!({"held": true, "point": held.point, "messages": held.messages})).into_response(),
         None => axum::Json(json!({"held": false})).into_response(),
     }

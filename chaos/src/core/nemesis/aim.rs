@@ -1,5 +1,6 @@
-//! Aiming a kill or a pause of a worker at a batch in flight (the hold point
-//! of `docs/admin.md`).
+//! Aiming a kill or a pause at work in flight: a worker's batch at its hold
+//! point, or a system-file node's work at one of the points it declares
+//! (`docs/admin.md`).
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,14 +21,17 @@ use crate::core::admin::Admin;
 /// apply's transaction, its lease in hand; with the ack sent on receipt, acked
 /// and not applied), waits for it, then acts. The others stay blind, to land
 /// wherever the worker happens to be (inside a transaction, between batches).
-/// A worker without an admin endpoint (a user's system) is always hit blind, as
-/// is one that has no batch within [`Aim::WAIT`].
+/// A node of a system file that declares hold points is aimed the same way,
+/// at each of its points in turn. A node without an admin endpoint is always
+/// hit blind, as is one that has no work at its point within [`Aim::WAIT`].
 #[derive(Debug)]
 pub struct Aim {
     admin: Admin,
     /// How long the batch holds still (see [`Aim::new`]).
     hold: Duration,
     shots: AtomicU64,
+    /// The aimed shots so far, which choose a node's point in turn.
+    aimed: AtomicU64,
     /// The last aimed shot's answer, until the history takes it.
     last: Mutex<Option<serde_json::Value>>,
 }
@@ -51,7 +55,7 @@ impl Aim {
     /// fault's doing, not the hold's.
     pub fn new(admin: Admin, visibility_timeout: Duration) -> Self {
         let hold = (visibility_timeout / 3).clamp(Duration::from_millis(1), Duration::from_secs(1));
-        Aim { admin, hold, shots: Default::default(), last: Mutex::new(None) }
+        Aim { admin, hold, shots: Default::default(), aimed: Default::default(), last: Mutex::new(None) }
     }
 
     /// Whether this shot is aimed: the first of each kind and every other after it.
@@ -66,7 +70,8 @@ impl Aim {
         if !aim.takes_aim() {
             return false;
         }
-        let answer = match aim.admin.hold(target, Aim::WAIT, Aim::ANSWER_MARGIN, aim.hold).await {
+        let point = aim.next_point(target);
+        let answer = match aim.admin.hold(target, point.as_deref(), Aim::WAIT, Aim::ANSWER_MARGIN, aim.hold).await {
             Ok(answer) => answer,
             // A worker that does not answer (already down, paused) is hit blind.
             Err(e) => {
@@ -79,6 +84,15 @@ impl Aim {
         held
     }
 
+    /// The point an aimed shot at `target` asks for: its points in turn,
+    /// one per aimed shot (of this fault, whichever node), or none where the
+    /// node holds at its only point (haunt's own workers).
+    fn next_point(&self, target: &str) -> Option<String> {
+        let points = self.admin.points(target);
+        let turn = self.aimed.fetch_add(1, Ordering::Relaxed) as usize;
+        (!points.is_empty()).then(|| points[turn % points.len()].clone())
+    }
+
     pub(super) fn take(aim: Option<&Aim>) -> Option<serde_json::Value> {
         aim.and_then(|a| a.last.lock().unwrap_or_else(|p| p.into_inner()).take())
     }
@@ -87,10 +101,11 @@ impl Aim {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::admin::AdminNode;
 
     #[test]
     fn the_first_shot_of_a_kind_and_every_other_after_it_is_aimed() {
-        let admin = Admin::new("t".into(), vec![("worker-1".into(), "http://127.0.0.1:9".into())]).unwrap();
+        let admin = Admin::new("t".into(), vec![AdminNode::new("worker-1", "http://127.0.0.1:9")]).unwrap();
         let aim = Aim::new(admin, Duration::from_secs(2));
         let shots: Vec<bool> = (0..5).map(|_| aim.takes_aim()).collect();
         assert_eq!(shots, [true, false, true, false, true]);
@@ -113,7 +128,8 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         drop(listener);
-        let aim = Aim::new(Admin::new("t".into(), vec![("worker-1".into(), base)]).unwrap(), Duration::from_secs(2));
+        let aim =
+            Aim::new(Admin::new("t".into(), vec![AdminNode::new("worker-1", base)]).unwrap(), Duration::from_secs(2));
         assert!(!Aim::at_batch(Some(&aim), "worker-1").await);
         assert_eq!(Aim::take(Some(&aim)), Some(json!({"held": false})), "the history says the aim missed");
         assert_eq!(Aim::take(Some(&aim)), None, "once");

@@ -60,18 +60,19 @@ fn clear<T>(slot: &Mutex<Option<T>>) {
 /// The nemesis of `fault` over what the system exposes. A system that lacks
 /// what the fault needs gets an error naming it.
 pub fn build(fault: Fault, on: &Surfaces, settings: &FaultSettings) -> anyhow::Result<Box<dyn Nemesis>> {
-    let switches = || {
-        on.switches
-            .as_ref()
-            .ok_or_else(|| anyhow::anyhow!("--nemesis {fault}: this system has no fault switches to flip"))
-    };
+    let switches =
+        || {
+            on.switches.as_ref().and_then(|s| s.for_fault(fault)).cloned().ok_or_else(|| {
+                anyhow::anyhow!("--nemesis {fault}: no node of this system takes it through its switches")
+            })
+        };
     let nodes = || on.nodes_for(fault);
     let vt = settings.visibility_timeout;
     let nemesis: Box<dyn Nemesis> = match fault {
         // Kills and pauses of workers are aimed at a batch in flight where the
         // workers have admin endpoints.
         Fault::Kill | Fault::Pause => {
-            let aim = on.switches.as_ref().map(|s| Aim::new(s.workers.clone(), vt));
+            let aim = on.switches.as_ref().map(|s| Aim::new(s.holds.clone(), vt));
             Box::new(NodeNemesis::new(fault, on.backend.clone(), nodes(), vt, aim))
         }
         Fault::Partition => Box::new(PartitionNemesis::new(on.links.clone())),
@@ -81,13 +82,13 @@ pub fn build(fault: Fault, on: &Surfaces, settings: &FaultSettings) -> anyhow::R
         }
         // One statement in three fails: enough to hit most multi-step paths,
         // few enough that retries get through.
-        Fault::DbError => Box::new(DbErrorNemesis::new(switches()?.services.clone(), 0.3)),
+        Fault::DbError => Box::new(DbErrorNemesis::new(switches()?, 0.3)),
         // Half the acks lost: most messages come back at least once.
-        Fault::AckLoss => Box::new(AckLossNemesis::new(switches()?.workers.clone(), 0.5, settings.ack_fail_rate)),
-        Fault::Stall => Box::new(StallNemesis::new(switches()?.workers.clone(), vt)),
+        Fault::AckLoss => Box::new(AckLossNemesis::new(switches()?, 0.5, settings.ack_fail_rate)),
+        Fault::Stall => Box::new(StallNemesis::new(switches()?, vt)),
         // Ten minutes ahead, as after a bad NTP step: a worker that trusts its
         // clock leases for ten minutes, past any quiesce timeout.
-        Fault::ClockSkew => Box::new(ClockSkewNemesis::new(switches()?.workers.clone(), 10 * 60 * 1000)),
+        Fault::ClockSkew => Box::new(ClockSkewNemesis::new(switches()?, 10 * 60 * 1000)),
         // One packet in four lost: TCP gets through, slowly, and some
         // requests outlast their timeout.
         Fault::Loss => {

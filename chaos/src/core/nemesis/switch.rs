@@ -105,7 +105,7 @@ impl WorkerSwitch {
     }
 
     fn targets(&self) -> Vec<String> {
-        self.admin.workers.iter().map(|(n, _)| n.clone()).collect()
+        self.admin.nodes.iter().map(|n| n.name.clone()).collect()
     }
 
     async fn start(&self, worker: &str) -> anyhow::Result<()> {

@@ -263,16 +263,25 @@ impl System for Pipeline {
     }
 }
 
-/// The fault switches of the API and the workers, behind `token`.
+/// The fault switches of the API and the workers, behind `token`: the
+/// workers take every switch fault and hold at their one point, and the API
+/// takes database errors too.
 fn switches(token: &str, endpoints: &[(Node, String)]) -> anyhow::Result<Switches> {
+    use crate::core::admin::AdminNode;
+    use crate::core::fault::Fault;
     use crate::core::roles::Role;
-    let named = |e: &[(Node, String)]| e.iter().map(|(n, url)| (n.name.clone(), url.clone())).collect();
-    let workers: Vec<_> = endpoints.iter().filter(|(n, _)| n.role == Role::Worker).cloned().collect();
     // The relay has no fault switches of its own.
-    let services: Vec<_> = endpoints.iter().filter(|(n, _)| n.role != Role::Relay).cloned().collect();
+    let nodes = endpoints.iter().filter(|(n, _)| n.role != Role::Relay).map(|(n, url)| AdminNode::new(&n.name, url));
+    let services = Admin::new(token.to_owned(), nodes.collect())?;
+    let workers = services.only(|a| endpoints.iter().any(|(n, _)| n.name == a.name && n.role == Role::Worker));
     Ok(Switches {
-        workers: Admin::new(token.to_owned(), named(&workers))?,
-        services: Admin::new(token.to_owned(), named(&services))?,
+        by_fault: vec![
+            (Fault::AckLoss, workers.clone()),
+            (Fault::ClockSkew, workers.clone()),
+            (Fault::Stall, workers.clone()),
+            (Fault::DbError, services),
+        ],
+        holds: workers,
     })
 }
 

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use crate::core::fault::Fault;
+
 /// What the nemesis may do to a node itself (links are faulted where they
 /// pass through a fault proxy).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +41,13 @@ pub struct NodeDecl {
     pub env: Vec<(String, String)>,
     pub ready: Option<String>,
     pub faults: Vec<NodeFault>,
+    /// The base URL of its admin endpoint (`docs/admin.md`), placeholders
+    /// not yet filled (but `{n}`).
+    pub admin: Option<String>,
+    /// The hold points it offers there, by name.
+    pub points: Vec<String>,
+    /// The switch faults it takes there.
+    pub hooks: Vec<Fault>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -21,11 +21,12 @@ use tokio::time::Instant;
 use crate::backends::docker::{ContainerSpec, DockerBackend, IptablesLink, Peer};
 use crate::backends::local::{LocalBackend, NodeSpec};
 use crate::backends::proxy::FaultProxy;
+use crate::core::admin::{Admin, AdminNode};
 use crate::core::fault::Fault;
 use crate::core::link::{SharedLink, SharedLossy, SharedSlow};
 use crate::core::options::{BackendKind, RunOptions};
 use crate::core::roles::{Backend, BoxFuture, Client, Node, Role};
-use crate::core::system::{FinalSink, Surfaces, System};
+use crate::core::system::{FinalSink, Surfaces, Switches, System};
 use client::TemplateClient;
 use final_state::Database;
 use spec::{NodeFault, Placeholder, SystemSpec};
@@ -47,6 +48,8 @@ pub struct Foreign {
     database: Database,
     /// Each node with a readiness probe, filled.
     ready: Vec<(Node, String)>,
+    /// The nodes with an admin endpoint.
+    admin: Option<Admin>,
     /// When the system was first asked whether it is quiet (for [`SETTLE`]).
     asked: std::sync::Mutex<Option<Instant>>,
 }
@@ -150,6 +153,7 @@ fn texts(spec: &SystemSpec, probes: bool) -> Vec<&str> {
         texts.extend(node.env.iter().map(|(_, v)| v.as_str()));
         if probes {
             texts.extend(node.ready.as_deref());
+            texts.extend(node.admin.as_deref());
         }
     }
     if probes {
@@ -199,7 +203,8 @@ pub fn check_options(spec: &SystemSpec, options: &RunOptions) -> anyhow::Result<
         let allowed: Vec<&str> = allowed.iter().map(|f| f.name()).collect();
         anyhow::bail!(
             "--nemesis {f}: {} cannot take it (it allows: {}; kill and pause are given per node in `faults`, \
-             partition and delay need a link through {{addr:NAME}}, other faults need the system's help)",
+             partition and delay need a link through {{addr:NAME}}, ack-loss, db-error and clock-skew a node that lists \
+             them in `hooks`)",
             spec.file.display(),
             if allowed.is_empty() { "none".to_owned() } else { allowed.join(", ") }
         );
@@ -237,6 +242,7 @@ pub fn faults_allowed(spec: &SystemSpec) -> Vec<Fault> {
     if container_links {
         out.push(Fault::Loss);
     }
+    out.extend(spec::HOOKS.into_iter().filter(|f| spec.nodes.iter().any(|n| n.hooks.contains(f))));
     out
 }
 
@@ -295,7 +301,8 @@ impl Foreign {
             ports,
             proxies: BTreeMap::new(),
         };
-        let declared = Declared::fill(&spec, &mut fill, &system_dir).await?;
+        let token = format!("{:016x}", rng.next_u64());
+        let declared = Declared::fill(&spec, &mut fill, &system_dir, &token).await?;
         let mut client_decl = spec.client.clone();
         client_decl.url = fill.fill(&spec.client.url, Some("client")).await?;
         let database = Database::new(fill.fill(&spec.final_state.database, None).await?);
@@ -306,7 +313,9 @@ impl Foreign {
             fill.proxies.iter().map(|((from, to), p)| (format!("{from}<->{to}"), p.clone())).collect();
         let mut links: Vec<(String, SharedLink)> =
             proxies.iter().map(|(n, p)| (n.clone(), p.clone() as SharedLink)).collect();
-        let Declared { specs, containers, adopt, ready, node_faults } = declared;
+        let Declared { specs, containers, adopt, ready, node_faults, admin } = declared;
+        let admin = (!admin.is_empty()).then(|| Admin::new(token, admin)).transpose()?;
+        let switches = admin.as_ref().map(|all| switches(&spec, all));
         let logs = run_dir.join("logs");
         // Links between containers: cut (partition) or lossy (loss) by iptables.
         let (nodes, backend, lossy) = match docker {
@@ -323,9 +332,9 @@ impl Foreign {
         links.extend(lossy.iter().map(|(name, link)| (name.clone(), link.clone() as SharedLink)));
         let slowable = proxies.into_iter().map(|(n, p)| (n, p as SharedSlow)).collect();
         let lossy = lossy.into_iter().map(|(n, l)| (n, l as SharedLossy)).collect();
-        let surfaces = Surfaces { backend, node_faults, links, slowable, lossy, switches: None };
+        let surfaces = Surfaces { backend, node_faults, links, slowable, lossy, switches };
         let client = Arc::new(TemplateClient::new(client_decl, request_timeout)?);
-        Ok(Foreign { spec, nodes, surfaces, client, database, ready, asked: std::sync::Mutex::new(None) })
+        Ok(Foreign { spec, nodes, surfaces, client, database, ready, admin, asked: std::sync::Mutex::new(None) })
     }
 
     /// Why `node` is not ready, with what a user needs to fix it.
@@ -384,16 +393,21 @@ struct Declared {
     /// Each node's readiness probe.
     ready: Vec<(Node, String)>,
     node_faults: Vec<(Fault, Vec<Node>)>,
+    /// Each node's admin endpoint, its URL filled.
+    admin: Vec<AdminNode>,
 }
 
 impl Declared {
-    async fn fill(spec: &SystemSpec, fill: &mut Fill, system_dir: &Path) -> anyhow::Result<Declared> {
+    /// `token`: what each node with an admin endpoint gets in
+    /// `HAUNT_ADMIN_TOKEN`.
+    async fn fill(spec: &SystemSpec, fill: &mut Fill, system_dir: &Path, token: &str) -> anyhow::Result<Declared> {
         let mut out = Declared {
             specs: Vec::new(),
             containers: Vec::new(),
             adopt: Vec::new(),
             ready: Vec::new(),
             node_faults: vec![(Fault::Kill, Vec::new()), (Fault::Pause, Vec::new())],
+            admin: Vec::new(),
         };
         for decl in &spec.nodes {
             // The node the final state is read from stays up until it is read.
@@ -413,6 +427,11 @@ impl Declared {
             }
             if let Some(probe) = &decl.ready {
                 out.ready.push((node.clone(), fill.fill(probe, None).await?));
+            }
+            if let Some(url) = &decl.admin {
+                let base = fill.fill(url, None).await?.trim_end_matches('/').to_owned();
+                out.admin.push(AdminNode { name: decl.name.clone(), base, points: decl.points.clone() });
+                env.push((spec::TOKEN_VAR.to_owned(), token.to_owned()));
             }
             for (fault, nodes) in &mut out.node_faults {
                 let takes = match fault {
@@ -455,6 +474,64 @@ impl Declared {
             }
         }
         Ok(out)
+    }
+}
+
+/// The admin endpoints of a system file's nodes, `all`: each hook's nodes,
+/// and the nodes with hold points.
+fn switches(spec: &SystemSpec, all: &Admin) -> Switches {
+    let takes = |fault: Fault| all.only(|a| spec.nodes.iter().any(|d| d.name == a.name && d.hooks.contains(&fault)));
+    let by_fault = spec::HOOKS.into_iter().map(|f| (f, takes(f))).collect();
+    Switches { by_fault, holds: all.only(|a| !a.points.is_empty()) }
+}
+
+impl Foreign {
+    /// Whether each node with an admin endpoint offers the hold points and
+    /// the hooks it declares: its `GET /admin/points` (waited for, as a
+    /// readiness probe is) and `GET /admin/faults`. Each error names the
+    /// node and the point or hook.
+    async fn check_admin(&self, admin: &Admin) -> anyhow::Result<()> {
+        for node in &admin.nodes {
+            let decl = self.spec.nodes.iter().find(|d| d.name == node.name).context("an admin of no node")?;
+            let deadline = Instant::now() + READY_WAIT;
+            let offered = loop {
+                match admin.get(&node.name, "/admin/points").await {
+                    Ok(answer) => break answer,
+                    Err(e) if Instant::now() >= deadline => anyhow::bail!(
+                        "node {}: its admin endpoint {} did not answer GET /admin/points within {} s ({e:#}); \
+                         see docs/admin.md",
+                        node.name,
+                        node.base,
+                        READY_WAIT.as_secs()
+                    ),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            };
+            let offered: Vec<&str> =
+                offered["points"].as_array().into_iter().flatten().filter_map(|p| p.as_str()).collect();
+            if let Some(missing) = node.points.iter().find(|p| !offered.contains(&p.as_str())) {
+                anyhow::bail!(
+                    "node {}: the system file declares hold point {missing:?}, which its admin endpoint does not offer \
+                     (GET {}/admin/points: {})",
+                    node.name,
+                    node.base,
+                    if offered.is_empty() { "none".to_owned() } else { offered.join(", ") }
+                );
+            }
+            if decl.hooks.is_empty() {
+                continue;
+            }
+            let switches = admin.get(&node.name, "/admin/faults").await?;
+            if let Some(&hook) = decl.hooks.iter().find(|&&h| switches.get(spec::hook_field(h)).is_none()) {
+                anyhow::bail!(
+                    "node {}: the system file declares hook {hook}, but GET {}/admin/faults has no {} ({switches})",
+                    node.name,
+                    node.base,
+                    spec::hook_field(hook)
+                );
+            }
+        }
+        Ok(())
     }
 }
 
@@ -519,7 +596,10 @@ impl System for Foreign {
                     return Err(self.not_ready(node, url, &last));
                 }
             }
-            Ok(())
+            match &self.admin {
+                Some(admin) => self.check_admin(admin).await,
+                None => Ok(()),
+            }
         })
     }
 

@@ -55,6 +55,9 @@ struct RawNode {
     env: std::collections::BTreeMap<String, String>,
     ready: Option<Spanned<String>>,
     faults: Option<Spanned<Vec<String>>>,
+    admin: Option<Spanned<String>>,
+    points: Option<Spanned<Vec<String>>>,
+    hooks: Option<Spanned<Vec<String>>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -92,6 +95,24 @@ struct RawFinal {
 }
 
 pub use super::decl::{ClientDecl, FinalDecl, NodeDecl, NodeFault, SystemSpec};
+use crate::core::fault::Fault;
+
+/// The switch faults a node of a system file may take on its admin
+/// endpoint, and the field of `POST /admin/faults` that flips each.
+pub const HOOKS: [Fault; 3] = [Fault::AckLoss, Fault::DbError, Fault::ClockSkew];
+
+/// The field of `POST /admin/faults` that flips a hook's fault.
+pub fn hook_field(fault: Fault) -> &'static str {
+    match fault {
+        Fault::AckLoss => "ack_fail_rate",
+        Fault::DbError => "db_error_rate",
+        Fault::ClockSkew => "clock_offset_ms",
+        _ => unreachable!("{fault} is not a hook"),
+    }
+}
+
+/// The variable that hands a node with `admin` the run's bearer token.
+pub const TOKEN_VAR: &str = "HAUNT_ADMIN_TOKEN";
 
 /// A placeholder in a string: `{dir}`, `{port:api}`, …
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -161,6 +182,10 @@ enum Place {
         counted: bool,
     },
     Ready,
+    /// A node's admin URL; `counted`: the node has `count`.
+    Admin {
+        counted: bool,
+    },
     Client,
     Database,
 }
@@ -250,6 +275,15 @@ struct Shape {
     port: Option<u16>,
     links: Vec<String>,
     faults: Vec<NodeFault>,
+    admin: Admin,
+}
+
+/// What a node offers on its admin endpoint (`docs/admin.md`).
+#[derive(Default)]
+struct Admin {
+    url: Option<String>,
+    points: Vec<String>,
+    hooks: Vec<Fault>,
 }
 
 /// The nodes' instances, in order, with the `[[node]]` each came from.
@@ -266,7 +300,7 @@ impl Instances {
     /// The instances of `[[node]]` number `i`: one, or `count` of them named
     /// `NAME-1` … `NAME-count`.
     fn add(&mut self, c: &Checker<'_>, i: usize, node: &RawNode, shape: Shape) -> Result<(), SpecError> {
-        let Shape { base, count, image, container, port, links, faults } = shape;
+        let Shape { base, count, image, container, port, links, faults, admin } = shape;
         if count.is_some() {
             self.counted.insert(base.clone());
         }
@@ -291,6 +325,9 @@ impl Instances {
                 env: node.env.iter().map(|(k, v)| (k.clone(), fill_n(v))).collect(),
                 ready: node.ready.as_ref().map(|r| fill_n(r.get_ref())),
                 faults: faults.clone(),
+                admin: admin.url.as_ref().map(fill_n),
+                points: admin.points.clone(),
+                hooks: admin.hooks.clone(),
             });
         }
         Ok(())
@@ -312,15 +349,17 @@ impl Places<'_> {
             let Err(p) = piece else { continue };
             let allowed = match (&p, place) {
                 (Placeholder::Dir | Placeholder::SystemDir | Placeholder::Haunt, _) => true,
-                (Placeholder::N, Place::Node { counted }) => counted,
-                (Placeholder::Port(_), Place::Node { .. } | Place::Ready | Place::Database) => true,
+                (Placeholder::N, Place::Node { counted } | Place::Admin { counted }) => counted,
+                (Placeholder::Port(_), Place::Node { .. } | Place::Ready | Place::Admin { .. } | Place::Database) => {
+                    true
+                }
                 (Placeholder::Addr(_), Place::Node { .. } | Place::Client) => true,
                 (Placeholder::OrderId | Placeholder::ItemId | Placeholder::Qty, Place::Client) => true,
                 _ => false,
             };
             if !allowed {
                 let why = match p {
-                    Placeholder::N => "{n} is only for the command and env of a node with count",
+                    Placeholder::N => "{n} is only for the command, env and admin of a node with count",
                     Placeholder::Addr(_) => {
                         "{addr:NAME} is for nodes' commands and env and the client (the harness reads \
                                              the database and polls readiness directly: use {port:NAME})"
@@ -356,6 +395,10 @@ impl Places<'_> {
         }
         if let (Some(ready), Some(raw_ready)) = (&decl.ready, &node.ready) {
             self.check(ready, raw_ready.span(), &format!("node[{i}].ready"), Place::Ready)?;
+        }
+        if let (Some(admin), Some(raw_admin)) = (&decl.admin, &node.admin) {
+            let place = Place::Admin { counted: node.count.is_some() };
+            self.check(admin, raw_admin.span(), &format!("node[{i}].admin"), place)?;
         }
         Ok(())
     }
@@ -418,7 +461,8 @@ impl Checker<'_> {
             return Err(self.at(ready.span(), &field("ready"), "an http://… URL polled until 2xx, or tcp://HOST:PORT"));
         }
         let faults = self.node_faults(i, node)?;
-        Ok(Shape { base, count, image, container, port, links, faults })
+        let admin = self.admin(i, node, container.is_some())?;
+        Ok(Shape { base, count, image, container, port, links, faults, admin })
     }
 
     /// A node's `container`: a running container haunt adopts as it is, so
@@ -454,6 +498,61 @@ impl Checker<'_> {
             ));
         }
         Ok(Some(name.get_ref().clone()))
+    }
+
+    /// A node's admin endpoint, its hold points and its fault hooks.
+    fn admin(&self, i: usize, node: &RawNode, adopted: bool) -> Result<Admin, SpecError> {
+        let field = |f: &str| format!("node[{i}].{f}");
+        let Some(url) = &node.admin else {
+            for (name, listed) in [("points", &node.points), ("hooks", &node.hooks)] {
+                if let Some(listed) = listed {
+                    let why = "needs `admin`, the URL where the node answers for them (docs/admin.md)";
+                    return Err(self.at(listed.span(), &field(name), why));
+                }
+            }
+            return Ok(Admin::default());
+        };
+        if !url.get_ref().starts_with("http://") {
+            return Err(self.at(url.span(), &field("admin"), "an http://… URL, such as http://127.0.0.1:{port:NAME}"));
+        }
+        if adopted {
+            let why = "a running container cannot be handed haunt's admin token: start it from an image instead";
+            return Err(self.at(url.span(), &field("admin"), why));
+        }
+        if node.env.contains_key(TOKEN_VAR) {
+            let why = format!("{TOKEN_VAR} is set by haunt for a node with `admin`: leave it out");
+            return Err(self.at(url.span(), &field("env"), why));
+        }
+        let mut points: Vec<String> = Vec::new();
+        if let Some(listed) = &node.points {
+            for point in listed.get_ref() {
+                let named = !point.is_empty()
+                    && point.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+                if !named {
+                    let why = format!("{point:?}: a point's name is lowercase letters, digits, `-` and `_`");
+                    return Err(self.at(listed.span(), &field("points"), why));
+                }
+                if points.contains(point) {
+                    return Err(self.at(listed.span(), &field("points"), format!("{point:?} twice")));
+                }
+                points.push(point.clone());
+            }
+        }
+        let mut hooks = Vec::new();
+        if let Some(listed) = &node.hooks {
+            for hook in listed.get_ref() {
+                let fault = HOOKS.iter().find(|f| f.name() == hook).copied().ok_or_else(|| {
+                    let known: Vec<&str> = HOOKS.iter().map(|f| f.name()).collect();
+                    let why = format!("{hook:?} is not a fault a node takes on its switches ({})", known.join(", "));
+                    self.at(listed.span(), &field("hooks"), why)
+                })?;
+                if hooks.contains(&fault) {
+                    return Err(self.at(listed.span(), &field("hooks"), format!("{hook:?} twice")));
+                }
+                hooks.push(fault);
+            }
+        }
+        Ok(Admin { url: Some(url.get_ref().clone()), points, hooks })
     }
 
     fn node_faults(&self, i: usize, node: &RawNode) -> Result<Vec<NodeFault>, SpecError> {

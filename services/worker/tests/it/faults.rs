@@ -154,9 +154,17 @@ async fn with_the_ack_in_the_transaction_a_held_batch_has_written_nothing() {
     let db = TestDb::sqlite();
     let writer = store(&db.url).await;
     let w = spawn(store(&db.url).await, holding_config(AckMode::InApplyTxn), 0.0).await;
+    // Armed for a point this worker never reaches, the hold lets the first
+    // order through and answers that nothing held.
+    let elsewhere = tokio::spawn(hold(
+        w.base.clone(),
+        serde_json::json!({"point": "before-ack", "wait_ms": 1_500, "hold_ms": 30_000}),
+    ));
+    tokio::time::sleep(Duration::from_millis(200)).await;
     writer.place_order(&order(1, "a", 2)).await.unwrap();
     // Drained first, so that the hold below meets the second order.
     assert!(wait_until(Duration::from_secs(10), async || writer.queue_stats().await.unwrap().visible == 0).await);
+    assert_eq!(elsewhere.await.unwrap(), (200, serde_json::json!({"held": false})), "no batch reaches before-ack");
     let held = tokio::spawn(hold(w.base.clone(), serde_json::json!({"wait_ms": 10_000, "hold_ms": 2_000})));
     tokio::time::sleep(Duration::from_millis(200)).await;
     writer.place_order(&order(2, "b", 5)).await.unwrap();
@@ -219,6 +227,7 @@ async fn a_hold_no_batch_meets_is_disarmed_and_bad_requests_name_their_field() {
         (serde_json::json!({"wait_ms": 10}), serde_json::json!("hold_ms")),
         (serde_json::json!({"wait_ms": 10, "hold_ms": 10, "kill": true}), serde_json::json!("kill")),
         (serde_json::json!({"wait_ms": "soon", "hold_ms": 10}), serde_json::Value::Null),
+        (serde_json::json!({"point": "after-supper", "wait_ms": 10, "hold_ms": 10}), serde_json::json!("point")),
     ] {
         let (status, answer) = hold(w.base.clone(), body.clone()).await;
         assert_eq!(status, 422, "{body}: {answer}");
@@ -232,5 +241,8 @@ async fn a_hold_no_batch_meets_is_disarmed_and_bad_requests_name_their_field() {
         .await
         .unwrap();
     assert_eq!(r.status(), 401, "no token, no hold");
+    let points = reqwest::Client::new().get(format!("{}/admin/points", w.base)).bearer_auth(TOKEN).send().await;
+    let points: serde_json::Value = points.unwrap().json().await.unwrap();
+    assert_eq!(points, serde_json::json!({"points": ["before-ack", "after-lease", "acked-not-applied"]}));
     w.stop().await;
 }

@@ -1,0 +1,136 @@
+//! A system file's nodes struck through haunt's admin protocol
+//! (`docs/admin.md`), here the tutorial shop in Python with the client
+//! library of `clients/python`: a kill aimed at a declared hold point, the
+//! fault hooks, and a point its node does not offer refused before the run.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::run::{haunt_run, latest, read_json};
+
+fn shop(variant: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("examples/systems/tutorial-python/{variant}.toml"))
+}
+
+fn lines(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// Every log line of the run's nodes named `prefix…`.
+fn logs(dir: &Path, prefix: &str) -> String {
+    let mut out = String::new();
+    for entry in std::fs::read_dir(dir.join("logs")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.file_name().unwrap().to_string_lossy().starts_with(prefix) {
+            out += &std::fs::read_to_string(&path).unwrap();
+        }
+    }
+    out
+}
+
+/// The naive shop commits an order and then, apart, its message. A kill of
+/// its API aimed at the point between the two (declared in the system file,
+/// answered by the API through the library) leaves the held order in the
+/// orders and its event nowhere: no worker ever applies it.
+#[test]
+fn a_kill_aimed_at_a_declared_hold_point_lands_between_the_two_writes() {
+    let store = tempfile::tempdir().unwrap();
+    let file = shop("naive").to_string_lossy().into_owned();
+    let args = ["--system", &file, "--seed", "1", "--time-limit-s", "12", "--nemesis", "kill"];
+    let out = haunt_run(store.path(), &[&args[..], &["--fault-targets", "api", "--quiet"]].concat()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(store.path().join("latest").exists(), "no run: {stderr}");
+    let dir = latest(store.path());
+    let history = lines(&dir.join("history.jsonl"));
+    let aims: Vec<&Value> =
+        history.iter().filter(|op| op["f"] == "kill").filter_map(|op| op["value"].get("aim")).collect();
+    assert!(!aims.is_empty(), "the first kill is aimed: {stderr}");
+    let held: Vec<&str> = aims
+        .iter()
+        .filter(|aim| aim["held"] == true)
+        .map(|aim| {
+            assert_eq!(aim["point"], "after-order-before-message", "{aim}");
+            aim["order_id"].as_str().expect("the library passes the point's details on")
+        })
+        .collect();
+    assert!(!held.is_empty(), "the API held an order at its point: {aims:?}");
+    let orders: Vec<String> = lines(&dir.join("final-state.jsonl"))
+        .into_iter()
+        .filter(|l| l["kind"] == "order")
+        .map(|l| l["order_id"].as_str().unwrap().to_owned())
+        .collect();
+    let applied = logs(&dir, "worker");
+    for order in held {
+        assert!(orders.iter().any(|o| o == order), "the held order {order} was committed before the kill");
+        assert!(!applied.contains(&format!("order={order} ")), "{order} has no message, so no worker applies it");
+    }
+    assert_eq!(out.status.code(), Some(1), "the naive shop is caught: {stderr}");
+}
+
+/// ack-loss, db-error and clock-skew reach the fixed shop through the hooks
+/// its nodes declare, and it stays valid.
+#[test]
+fn the_hooks_of_a_system_file_take_the_switch_faults() {
+    let store = tempfile::tempdir().unwrap();
+    let file = shop("fixed").to_string_lossy().into_owned();
+    let args = ["--system", &file, "--seed", "2", "--time-limit-s", "14", "--nemesis", "ack-loss,db-error,clock-skew"];
+    let out =
+        haunt_run(store.path(), &[&args[..], &["--nemesis-interval-s", "2", "--quiet"]].concat()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let dir = latest(store.path());
+    let results = read_json(&dir.join("results.json"));
+    let fired: Vec<&str> = results["faults"].as_array().unwrap().iter().map(|w| w["fault"].as_str().unwrap()).collect();
+    for fault in ["ack-loss", "db-error", "clock-skew"] {
+        assert!(fired.contains(&fault), "{fault} fired: {fired:?}");
+    }
+    assert!(logs(&dir, "worker").contains("ack lost (haunt ack-loss)"), "ack-loss reached a worker's acks");
+    assert!(logs(&dir, "api").contains("injected by haunt's db-error"), "db-error reached the API's statements");
+}
+
+/// A hold point the file declares and its node does not offer is refused
+/// before any order is placed, naming the node and the point.
+#[test]
+fn a_hold_point_its_node_does_not_offer_is_refused_before_the_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let system_dir = shop("fixed").parent().unwrap().to_string_lossy().into_owned();
+    let text = std::fs::read_to_string(shop("fixed")).unwrap();
+    let text = text.replace("{system_dir}", &system_dir).replace("\"after-order-before-message\"", "\"after-lunch\"");
+    let file = tmp.path().join("lunch.toml");
+    std::fs::write(&file, text).unwrap();
+    let store = tmp.path().join("store");
+    let out = haunt_run(
+        &store,
+        &["--system", &file.to_string_lossy(), "--nemesis", "kill", "--time-limit-s", "8", "--quiet"],
+    )
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(
+            "node api: the system file declares hold point \"after-lunch\", which its admin endpoint does not offer"
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("after-order-before-message"), "what it offers instead: {stderr}");
+    let history = std::fs::read_to_string(latest(&store).join("history.jsonl")).unwrap_or_default();
+    assert!(!history.contains("\"invoke\""), "no order was placed: {history}");
+}
+
+/// The Python client library's own tests: the protocol's routes, bodies and
+/// refusals, over HTTP.
+#[test]
+fn the_python_client_library_answers_the_protocol() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/python");
+    let out = std::process::Command::new("python3")
+        .args(["-m", "unittest", "-v", "test_haunt_admin"])
+        .current_dir(&dir)
+        .output()
+        .expect("python3 must be installed (./scripts/test does)");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("Ran ") && !stderr.contains("Ran 0 tests"), "{stderr}");
+}
