@@ -120,17 +120,32 @@ fn a_hold_point_its_node_does_not_offer_is_refused_before_the_run() {
     assert!(!history.contains("\"invoke\""), "no order was placed: {history}");
 }
 
-/// The Python client library's own tests: the protocol's routes, bodies and
-/// refusals, over HTTP.
-#[test]
-fn the_python_client_library_answers_the_protocol() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/python");
-    let out = std::process::Command::new("python3")
-        .args(["-m", "unittest", "-v", "test_haunt_admin"])
+/// Runs a client library's own tests in `clients/DIR`; they speak the
+/// protocol over HTTP on the loopback (routes, bodies, refusals, a hold).
+fn library_tests(dir: &str, program: &str, args: &[&str], ran: &str) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients").join(dir);
+    let out = std::process::Command::new(program)
+        .args(args)
         .current_dir(&dir)
         .output()
-        .expect("python3 must be installed (./scripts/test does)");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("Ran ") && !stderr.contains("Ran 0 tests"), "{stderr}");
+        .unwrap_or_else(|e| panic!("{program} must be installed (the polyglot machines have it): {e}"));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{program} {args:?} in {}: {text}", dir.display());
+    assert!(text.contains(ran), "{program} ran no test: {text}");
+}
+
+#[test]
+fn the_python_client_library_answers_the_protocol() {
+    library_tests("python", "python3", &["-m", "unittest", "-v", "test_haunt_admin"], "Ran 8 tests");
+}
+
+#[test]
+fn the_go_client_library_answers_the_protocol() {
+    // -count=1: run them, never a cached pass.
+    library_tests("go", "go", &["test", "-count=1", "-v", "./..."], "--- PASS: TestSwitchesAreSetAllOrNothing");
+}
+
+#[test]
+fn the_node_client_library_answers_the_protocol() {
+    library_tests("node", "node", &["--test"], "# pass 7");
 }

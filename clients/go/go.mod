@@ -1,0 +1,3 @@
+module github.com/haunt-chaos/haunt/clients/go
+
+go 1.22
