@@ -77,6 +77,10 @@ pub struct RunArgs {
     /// haunt's reference pipeline: its nodes, its client, its final-state SQL.
     #[arg(long, value_name = "FILE")]
     pub system: Option<PathBuf>,
+    /// With --system: which of the file's [[variant]]s to run (default: its
+    /// first). Each fills the file's {var:NAME} its own way.
+    #[arg(long, value_name = "NAME", requires = "system")]
+    pub variant: Option<String>,
     /// Mean seconds between faults (each also lasts about this long). The
     /// first round, every enabled fault once in a seeded order, is shortened
     /// to fit the time limit; faults are picked at random after it.
@@ -257,6 +261,7 @@ fn options_from_flags(args: RunArgs) -> anyhow::Result<RunOptions> {
         workers: args.workers,
         db: args.db,
         system: args.system,
+        variant: args.variant,
         faults: Vec::new(),
         nemesis_interval: Duration::try_from_secs_f64(args.nemesis_interval_s).unwrap_or_default(),
         seed,

@@ -37,7 +37,11 @@ impl Target {
     /// here once, or the reference pipeline.
     pub fn of(options: &RunOptions) -> anyhow::Result<Target> {
         Ok(match &options.system {
-            Some(path) => Target::System(Box::new(system_file::spec::load(path)?)),
+            Some(path) => {
+                let mut spec = system_file::spec::load(path)?;
+                spec.choose(options.variant.as_deref())?;
+                Target::System(Box::new(spec))
+            }
             None => Target::Pipeline,
         })
     }
@@ -54,24 +58,33 @@ impl Target {
         }
     }
 
-    /// The faults of a run that names none: the pipeline's defaults, or
-    /// everything a system file allows.
+    /// The faults of a run that names none: the pipeline's defaults, the
+    /// faults a system file's variant names, or everything the file allows.
     pub fn default_faults(&self, options: &RunOptions) -> Vec<Fault> {
         match self {
             Target::Pipeline => options.pipeline_default_faults(),
-            Target::System(spec) => system_file::faults_allowed(spec),
+            Target::System(spec) => {
+                let allowed = system_file::faults_allowed(spec);
+                // Checked when the file was read.
+                let named = spec.variant.as_ref().and_then(|v| v.nemesis.as_deref());
+                named.and_then(|n| Fault::parse_list(n, &allowed).ok()).unwrap_or(allowed)
+            }
             Target::Given { .. } => options.faults.clone(),
         }
     }
 
     /// Completes `options` for this system: a system file whose nodes name
-    /// running containers is a Docker run, and a run that names no faults
-    /// (`faults` is `None`) gets this system's defaults.
+    /// running containers is a Docker run, a run that names no faults
+    /// (`faults` is `None`) gets this system's defaults, and one that names
+    /// no targets gets its variant's.
     pub fn complete(&self, options: &mut RunOptions, faults: Option<Vec<Fault>>) {
-        if let Target::System(spec) = self
-            && spec.nodes.iter().any(|n| n.container.is_some())
-        {
-            options.backend = BackendKind::Docker;
+        if let Target::System(spec) = self {
+            if spec.nodes.iter().any(|n| n.container.is_some()) {
+                options.backend = BackendKind::Docker;
+            }
+            if let Some(v) = spec.variant.as_ref().filter(|_| options.fault_targets.is_empty()) {
+                options.fault_targets.clone_from(&v.fault_targets);
+            }
         }
         options.faults = faults.unwrap_or_else(|| self.default_faults(options));
     }
@@ -118,7 +131,10 @@ pub async fn assemble(target: Target, options: &RunOptions) -> anyhow::Result<As
             Ok(Assembled { roles: Roles::for_system(system, options)?, run_dir, started_at_ms })
         }
         Target::System(spec) => {
-            let name = format!("{}-{}", options.backend.name(), spec.name);
+            let mut name = format!("{}-{}", options.backend.name(), spec.name);
+            if let Some(variant) = &spec.variant {
+                name = format!("{name}-{}", variant.name);
+            }
             let run_dir = create_run_dir(&options.store, &name, started_at_ms)?;
             let docker = (options.backend == BackendKind::Docker).then_some(&options.docker);
             let system = Foreign::create(*spec, &run_dir, &options.exe, options.request_timeout, docker).await?;

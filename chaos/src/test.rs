@@ -214,12 +214,14 @@ impl ChaosTest {
         let target = match target {
             Target::Pipeline => crate::assemble::Target::Pipeline,
             Target::File(path) => {
-                let spec = crate::systems::system_file::spec::load(&path)?;
+                let mut spec = crate::systems::system_file::spec::load(&path)?;
+                spec.choose(options.variant.as_deref())?;
                 options.system = Some(path);
                 crate::assemble::Target::System(Box::new(spec))
             }
             Target::Text(text) => {
                 let mut spec = crate::systems::system_file::spec::parse(Path::new("(system given in code)"), &text)?;
+                spec.choose(options.variant.as_deref())?;
                 spec.system_dir = std::env::current_dir()?;
                 crate::assemble::Target::System(Box::new(spec))
             }

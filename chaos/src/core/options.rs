@@ -73,6 +73,10 @@ pub struct RunOptions {
     /// reference pipeline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system: Option<PathBuf>,
+    /// The system file's `[[variant]]` to run (`--variant`; `None`: its
+    /// first, if it has any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
     /// The faults to inject (`--nemesis`; `nemesis` in `run.json`).
     #[serde(rename = "nemesis")]
     pub faults: Vec<Fault>,
@@ -165,6 +169,7 @@ impl Default for RunOptions {
             workers: 3,
             db: None,
             system: None,
+            variant: None,
             faults: DEFAULT_FAULTS.to_vec(),
             nemesis_interval: Duration::from_secs(5),
             seed: 0,

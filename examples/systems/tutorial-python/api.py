@@ -9,9 +9,9 @@
         503 {"error"}                  the database was busy or locked
     GET /healthz  200
 
---variant naive writes the order and then, separately, its message: a crash
-between the two writes leaves an order that no worker will ever see.
---variant fixed writes both in one transaction.
+--variant naive (and dual-write) writes the order and then, separately, its
+message: a crash between the two writes leaves an order that no worker will
+ever see. Every other variant writes both in one transaction.
 
 Standard library only.
 """
@@ -111,9 +111,9 @@ class Shop:
             raise sqlite3.OperationalError("database is locked (injected by haunt's db-error)")
 
     def place(self, order_id, item_id, qty):
-        if self.variant == "fixed":
-            return self.place_fixed(order_id, item_id, qty)
-        return self.place_naive(order_id, item_id, qty)
+        if "dual-write" in shopdb.MISTAKES[self.variant]:
+            return self.place_naive(order_id, item_id, qty)
+        return self.place_fixed(order_id, item_id, qty)
 
     def place_naive(self, order_id, item_id, qty):
         # The tutorial's first version: two writes, each its own autocommit.

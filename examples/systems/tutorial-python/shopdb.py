@@ -79,7 +79,23 @@ FIXED_SCHEMA = [
     )""",
 ]
 
-VARIANTS = ("naive", "fixed")
+# Each variant's mistakes. naive makes the tutorial's four at once, fixed none;
+# each of the others is fixed but for one of them, so that haunt can be shown
+# to catch that one alone (README.md says what each does):
+#   dual-write   the order and its message are two writes
+#   lost-update  the reservation is read before its transaction and written back
+#   unfenced     the lease is a SELECT and an UPDATE on the worker's clock, with
+#                no token; the ack deletes by id, whoever holds the lease
+#   no-inbox     nothing remembers which events are in: a redelivery applies again
+MISTAKES = {
+    "naive": frozenset({"dual-write", "lost-update", "unfenced", "no-inbox"}),
+    "fixed": frozenset(),
+    "dual-write": frozenset({"dual-write"}),
+    "lost-update": frozenset({"lost-update"}),
+    "unfenced": frozenset({"unfenced"}),
+    "no-inbox": frozenset({"no-inbox"}),
+}
+VARIANTS = tuple(MISTAKES)
 
 
 def now_ms():
@@ -122,7 +138,8 @@ def init(path, variant, busy_timeout_ms, who, attempts=50):
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise sqlite3.OperationalError(f"journal_mode is {mode}, database is locked?")
-            statements = COMMON_SCHEMA + (FIXED_SCHEMA if variant == "fixed" else [])
+            # Every variant but naive keeps the inbox, the ledger and dead letters.
+            statements = COMMON_SCHEMA + (FIXED_SCHEMA if variant != "naive" else [])
             conn.execute("BEGIN IMMEDIATE")
             try:
                 for stmt in statements:

@@ -19,6 +19,9 @@ consumer can keep them from being applied twice.
                   --max-deliveries times without an ack is dead-lettered, unless
                   its effect is already in (then only its acks were lost).
 
+--variant dual-write, lost-update, unfenced, no-inbox: fixed but for that one
+                  mistake (shopdb.MISTAKES; dual-write is the API's).
+
 --ack-fail-rate   the share of acks that are "lost" (simulated: the worker
                   simply does not delete the message), for both variants.
 
@@ -78,6 +81,8 @@ class Worker:
         self.conn = conn
         self.me = args.id
         self.variant = args.variant
+        self.mistakes = shopdb.MISTAKES[args.variant]
+        self.read_delay_ms = args.read_delay_ms
         self.vt = args.visibility_timeout_ms
         self.ack_fail_rate = args.ack_fail_rate
         self.max_deliveries = args.max_deliveries
@@ -183,6 +188,9 @@ class Worker:
         self.log(f"dead-lettered message={message_id} event={event_id} deliveries={count}: {reason}")
 
     def holds(self, msg):
+        if msg.token is None:
+            # An unfenced lease: nothing to compare, so it always "holds".
+            return True
         row = self.conn.execute("SELECT lease_token FROM queue WHERE message_id = ?", (msg.message_id,)).fetchone()
         return row is not None and row[0] == msg.token
 
@@ -202,6 +210,14 @@ class Worker:
                     conn.execute("ROLLBACK")
                 raise
             return
+        if "lost-update" in self.mistakes:
+            # MISTAKE lost-update: the reservation is read before the
+            # transaction and written back inside it, so a reservation that
+            # another worker commits in between is overwritten.
+            row = conn.execute("SELECT reserved_qty FROM inventory WHERE item_id = ?", (item_id,)).fetchone()
+            reserved_before = None if row is None else row[0]
+            if self.read_delay_ms > 0:
+                time.sleep(self.read_delay_ms / 1000.0)
         conn.execute("BEGIN IMMEDIATE")
         try:
             if not self.holds(msg):
@@ -211,14 +227,23 @@ class Worker:
                 self.stats["leases_lost"] += 1
                 self.log(f"lease lost before apply message={msg.message_id} event={msg.event_id}")
                 return
-            first = conn.execute(
-                "INSERT INTO inbox(event_id, processed_at_ms) VALUES (?, ?) ON CONFLICT(event_id) DO NOTHING",
-                (msg.event_id, shopdb.now_ms())).rowcount == 1
+            if "no-inbox" in self.mistakes:
+                first = True  # MISTAKE no-inbox: every delivery is the first
+            else:
+                first = conn.execute(
+                    "INSERT INTO inbox(event_id, processed_at_ms) VALUES (?, ?) ON CONFLICT(event_id) DO NOTHING",
+                    (msg.event_id, shopdb.now_ms())).rowcount == 1
             if first:
-                conn.execute(
-                    "INSERT INTO inventory(item_id, reserved_qty) VALUES (?, ?)"
-                    " ON CONFLICT(item_id) DO UPDATE SET reserved_qty = reserved_qty + excluded.reserved_qty",
-                    (item_id, qty))
+                if "lost-update" in self.mistakes:
+                    conn.execute(
+                        "INSERT INTO inventory(item_id, reserved_qty) VALUES (?, ?)"
+                        " ON CONFLICT(item_id) DO UPDATE SET reserved_qty = excluded.reserved_qty",
+                        (item_id, (reserved_before or 0) + qty))
+                else:
+                    conn.execute(
+                        "INSERT INTO inventory(item_id, reserved_qty) VALUES (?, ?)"
+                        " ON CONFLICT(item_id) DO UPDATE SET reserved_qty = reserved_qty + excluded.reserved_qty",
+                        (item_id, qty))
                 conn.execute(
                     "INSERT INTO ledger(event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -236,6 +261,10 @@ class Worker:
             self.log(f"duplicate skipped event={msg.event_id} delivery={msg.delivery}")
         if self.lost_ack(msg):
             return
+        if msg.token is None:
+            # MISTAKE unfenced: the ack deletes by id, whoever holds the lease now.
+            conn.execute("DELETE FROM queue WHERE message_id = ?", (msg.message_id,))
+            return
         # Fenced ack: only the current lease holder may delete the message.
         acked = conn.execute("DELETE FROM queue WHERE message_id = ? AND lease_token = ?",
                              (msg.message_id, msg.token)).rowcount
@@ -245,7 +274,7 @@ class Worker:
 
     def note_error(self, msg, err):
         """Best effort: remember why a delivery failed, for the dead-letter row."""
-        if msg is None or self.variant != "fixed":
+        if msg is None or msg.token is None:
             return
         try:
             self.conn.execute("UPDATE queue SET last_error = ? WHERE message_id = ? AND lease_token = ?",
@@ -257,19 +286,19 @@ class Worker:
 
     def step(self):
         """One lease and its handling. True if there was something to do."""
-        if self.variant == "fixed":
+        if "unfenced" in self.mistakes:
+            msg = self.lease_naive()
+        else:
             msg = self.lease_fixed()
             if msg == "again":
                 return True
-        else:
-            msg = self.lease_naive()
         if msg is None:
             return False
         try:
-            if self.variant == "fixed":
-                self.handle_fixed(msg)
-            else:
+            if self.variant == "naive":
                 self.handle_naive(msg)
+            else:
+                self.handle_fixed(msg)
         except sqlite3.Error as err:
             self.note_error(msg, err)
             raise
@@ -317,6 +346,9 @@ def main(argv=None):
     ap.add_argument("--poll-ms", type=int, default=100, help="sleep when the queue is empty (default 100)")
     ap.add_argument("--busy-timeout-ms", type=int, default=2000, help="SQLite busy timeout (default 2000)")
     ap.add_argument("--seed", type=int, default=None, help="seed for the simulated ack losses")
+    ap.add_argument("--read-delay-ms", type=int, default=0,
+                    help="lost-update only: sleep between reading the reservation and writing it back, as a "
+                         "call to another service there would; widens the race (default 0)")
     ap.add_argument("--admin-listen", default=None, metavar="HOST:PORT",
                     help="serve haunt's admin protocol here (hold point and the ack-loss and clock-skew "
                          "hooks); only when HAUNT_ADMIN_TOKEN is set")

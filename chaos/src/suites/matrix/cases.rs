@@ -2,6 +2,8 @@
 //! and what a run must show to count as caught, and the rows for a transport
 //! or a system file.
 
+use std::borrow::Cow;
+
 use super::*;
 
 /// What a bug mode needs from the database.
@@ -21,7 +23,8 @@ pub struct Case {
     /// `None`: the correct build.
     #[serde(serialize_with = "bug_name")]
     pub bug: Option<Bug>,
-    pub nemesis: &'static str,
+    /// The row's faults, as `--nemesis` takes them.
+    pub nemesis: Cow<'static, str>,
     /// What the row's runs change of the matrix's options.
     pub tuning: Tuning,
     pub needs: Needs,
@@ -33,6 +36,10 @@ pub struct Case {
     /// A row of `haunt matrix --system FILE`: the system's name (it runs the
     /// file's system, under the row's fault, and must stay valid).
     pub system: Option<String>,
+    /// Of a system file with `[[variant]]`s: the variant the row runs, whose
+    /// own expectation is the row's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
     /// A row of `haunt matrix --transport NAME`: the pipeline over that broker.
     #[serde(serialize_with = "transport_name", skip_serializing_if = "Option::is_none")]
     pub transport: Option<TransportSpec>,
@@ -164,8 +171,10 @@ fn bug_name<S: serde::Serializer>(bug: &Option<Bug>, s: S) -> Result<S::Ok, S::E
 
 impl Case {
     pub fn name(&self) -> String {
-        if let Some(system) = &self.system {
-            return format!("{system} under {}", self.nemesis);
+        match (&self.system, &self.variant) {
+            (Some(system), Some(variant)) => return format!("{system} {variant} under {}", self.nemesis),
+            (Some(system), None) => return format!("{system} under {}", self.nemesis),
+            _ => {}
         }
         let what = self.row_name();
         if let Some(t) = self.transport {
@@ -210,7 +219,8 @@ impl Case {
 /// PostgreSQL twin where it needs nothing of the database).
 fn bug_row(bug: Option<Bug>, nemesis: &'static str, tuning: Tuning, needs: Needs, expected: Expect) -> Case {
     let postgres = needs != Needs::Any;
-    Case { bug, nemesis, tuning, needs, postgres, expected, system: None, transport: None }
+    let nemesis = Cow::Borrowed(nemesis);
+    Case { bug, nemesis, tuning, needs, postgres, expected, system: None, variant: None, transport: None }
 }
 
 /// The bug modes and the correct build, in the order the table shows them.
@@ -313,14 +323,15 @@ pub fn cases() -> Vec<Case> {
 /// relay, each under the fault that exposes it. An at-most-once mode: its
 /// claim, measured: with one consumer, killed, it loses.
 pub fn transport_cases(transport: TransportSpec) -> Vec<Case> {
-    let case = |bug, nemesis, tuning, expected| Case {
+    let case = |bug, nemesis: &'static str, tuning, expected| Case {
         bug,
-        nemesis,
+        nemesis: Cow::Borrowed(nemesis),
         tuning,
         needs: Needs::Any,
         postgres: false,
         expected,
         system: None,
+        variant: None,
         transport: Some(transport),
     };
     if transport.claim() == Guarantee::AtMostOnce {
@@ -387,7 +398,9 @@ pub fn transport_cases(transport: TransportSpec) -> Vec<Case> {
 }
 
 /// The rows of `haunt matrix --system FILE`: each fault the file allows, then
-/// all of them at once; every run must be valid.
+/// all of them at once; every run must be valid. A file with `[[variant]]`s
+/// has a row per variant instead, under the variant's faults (all the file
+/// allows by default), expecting what the variant names.
 pub fn system_cases(spec: &SystemSpec) -> anyhow::Result<Vec<Case>> {
     let faults = crate::systems::system_file::faults_allowed(spec);
     anyhow::ensure!(
@@ -395,23 +408,48 @@ pub fn system_cases(spec: &SystemSpec) -> anyhow::Result<Vec<Case>> {
         "{}: it allows no fault (no node takes kill or pause, no link)",
         spec.file.display()
     );
+    let row = |nemesis: Cow<'static, str>, tuning, expected, variant| Case {
+        bug: None,
+        nemesis,
+        tuning,
+        needs: Needs::Any,
+        postgres: false,
+        expected,
+        system: Some(spec.name.clone()),
+        variant,
+        transport: None,
+    };
+    if !spec.variants.is_empty() {
+        return Ok(spec
+            .variants
+            .iter()
+            .map(|v| {
+                let nemesis = v.nemesis.clone().map_or(Cow::Borrowed("all"), Cow::Owned);
+                // More than two faults: two schedules side by side, as for
+                // `all`, so that they fit a short run.
+                let many = nemesis == "all" || nemesis.split(',').count() > 2;
+                let tuning = if many { Tuning { faults_at_once: Some(2), ..Tuning::NONE } } else { Tuning::NONE };
+                let expected = match v.expect {
+                    "valid" => Expect::Valid,
+                    "not-drained" => Expect::NotDrained,
+                    anomaly => Expect::Anomaly(anomaly),
+                };
+                row(nemesis, tuning, expected, Some(v.name.clone()))
+            })
+            .collect());
+    }
     let mut nemeses: Vec<&'static str> = faults.iter().map(|f| f.name()).collect();
     if nemeses.len() > 1 {
         nemeses.push("all");
     }
     Ok(nemeses
         .into_iter()
-        .map(|nemesis| Case {
-            bug: None,
-            nemesis,
+        .map(|nemesis| {
             // All at once: two schedules side by side, so that faults overlap
             // (and the round fits a shorter run).
-            tuning: if nemesis == "all" { Tuning { faults_at_once: Some(2), ..Tuning::NONE } } else { Tuning::NONE },
-            needs: Needs::Any,
-            postgres: false,
-            expected: Expect::Valid,
-            system: Some(spec.name.clone()),
-            transport: None,
+            let tuning =
+                if nemesis == "all" { Tuning { faults_at_once: Some(2), ..Tuning::NONE } } else { Tuning::NONE };
+            row(Cow::Borrowed(nemesis), tuning, Expect::Valid, None)
         })
         .collect())
 }

@@ -61,6 +61,7 @@ fn run_options(
         nemesis_interval: Duration::from_secs_f64((options.time_limit_s as f64 / 6.0).clamp(1.0, 5.0)),
         quiet: true,
         system: options.system.clone(),
+        variant: case.variant.clone(),
         bug: case.bug,
         transport: case.transport.unwrap_or_default(),
         db: db.cloned(),
@@ -69,13 +70,17 @@ fn run_options(
         ..RunOptions::default()
     };
     case.tuning.apply(&mut run);
+    // A variant's row narrows its faults as the variant says.
+    if let Some(v) = spec.and_then(|s| s.variants.iter().find(|v| Some(&v.name) == case.variant.as_ref())) {
+        run.fault_targets.clone_from(&v.fault_targets);
+    }
     // What `all` means, as `haunt run` resolves it: the file's faults, or
     // what the pipeline's layout can take.
     let all = match spec {
         Some(spec) => crate::systems::system_file::faults_allowed(spec),
         None => run.pipeline_faults(),
     };
-    run.faults = Fault::parse_list(case.nemesis, &all)?;
+    run.faults = Fault::parse_list(&case.nemesis, &all)?;
     Ok(run)
 }
 

@@ -79,9 +79,10 @@ pub struct MatrixOutcome {
 
 fn selected(case: &Case, options: &MatrixOptions) -> bool {
     let named = options.only.is_empty()
-        || options.only.iter().any(|o| match &case.system {
-            Some(_) => o == case.nemesis,
-            None => o == case.row_name(),
+        || options.only.iter().any(|o| match (&case.system, &case.variant) {
+            (Some(_), Some(variant)) => o == variant,
+            (Some(_), None) => o == &case.nemesis,
+            (None, _) => o == case.row_name(),
         });
     named && options.backends.iter().any(|b| b == case.backend())
 }
@@ -116,7 +117,7 @@ pub async fn run(options: &MatrixOptions, mut progress: impl FnMut(&str)) -> any
         (None, _) => cases(),
     };
     let known: Vec<String> = match &options.system {
-        Some(_) => all_cases.iter().map(|c| c.nemesis.to_owned()).collect(),
+        Some(_) => all_cases.iter().map(|c| c.variant.clone().unwrap_or_else(|| c.nemesis.to_string())).collect(),
         None => all_cases.iter().map(|c| c.row_name().to_owned()).collect(),
     };
     if let Some(bad) = options.only.iter().find(|o| !known.contains(o)) {
@@ -215,7 +216,7 @@ mod tests {
                 let unconfirmed = cases.iter().find(|c| c.bug == Some(Bug::NoPublisherConfirms));
                 assert_eq!(unconfirmed.is_some(), transport.has_publisher_confirms(), "{transport}");
                 if let Some(c) = unconfirmed {
-                    assert_eq!((c.nemesis, c.expected), ("partition", Expect::Anomaly("lost-effect")), "{transport}");
+                    assert_eq!((&*c.nemesis, c.expected), ("partition", Expect::Anomaly("lost-effect")), "{transport}");
                     assert_eq!(c.tuning.fault_targets, ["relay<->broker"], "{transport}");
                 }
             }
@@ -227,7 +228,7 @@ mod tests {
             let reorder = cases.iter().find(|c| c.bug == Some(Bug::RetryAfterNext));
             assert_eq!(reorder.is_some(), ordered, "{transport}");
             if let Some(c) = reorder {
-                assert_eq!((c.nemesis, c.expected), ("db-error", Expect::Anomaly(REORDERED)), "{transport}");
+                assert_eq!((&*c.nemesis, c.expected), ("db-error", Expect::Anomaly(REORDERED)), "{transport}");
             }
             if ordered {
                 assert!(

@@ -84,4 +84,53 @@ pub struct SystemSpec {
     pub nodes: Vec<NodeDecl>,
     pub client: ClientDecl,
     pub final_state: FinalDecl,
+    /// The file's `[[variant]]`s, in file order (none: one system).
+    pub variants: Vec<VariantDecl>,
+    /// The variant this run is of ([`SystemSpec::choose`]), whose `vars`
+    /// fill `{var:NAME}`.
+    pub variant: Option<VariantDecl>,
+}
+
+/// One `[[variant]]`: the same system with its `{var:NAME}` filled
+/// otherwise, and what a run of it is expected to show.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VariantDecl {
+    pub name: String,
+    /// `valid`, `not-drained`, or the anomaly every run must show.
+    pub expect: &'static str,
+    /// The faults of its matrix row, as `--nemesis` takes them (`None`:
+    /// every fault the file allows).
+    pub nemesis: Option<String>,
+    /// The targets its matrix row narrows its faults to (`--fault-targets`).
+    pub fault_targets: Vec<String>,
+    pub vars: Vec<(String, String)>,
+}
+
+impl SystemSpec {
+    /// Makes this a run of the variant `name`, or of the first when `None`.
+    /// A file without variants takes no name.
+    pub fn choose(&mut self, name: Option<&str>) -> anyhow::Result<()> {
+        let chosen = match (name, self.variants.first()) {
+            (None, None) => return Ok(()),
+            (Some(name), None) => {
+                anyhow::bail!("--variant {name}: {} has no [[variant]]", self.file.display())
+            }
+            (None, Some(first)) => first.clone(),
+            (Some(name), Some(_)) => self.variants.iter().find(|v| v.name == name).cloned().ok_or_else(|| {
+                let known: Vec<&str> = self.variants.iter().map(|v| v.name.as_str()).collect();
+                anyhow::anyhow!(
+                    "--variant {name}: {} has no such variant (it has: {})",
+                    self.file.display(),
+                    known.join(", ")
+                )
+            })?,
+        };
+        self.variant = Some(chosen);
+        Ok(())
+    }
+
+    /// The value of `{var:NAME}` in the chosen variant.
+    pub fn var(&self, name: &str) -> Option<&str> {
+        self.variant.as_ref()?.vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
 }

@@ -95,6 +95,8 @@ struct Fill {
     ports: BTreeMap<String, u16>,
     /// The proxy of each link, by `(from, to)`.
     proxies: BTreeMap<(String, String), Arc<FaultProxy>>,
+    /// The chosen `[[variant]]`'s values.
+    vars: Vec<(String, String)>,
 }
 
 impl Fill {
@@ -137,6 +139,14 @@ impl Fill {
                 Err(Placeholder::ItemId) => out.push_str("{item_id}"),
                 Err(Placeholder::Qty) => out.push_str("{qty}"),
                 Err(Placeholder::N) => anyhow::bail!("{{n}} outside a node with count"),
+                Err(Placeholder::Var(name)) => {
+                    let (_, value) = self
+                        .vars
+                        .iter()
+                        .find(|(k, _)| k == name)
+                        .with_context(|| format!("{{var:{name}}}: the run's variant gives it no value"))?;
+                    out.push_str(value);
+                }
             }
         }
         Ok(out)
@@ -300,6 +310,7 @@ impl Foreign {
             system_dir: system_dir.clone(),
             ports,
             proxies: BTreeMap::new(),
+            vars: spec.variant.as_ref().map(|v| v.vars.clone()).unwrap_or_default(),
         };
         let token = format!("{:016x}", rng.next_u64());
         let declared = Declared::fill(&spec, &mut fill, &system_dir, &token).await?;

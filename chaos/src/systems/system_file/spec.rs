@@ -38,6 +38,24 @@ struct RawFile {
     nodes: Vec<RawNode>,
     client: Spanned<RawClient>,
     final_state: Spanned<RawFinal>,
+    #[serde(default, rename = "variant")]
+    variants: Vec<RawVariant>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawVariant {
+    name: Spanned<String>,
+    expect: Spanned<String>,
+    nemesis: Option<Spanned<String>>,
+    #[serde(default)]
+    fault_targets: Vec<String>,
+    #[serde(default = "no_vars")]
+    vars: Spanned<std::collections::BTreeMap<String, String>>,
+}
+
+fn no_vars() -> Spanned<std::collections::BTreeMap<String, String>> {
+    Spanned::new(0..0, Default::default())
 }
 
 #[derive(Debug, Deserialize)]
@@ -94,7 +112,7 @@ struct RawFinal {
     quiet: Option<String>,
 }
 
-pub use super::decl::{ClientDecl, FinalDecl, NodeDecl, NodeFault, SystemSpec};
+pub use super::decl::{ClientDecl, FinalDecl, NodeDecl, NodeFault, SystemSpec, VariantDecl};
 use crate::core::fault::Fault;
 
 /// The switch faults a node of a system file may take on its admin
@@ -110,6 +128,20 @@ pub fn hook_field(fault: Fault) -> &'static str {
         _ => unreachable!("{fault} is not a hook"),
     }
 }
+
+/// What a `[[variant]]` may expect of its runs: `valid`, a queue that never
+/// drains, or one of the checker's anomalies.
+pub const EXPECTATIONS: [&str; 9] = [
+    "valid",
+    "not-drained",
+    "lost-order",
+    "lost-effect",
+    "double-applied",
+    "projection-mismatch",
+    "failed-but-present",
+    "unexpected-effect",
+    "reordered",
+];
 
 /// The variable that hands a node with `admin` the run's bearer token.
 pub const TOKEN_VAR: &str = "HAUNT_ADMIN_TOKEN";
@@ -127,6 +159,8 @@ pub enum Placeholder<'a> {
     OrderId,
     ItemId,
     Qty,
+    /// A value of the run's `[[variant]]`.
+    Var(&'a str),
 }
 
 /// The pieces of a string: literal text and placeholders. Braces that do not
@@ -157,6 +191,7 @@ pub fn pieces(text: &str) -> Result<Vec<Result<&str, Placeholder<'_>>>, String> 
             ("n", None) => Placeholder::N,
             ("port", Some(name)) => Placeholder::Port(name),
             ("addr", Some(name)) => Placeholder::Addr(name),
+            ("var", Some(name)) => Placeholder::Var(name),
             ("order_id", None) => Placeholder::OrderId,
             ("item_id", None) => Placeholder::ItemId,
             ("qty", None) => Placeholder::Qty,
@@ -245,8 +280,23 @@ pub fn parse(path: &Path, text: &str) -> Result<SystemSpec, SpecError> {
         let shape = c.node(i, node)?;
         instances.add(&c, i, node, shape)?;
     }
-    let places =
-        Places { c: &c, names: instances.decls.iter().map(|n| n.name.as_str()).collect(), counted: &instances.counted };
+    let variants = c.variants(&raw.variants)?;
+    // The names every variant gives a value.
+    let vars: BTreeSet<&str> = raw
+        .variants
+        .first()
+        .map(|first| first.vars.get_ref().keys().map(String::as_str))
+        .into_iter()
+        .flatten()
+        .filter(|k| raw.variants.iter().all(|v| v.vars.get_ref().contains_key(*k)))
+        .collect();
+    let places = Places {
+        c: &c,
+        vars,
+        variants: !variants.is_empty(),
+        names: instances.decls.iter().map(|n| n.name.as_str()).collect(),
+        counted: &instances.counted,
+    };
     for (decl, &i) in instances.decls.iter().zip(&instances.origin) {
         places.node(i, &raw.nodes[i], decl)?;
     }
@@ -263,6 +313,8 @@ pub fn parse(path: &Path, text: &str) -> Result<SystemSpec, SpecError> {
         nodes: instances.decls,
         client,
         final_state,
+        variants,
+        variant: None,
     })
 }
 
@@ -337,16 +389,36 @@ impl Instances {
 /// The placeholders of a system file, checked where they stand.
 struct Places<'a> {
     c: &'a Checker<'a>,
+    /// The names every variant gives a value (none without variants).
+    vars: BTreeSet<&'a str>,
+    /// Whether the file has variants at all.
+    variants: bool,
     /// Every instance's name.
     names: BTreeSet<&'a str>,
     counted: &'a BTreeSet<String>,
 }
 
 impl Places<'_> {
+    /// `{var:NAME}`: every variant gives NAME a value.
+    fn var(&self, name: &str, span: std::ops::Range<usize>, field: &str) -> Result<(), SpecError> {
+        if !self.variants {
+            return Err(self.c.at(span, field, format!("{{var:{name}}}: no [[variant]] gives it a value")));
+        }
+        if !self.vars.contains(name) {
+            let why = format!("{{var:{name}}}: not every [[variant]] gives it a value in `vars`");
+            return Err(self.c.at(span, field, why));
+        }
+        Ok(())
+    }
+
     fn check(&self, s: &str, span: std::ops::Range<usize>, field: &str, place: Place) -> Result<(), SpecError> {
         let c = self.c;
         for piece in pieces(s).map_err(|m| c.at(span.clone(), field, m))? {
             let Err(p) = piece else { continue };
+            if let Placeholder::Var(name) = p {
+                self.var(name, span.clone(), field)?;
+                continue;
+            }
             let allowed = match (&p, place) {
                 (Placeholder::Dir | Placeholder::SystemDir | Placeholder::Haunt, _) => true,
                 (Placeholder::N, Place::Node { counted } | Place::Admin { counted }) => counted,
@@ -604,6 +676,49 @@ impl Checker<'_> {
             }
         }
         Ok(())
+    }
+
+    /// The `[[variant]]`s: unique names, a known expectation, and nothing in
+    /// `nemesis` but faults.
+    fn variants(&self, raw: &[RawVariant]) -> Result<Vec<VariantDecl>, SpecError> {
+        let mut out: Vec<VariantDecl> = Vec::new();
+        for (i, v) in raw.iter().enumerate() {
+            let field = |f: &str| format!("variant[{i}].{f}");
+            let name = v.name.get_ref();
+            if !valid_name(name) {
+                return Err(self.at(v.name.span(), &field("name"), "letters, digits, `-` and `_` only"));
+            }
+            if out.iter().any(|o| &o.name == name) {
+                return Err(self.at(v.name.span(), &field("name"), format!("a second variant named {name}")));
+            }
+            let expect = EXPECTATIONS.iter().copied().find(|e| e == v.expect.get_ref()).ok_or_else(|| {
+                let why = format!("{:?}: one of {}", v.expect.get_ref(), EXPECTATIONS.join(", "));
+                self.at(v.expect.span(), &field("expect"), why)
+            })?;
+            if let Some(nemesis) = &v.nemesis
+                && let Err(e) =
+                    crate::core::fault::Fault::parse_list(nemesis.get_ref(), &crate::core::fault::Fault::ALL)
+            {
+                return Err(self.at(nemesis.span(), &field("nemesis"), format!("{e:#}")));
+            }
+            for (key, _) in v.vars.get_ref() {
+                if !valid_name(key) {
+                    return Err(self.at(
+                        v.vars.span(),
+                        &field("vars"),
+                        format!("{key:?}: letters, digits, `-` and `_` only"),
+                    ));
+                }
+            }
+            out.push(VariantDecl {
+                name: name.clone(),
+                expect,
+                nemesis: v.nemesis.as_ref().map(|n| n.get_ref().clone()),
+                fault_targets: v.fault_targets.clone(),
+                vars: v.vars.get_ref().iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            });
+        }
+        Ok(out)
     }
 
     fn client(&self, client: &RawClient, places: &Places<'_>) -> Result<ClientDecl, SpecError> {
