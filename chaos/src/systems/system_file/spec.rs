@@ -701,7 +701,7 @@ impl Checker<'_> {
             {
                 return Err(self.at(nemesis.span(), &field("nemesis"), format!("{e:#}")));
             }
-            for (key, _) in v.vars.get_ref() {
+            for key in v.vars.get_ref().keys() {
                 if !valid_name(key) {
                     return Err(self.at(
                         v.vars.span(),
