@@ -17,6 +17,13 @@ pub enum BackendArg {
     Docker,
 }
 
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum AimArg {
+    Points,
+    Client,
+    Blind,
+}
+
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
     /// Run with every option as FILE gives it, a JSON object in the form of
@@ -77,6 +84,13 @@ pub struct RunArgs {
     /// haunt's reference pipeline: its nodes, its client, its final-state SQL.
     #[arg(long, value_name = "FILE")]
     pub system: Option<PathBuf>,
+    /// How a kill or a pause finds work in flight: at a hold point where the
+    /// node offers one (haunt's workers, a system file's `points`), else,
+    /// for a node the client calls, while a request is in flight there
+    /// (points, the default); from the client's side only (client); or
+    /// never (blind). Every other strike of a kind is aimed either way.
+    #[arg(long, value_enum, default_value = "points")]
+    pub aim: AimArg,
     /// With --system: which of the file's [[variant]]s to run (default: its
     /// first). Each fills the file's {var:NAME} its own way.
     #[arg(long, value_name = "NAME", requires = "system")]
@@ -262,6 +276,11 @@ fn options_from_flags(args: RunArgs) -> anyhow::Result<RunOptions> {
         db: args.db,
         system: args.system,
         variant: args.variant,
+        aim: match args.aim {
+            AimArg::Points => haunt_chaos::core::options::Aiming::Points,
+            AimArg::Client => haunt_chaos::core::options::Aiming::Client,
+            AimArg::Blind => haunt_chaos::core::options::Aiming::Blind,
+        },
         faults: Vec::new(),
         nemesis_interval: Duration::try_from_secs_f64(args.nemesis_interval_s).unwrap_or_default(),
         seed,

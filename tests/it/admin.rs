@@ -149,3 +149,39 @@ fn the_go_client_library_answers_the_protocol() {
 fn the_node_client_library_answers_the_protocol() {
     library_tests("node", "node", &["--test"], "# pass 7");
 }
+
+/// A system file with `[[variant]]`s: the matrix runs a row per variant under
+/// the variant's own faults and judges it by the variant's expectation.
+#[test]
+fn the_matrix_runs_a_row_per_variant_judged_by_its_expectation() {
+    let store = tempfile::tempdir().unwrap();
+    let file = shop("shop").to_string_lossy().into_owned();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_haunt"))
+        .args(["matrix", "--store"])
+        .arg(store.path())
+        .args(["--system", &file, "--seeds", "1", "--time-limit-s", "12", "--only", "dual-write", "lost-update"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("| tutorial-python dual-write under kill | kill | `lost-effect` | 1/1 |"), "{text}");
+    assert!(text.contains("| tutorial-python lost-update under none | none | `projection-mismatch` | 1/1 |"), "{text}");
+    assert!(!text.contains("no-inbox under"), "--only names variants: {text}");
+}
+
+/// `--variant` names one of the file's variants, and needs `--system`.
+#[test]
+fn an_unknown_variant_is_refused_naming_the_known_ones() {
+    let store = tempfile::tempdir().unwrap();
+    let file = shop("shop").to_string_lossy().into_owned();
+    let out = haunt_run(store.path(), &["--system", &file, "--variant", "lunch"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--variant lunch") && stderr.contains("fixed, dual-write, lost-update, no-inbox, unfenced"),
+        "{stderr}"
+    );
+    let out = haunt_run(store.path(), &["--variant", "fixed"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--system"), "--variant needs --system");
+    assert!(!store.path().join("latest").exists(), "nothing ran");
+}

@@ -158,6 +158,10 @@ pub struct FaultSettings {
     pub ack_fail_rate: f64,
     /// Faults that can hit any of these targets hit only these (empty: all).
     pub fault_targets: Vec<String>,
+    /// How kills and pauses are aimed.
+    pub aim: crate::core::options::Aiming,
+    /// The run's seed: where within a request a client-side aim strikes.
+    pub seed: u64,
 }
 
 /// The kinds `all` means where the database is a node ([`Fault::DbRestart`]),

@@ -22,6 +22,7 @@
 pub mod admin;
 pub mod fault;
 pub mod history;
+pub mod inflight;
 pub mod link;
 pub mod nemesis;
 pub mod options;

@@ -32,6 +32,25 @@ impl BackendKind {
     }
 }
 
+/// How a kill or a pause of a node finds work in flight (`--aim`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Aiming {
+    /// At a hold point where the node offers one (haunt's workers, a system
+    /// file's `points`); else, for a node the workload's client calls, while
+    /// a request of the client is in flight there.
+    #[default]
+    Points,
+    /// Only from the client's side, hold points or not.
+    Client,
+    /// Never: every strike lands wherever the node happens to be.
+    Blind,
+}
+
+fn is_default_aim(aim: &Aiming) -> bool {
+    *aim == Aiming::Points
+}
+
 /// The images of a Docker run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DockerOptions {
@@ -73,6 +92,9 @@ pub struct RunOptions {
     /// reference pipeline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system: Option<PathBuf>,
+    /// How kills and pauses are aimed (`--aim`).
+    #[serde(default, skip_serializing_if = "is_default_aim")]
+    pub aim: Aiming,
     /// The system file's `[[variant]]` to run (`--variant`; `None`: its
     /// first, if it has any).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -170,6 +192,7 @@ impl Default for RunOptions {
             db: None,
             system: None,
             variant: None,
+            aim: Aiming::Points,
             faults: DEFAULT_FAULTS.to_vec(),
             nemesis_interval: Duration::from_secs(5),
             seed: 0,
@@ -251,6 +274,8 @@ impl RunOptions {
             request_timeout: self.request_timeout,
             ack_fail_rate: self.ack_fail_rate,
             fault_targets: self.fault_targets.clone(),
+            aim: self.aim,
+            seed: self.seed,
         }
     }
 

@@ -18,6 +18,7 @@ use haunt_format::FinalLine;
 
 use crate::core::admin::Admin;
 use crate::core::fault::Fault;
+use crate::core::inflight::InFlight;
 use crate::core::link::{SharedLink, SharedLossy, SharedSlow};
 use crate::core::roles::{Backend, BoxFuture, Client, Node, Role};
 
@@ -36,6 +37,10 @@ pub struct Surfaces {
     pub lossy: Vec<(String, SharedLossy)>,
     /// The services' fault switches (`POST /admin/faults`), if they have them.
     pub switches: Option<Switches>,
+    /// The nodes the workload's client calls, with its requests in flight
+    /// at each: a kill or pause of one that offers no hold point is aimed
+    /// from there.
+    pub in_flight: Vec<(String, Arc<InFlight>)>,
 }
 
 impl Surfaces {
@@ -43,7 +48,15 @@ impl Surfaces {
     /// nothing to cut, slow or switch.
     pub fn nodes_only(backend: Arc<dyn Backend>) -> Surfaces {
         let node_faults = by_role(&backend.nodes());
-        Surfaces { backend, node_faults, links: Vec::new(), slowable: Vec::new(), lossy: Vec::new(), switches: None }
+        Surfaces {
+            backend,
+            node_faults,
+            links: Vec::new(),
+            slowable: Vec::new(),
+            lossy: Vec::new(),
+            switches: None,
+            in_flight: Vec::new(),
+        }
     }
 
     /// The nodes `fault` may hit (none for a fault of links or switches).

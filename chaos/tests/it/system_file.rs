@@ -74,6 +74,39 @@ fn a_node_declares_its_admin_endpoint_points_and_hooks() {
 }
 
 #[test]
+fn a_variant_fills_its_vars_and_is_chosen_by_name() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/systems/tutorial-python/shop.toml");
+    let mut s = spec::load(&path).unwrap();
+    let names: Vec<&str> = s.variants.iter().map(|v| v.name.as_str()).collect();
+    assert_eq!(names, ["fixed", "dual-write", "lost-update", "no-inbox", "unfenced"]);
+    let dual = &s.variants[1];
+    assert_eq!((dual.expect, dual.nemesis.as_deref()), ("lost-effect", Some("kill")));
+    assert_eq!(dual.fault_targets, ["api"]);
+    s.choose(None).unwrap();
+    assert_eq!(s.var("variant"), Some("fixed"), "the first without a name");
+    s.choose(Some("lost-update")).unwrap();
+    assert_eq!((s.var("variant"), s.var("read_delay_ms")), (Some("lost-update"), Some("5")));
+    let err = s.choose(Some("lunch")).unwrap_err().to_string();
+    assert!(err.contains("--variant lunch") && err.contains("fixed, dual-write, lost-update"), "{err}");
+    let mut plain =
+        spec::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/system_files/good/minimal.toml")).unwrap();
+    plain.choose(None).unwrap();
+    assert!(plain.variant.is_none());
+    assert!(plain.choose(Some("a")).unwrap_err().to_string().contains("has no [[variant]]"));
+}
+
+/// A variant may expect any anomaly the checker reports, and nothing else.
+#[test]
+fn a_variant_may_expect_every_anomaly_the_checker_knows() {
+    let mut known: Vec<&str> = haunt_checker::results::ANOMALIES.to_vec();
+    known.extend([haunt_checker::order::REORDERED, "valid", "not-drained"]);
+    let mut expectations = spec::EXPECTATIONS.to_vec();
+    known.sort();
+    expectations.sort();
+    assert_eq!(expectations, known);
+}
+
+#[test]
 fn the_faults_a_file_allows_follow_its_nodes_and_links() {
     use haunt_chaos::core::fault::Fault;
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/system_files/good");

@@ -2,36 +2,47 @@
 //! point, or a system-file node's work at one of the points it declares
 //! (`docs/admin.md`).
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use haunt_store::Rng;
 use serde_json::json;
 
 use super::put;
 use crate::core::admin::Admin;
+use crate::core::inflight::InFlight;
+use crate::core::options::Aiming;
 
-/// Aims a kill or a pause of a worker at a batch in flight. A worker is idle
-/// most of the time at a modest rate, and a blind SIGKILL then finds no lease
-/// in hand and leaves no trace: in five runs of the main job, none of its nine
-/// kills and pauses of workers left one. So every other such fault of a kind
-/// (the kill's count and the pause's are their own, whichever worker they hit),
-/// starting with the first, first asks the worker to hold its next batch at its
-/// hold point (its effect committed and its ack not sent; with the ack in the
-/// apply's transaction, its lease in hand; with the ack sent on receipt, acked
-/// and not applied), waits for it, then acts. The others stay blind, to land
-/// wherever the worker happens to be (inside a transaction, between batches).
-/// A node of a system file that declares hold points is aimed the same way,
-/// at each of its points in turn. A node without an admin endpoint is always
-/// hit blind, as is one that has no work at its point within [`Aim::WAIT`].
+/// Aims a kill or a pause of a node at work in flight. A node is idle most of
+/// the time at a modest rate, and a blind SIGKILL then finds nothing in hand
+/// and leaves no trace: in five runs of the main job, none of its nine kills
+/// and pauses of workers left one. So every other such fault of a kind (the
+/// kill's count and the pause's are their own, whichever node they hit),
+/// starting with the first, is aimed; the others stay blind, to land wherever
+/// the node happens to be (inside a transaction, between batches).
+///
+/// An aimed strike at a node with hold points (haunt's workers: their batch
+/// with its effect committed and its ack not sent, or as `docs/admin.md`
+/// says; a system file's `points`, each in turn) first asks it to hold work
+/// at its point, waits for it, then acts. At a node without hold points that
+/// the workload's client calls, it waits for the client's next request to
+/// start there and strikes at a random moment within the requests' median
+/// latency, so that it lands while one is in flight. A node with neither is
+/// hit blind, as is one that has no work within [`Aim::WAIT`].
 #[derive(Debug)]
 pub struct Aim {
-    admin: Admin,
+    /// The nodes with hold points.
+    admin: Option<Admin>,
+    /// The nodes the client calls, with its requests in flight there.
+    clients: Vec<(String, Arc<InFlight>)>,
     /// How long the batch holds still (see [`Aim::new`]).
     hold: Duration,
     shots: AtomicU64,
     /// The aimed shots so far, which choose a node's point in turn.
     aimed: AtomicU64,
+    /// Where within a request a client-side strike lands.
+    rng: Mutex<Rng>,
     /// The last aimed shot's answer, until the history takes it.
     last: Mutex<Option<serde_json::Value>>,
 }
@@ -44,7 +55,8 @@ impl Aim {
     /// few polls.
     const WAIT: Duration = Duration::from_millis(250);
     /// How late the answer may come after [`Aim::WAIT`] on a worker that
-    /// answers at all (one paused by another fault does not).
+    /// answers at all (one paused by another fault does not); also the
+    /// longest a client-side strike waits into a request.
     const ANSWER_MARGIN: Duration = Duration::from_millis(150);
 
     /// `visibility_timeout`: the lease the held batch has in hand. The hold
@@ -54,8 +66,30 @@ impl Aim {
     /// batch then acks as usual, and any redelivery in the window is the
     /// fault's doing, not the hold's.
     pub fn new(admin: Admin, visibility_timeout: Duration) -> Self {
+        Aim::with(Some(admin), Vec::new(), Aiming::Points, visibility_timeout, 0)
+    }
+
+    /// What `aiming` allows over the nodes with hold points (`admin`) and
+    /// those the client calls; `seed` places client-side strikes.
+    pub fn with(
+        admin: Option<Admin>,
+        clients: Vec<(String, Arc<InFlight>)>,
+        aiming: Aiming,
+        visibility_timeout: Duration,
+        seed: u64,
+    ) -> Self {
         let hold = (visibility_timeout / 3).clamp(Duration::from_millis(1), Duration::from_secs(1));
-        Aim { admin, hold, shots: Default::default(), aimed: Default::default(), last: Mutex::new(None) }
+        let admin = admin.filter(|_| aiming == Aiming::Points);
+        let clients = if aiming == Aiming::Blind { Vec::new() } else { clients };
+        Aim {
+            admin,
+            clients,
+            hold,
+            shots: Default::default(),
+            aimed: Default::default(),
+            rng: Mutex::new(Rng::new(seed ^ 0x61_696d)),
+            last: Mutex::new(None),
+        }
     }
 
     /// Whether this shot is aimed: the first of each kind and every other after it.
@@ -63,32 +97,59 @@ impl Aim {
         self.shots.fetch_add(1, Ordering::Relaxed).is_multiple_of(2)
     }
 
-    /// Before a fault on `target`: whether a batch of it now holds still.
+    /// Before a fault on `target`: whether it now has work in flight (a batch
+    /// holds still at its point, or a request of the client is under way).
     /// An aimed shot's answer is kept for [`Nemesis::take_aim`].
     pub(super) async fn at_batch(aim: Option<&Aim>, target: &str) -> bool {
-        let Some(aim) = aim.filter(|a| a.admin.has(target)) else { return false };
-        if !aim.takes_aim() {
+        let Some(aim) = aim else { return false };
+        let by_point = aim.admin.as_ref().filter(|a| a.has(target));
+        let by_client = aim.clients.iter().find(|(n, _)| n == target).map(|(_, f)| f);
+        if (by_point.is_none() && by_client.is_none()) || !aim.takes_aim() {
             return false;
         }
-        let point = aim.next_point(target);
-        let answer = match aim.admin.hold(target, point.as_deref(), Aim::WAIT, Aim::ANSWER_MARGIN, aim.hold).await {
-            Ok(answer) => answer,
-            // A worker that does not answer (already down, paused) is hit blind.
-            Err(e) => {
-                tracing::info!(target, error = %e, "no hold; the fault lands blind");
-                json!({"held": false})
-            }
+        let answer = match (by_point, by_client) {
+            (Some(admin), _) => aim.hold_at_point(admin, target).await,
+            (None, Some(flight)) => aim.during_request(flight).await,
+            (None, None) => unreachable!("checked above"),
         };
         let held = answer["held"] == json!(true);
         put(&aim.last, answer);
         held
     }
 
+    /// Asks `target` to hold work at its next point and waits for the answer.
+    async fn hold_at_point(&self, admin: &Admin, target: &str) -> serde_json::Value {
+        let point = self.next_point(admin, target);
+        match admin.hold(target, point.as_deref(), Aim::WAIT, Aim::ANSWER_MARGIN, self.hold).await {
+            Ok(answer) => answer,
+            // A node that does not answer (already down, paused) is hit blind.
+            Err(e) => {
+                tracing::info!(target, error = %e, "no hold; the fault lands blind");
+                json!({"held": false})
+            }
+        }
+    }
+
+    /// Waits for the client's next request to `flight`'s node, then a random
+    /// share of the requests' median latency: the answer says how many were
+    /// in flight as the strike came.
+    async fn during_request(&self, flight: &InFlight) -> serde_json::Value {
+        let Some(median) = flight.median() else { return json!({"held": false, "client": true}) };
+        if !flight.next_start(Aim::WAIT).await {
+            return json!({"held": false, "client": true});
+        }
+        let share = self.rng.lock().unwrap_or_else(|p| p.into_inner()).unit();
+        let after = median.mul_f64(share).min(Aim::ANSWER_MARGIN);
+        tokio::time::sleep(after).await;
+        let in_flight = flight.count();
+        json!({"held": in_flight > 0, "client": true, "in_flight": in_flight, "after_ms": after.as_millis() as u64})
+    }
+
     /// The point an aimed shot at `target` asks for: its points in turn,
     /// one per aimed shot (of this fault, whichever node), or none where the
     /// node holds at its only point (haunt's own workers).
-    fn next_point(&self, target: &str) -> Option<String> {
-        let points = self.admin.points(target);
+    fn next_point(&self, admin: &Admin, target: &str) -> Option<String> {
+        let points = admin.points(target);
         let turn = self.aimed.fetch_add(1, Ordering::Relaxed) as usize;
         (!points.is_empty()).then(|| points[turn % points.len()].clone())
     }
@@ -120,6 +181,40 @@ mod tests {
         }
         // The wait and the answer's margin stay within what the schedule allows.
         assert!(Aim::WAIT + Aim::ANSWER_MARGIN < super::super::ACT_ALLOWANCE);
+    }
+
+    /// A node without hold points that the client calls: the strike waits for
+    /// the client's next request and lands while it is in flight; under
+    /// `--aim blind` it does not wait at all.
+    #[tokio::test(start_paused = true)]
+    async fn a_node_the_client_calls_is_struck_while_a_request_is_in_flight() {
+        let flight = Arc::new(InFlight::default());
+        let aim = Aim::with(None, vec![("api".into(), flight.clone())], Aiming::Points, Duration::from_secs(2), 7);
+        assert!(!Aim::at_batch(Some(&aim), "api").await, "no request has ended: no latency to aim within");
+        assert_eq!(Aim::take(Some(&aim)), Some(json!({"held": false, "client": true})));
+        {
+            let _r = flight.begin();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let client = {
+            let flight = flight.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let _r = flight.begin();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            })
+        };
+        assert!(!aim.takes_aim(), "the second shot is blind");
+        assert!(Aim::at_batch(Some(&aim), "api").await, "the third is aimed, and a request is in flight");
+        let answer = Aim::take(Some(&aim)).unwrap();
+        assert_eq!((answer["client"].clone(), answer["in_flight"].clone()), (json!(true), json!(1)), "{answer}");
+        assert!(answer["after_ms"].as_u64().unwrap() < 100, "within the median latency: {answer}");
+        client.await.unwrap();
+        assert!(!Aim::at_batch(Some(&aim), "worker-1").await, "a node the client does not call: blind");
+
+        let blind = Aim::with(None, vec![("api".into(), flight)], Aiming::Blind, Duration::from_secs(2), 7);
+        assert!(!Aim::at_batch(Some(&blind), "api").await);
+        assert_eq!(Aim::take(Some(&blind)), None, "--aim blind asks nothing");
     }
 
     /// A worker that does not answer (here, no one listens) is hit blind.

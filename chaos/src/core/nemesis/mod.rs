@@ -72,8 +72,9 @@ pub fn build(fault: Fault, on: &Surfaces, settings: &FaultSettings) -> anyhow::R
         // Kills and pauses of workers are aimed at a batch in flight where the
         // workers have admin endpoints.
         Fault::Kill | Fault::Pause => {
-            let aim = on.switches.as_ref().map(|s| Aim::new(s.holds.clone(), vt));
-            Box::new(NodeNemesis::new(fault, on.backend.clone(), nodes(), vt, aim))
+            let holds = on.switches.as_ref().map(|s| s.holds.clone());
+            let aim = Aim::with(holds, on.in_flight.clone(), settings.aim, vt, settings.seed);
+            Box::new(NodeNemesis::new(fault, on.backend.clone(), nodes(), vt, Some(aim)))
         }
         Fault::Partition => Box::new(PartitionNemesis::new(on.links.clone())),
         // Past the client's timeout: answers arrive after the client gave up.

@@ -1,10 +1,12 @@
 //! The `[client]` section as a [`Client`]: one HTTP request per order, its
 //! answer classified as the file says (ok, fail, or indeterminate).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use haunt_format::OrderValue;
 
+use crate::core::inflight::InFlight;
 use crate::core::roles::{BoxFuture, Client, Completion};
 use crate::systems::system_file::spec::ClientDecl;
 
@@ -14,6 +16,8 @@ use crate::systems::system_file::spec::ClientDecl;
 pub struct TemplateClient {
     http: reqwest::Client,
     decl: ClientDecl,
+    /// The requests in flight at the node its URL calls.
+    in_flight: Arc<InFlight>,
 }
 
 impl TemplateClient {
@@ -23,7 +27,13 @@ impl TemplateClient {
             // A refused connect sent nothing: a definite failure, and quick.
             .connect_timeout(request_timeout.min(Duration::from_millis(500)))
             .build()?;
-        Ok(TemplateClient { http, decl })
+        Ok(TemplateClient { http, decl, in_flight: Arc::default() })
+    }
+
+    /// Its requests in flight, counted and timed for the aim of kills and
+    /// pauses of the node it calls.
+    pub fn in_flight(&self) -> Arc<InFlight> {
+        self.in_flight.clone()
     }
 }
 
@@ -87,6 +97,7 @@ impl Client for TemplateClient {
             if let Some(body) = &self.decl.body {
                 request = request.body(fill_order(body, order, json_escaped));
             }
+            let _in_flight = self.in_flight.begin();
             let response = match request.send().await {
                 Ok(r) => r,
                 Err(e) if e.is_connect() => return Completion::Fail { error: format!("connect: {e}") },

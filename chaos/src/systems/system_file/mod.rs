@@ -343,8 +343,15 @@ impl Foreign {
         links.extend(lossy.iter().map(|(name, link)| (name.clone(), link.clone() as SharedLink)));
         let slowable = proxies.into_iter().map(|(n, p)| (n, p as SharedSlow)).collect();
         let lossy = lossy.into_iter().map(|(n, l)| (n, l as SharedLossy)).collect();
-        let surfaces = Surfaces { backend, node_faults, links, slowable, lossy, switches };
         let client = Arc::new(TemplateClient::new(client_decl, request_timeout)?);
+        // The node the client's URL calls: its kills and pauses can be aimed
+        // from the client's side.
+        let called = spec::pieces(&spec.client.url).unwrap_or_default().into_iter().find_map(|p| match p {
+            Err(Placeholder::Addr(name)) => Some(name.to_owned()),
+            _ => None,
+        });
+        let in_flight = called.map(|node| (node, client.in_flight())).into_iter().collect();
+        let surfaces = Surfaces { backend, node_faults, links, slowable, lossy, switches, in_flight };
         Ok(Foreign { spec, nodes, surfaces, client, database, ready, admin, asked: std::sync::Mutex::new(None) })
     }
 
