@@ -185,3 +185,31 @@ fn an_unknown_variant_is_refused_naming_the_known_ones() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--system"), "--variant needs --system");
     assert!(!store.path().join("latest").exists(), "nothing ran");
 }
+
+/// A node without hold points may say through a probe when it holds work:
+/// here the workers' leased rows, by SQL. A kill of a worker then waits for a
+/// lease in hand.
+#[test]
+fn a_kill_waits_for_the_work_a_probe_sees() {
+    let tmp = tempfile::tempdir().unwrap();
+    let system_dir = shop("shop").parent().unwrap().to_string_lossy().into_owned();
+    let text = std::fs::read_to_string(shop("shop")).unwrap().replace("{system_dir}", &system_dir);
+    let probe = "aim = \"SELECT count(*) FROM queue WHERE lease_owner = 'worker-{n}' \
+                 AND visible_at_ms > (julianday('now') - 2440587.5) * 86400000\"";
+    let text = text.replace("points = [\"after-effect-before-ack\"]", probe);
+    assert!(text.contains("lease_owner"), "the workers' points give way to the probe");
+    let file = tmp.path().join("probed.toml");
+    std::fs::write(&file, text).unwrap();
+    let store = tmp.path().join("store");
+    let file = file.to_string_lossy().into_owned();
+    let args = ["--system", &file, "--variant", "fixed", "--nemesis", "kill", "--fault-targets", "worker-1,worker-2"];
+    let out =
+        haunt_run(&store, &[&args[..], &["--seed", "3", "--time-limit-s", "10", "--quiet"]].concat()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let history = lines(&latest(&store).join("history.jsonl"));
+    let aims: Vec<&Value> =
+        history.iter().filter(|op| op["f"] == "kill").filter_map(|op| op["value"].get("aim")).collect();
+    assert!(aims.iter().all(|a| a["probe"] == true), "aimed through the probe: {aims:?}");
+    assert!(aims.iter().any(|a| a["held"] == true), "a kill found a lease in hand: {aims:?}");
+}

@@ -1,8 +1,8 @@
-//! What the workload's client knows of a node it calls: how many of its
-//! requests are in flight there now, and how long they take. A kill or a pause
-//! of a node that offers no hold point is aimed with it (see
-//! [`crate::core::nemesis::Aim`]): the client is the one party that knows when
-//! the node has work in hand.
+//! What haunt can tell from outside a node about the work it has in hand,
+//! to aim a kill or a pause of a node that offers no hold point (see
+//! [`crate::core::nemesis::Aim`]): a probe the system declares ([`WorkProbe`]),
+//! or what the workload's client knows of a node it calls ([`InFlight`]): how
+//! many of its requests are in flight there now, and how long they take.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,6 +11,12 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+/// Says whether a node holds work now (a system file's `aim`: rows it has
+/// leased and not acked, say).
+pub trait WorkProbe: Send + Sync + std::fmt::Debug {
+    fn holds_work(&self) -> crate::core::roles::BoxFuture<'_, anyhow::Result<bool>>;
+}
 
 /// How many latencies the median is taken over.
 const RECENT: usize = 64;

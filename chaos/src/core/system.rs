@@ -18,7 +18,7 @@ use haunt_format::FinalLine;
 
 use crate::core::admin::Admin;
 use crate::core::fault::Fault;
-use crate::core::inflight::InFlight;
+use crate::core::inflight::{InFlight, WorkProbe};
 use crate::core::link::{SharedLink, SharedLossy, SharedSlow};
 use crate::core::roles::{Backend, BoxFuture, Client, Node, Role};
 
@@ -41,6 +41,9 @@ pub struct Surfaces {
     /// at each: a kill or pause of one that offers no hold point is aimed
     /// from there.
     pub in_flight: Vec<(String, Arc<InFlight>)>,
+    /// The nodes with a probe that says when they hold work (a system
+    /// file's `aim`): a kill or pause of one without hold points waits for it.
+    pub probes: Vec<(String, Arc<dyn WorkProbe>)>,
 }
 
 impl Surfaces {
@@ -56,6 +59,7 @@ impl Surfaces {
             lossy: Vec::new(),
             switches: None,
             in_flight: Vec::new(),
+            probes: Vec::new(),
         }
     }
 

@@ -67,6 +67,8 @@ fn a_node_declares_its_admin_endpoint_points_and_hooks() {
     assert_eq!(w2.points, ["after-effect-before-ack", "after-lease"]);
     assert_eq!(w2.hooks, [Fault::AckLoss, Fault::ClockSkew]);
     assert_eq!(s.nodes[0].hooks, [Fault::DbError]);
+    assert_eq!(w2.aim.as_deref(), Some("SELECT count(*) FROM queue WHERE lease_owner = 'worker-2'"));
+    assert_eq!(s.nodes[0].aim, None);
     assert_eq!(
         haunt_chaos::systems::system_file::faults_allowed(&s),
         [Fault::Kill, Fault::Pause, Fault::Partition, Fault::Delay, Fault::AckLoss, Fault::DbError, Fault::ClockSkew]

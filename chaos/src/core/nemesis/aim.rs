@@ -11,7 +11,7 @@ use serde_json::json;
 
 use super::put;
 use crate::core::admin::Admin;
-use crate::core::inflight::InFlight;
+use crate::core::inflight::{InFlight, WorkProbe};
 use crate::core::options::Aiming;
 
 /// Aims a kill or a pause of a node at work in flight. A node is idle most of
@@ -34,6 +34,8 @@ use crate::core::options::Aiming;
 pub struct Aim {
     /// The nodes with hold points.
     admin: Option<Admin>,
+    /// The nodes with a probe that says when they hold work.
+    probes: Vec<(String, Arc<dyn WorkProbe>)>,
     /// The nodes the client calls, with its requests in flight there.
     clients: Vec<(String, Arc<InFlight>)>,
     /// How long the batch holds still (see [`Aim::new`]).
@@ -66,13 +68,15 @@ impl Aim {
     /// batch then acks as usual, and any redelivery in the window is the
     /// fault's doing, not the hold's.
     pub fn new(admin: Admin, visibility_timeout: Duration) -> Self {
-        Aim::with(Some(admin), Vec::new(), Aiming::Points, visibility_timeout, 0)
+        Aim::with(Some(admin), Vec::new(), Vec::new(), Aiming::Points, visibility_timeout, 0)
     }
 
-    /// What `aiming` allows over the nodes with hold points (`admin`) and
-    /// those the client calls; `seed` places client-side strikes.
+    /// What `aiming` allows over the nodes with hold points (`admin`), those
+    /// with a probe and those the client calls; `seed` places client-side
+    /// strikes.
     pub fn with(
         admin: Option<Admin>,
+        probes: Vec<(String, Arc<dyn WorkProbe>)>,
         clients: Vec<(String, Arc<InFlight>)>,
         aiming: Aiming,
         visibility_timeout: Duration,
@@ -80,9 +84,11 @@ impl Aim {
     ) -> Self {
         let hold = (visibility_timeout / 3).clamp(Duration::from_millis(1), Duration::from_secs(1));
         let admin = admin.filter(|_| aiming == Aiming::Points);
+        let probes = if aiming == Aiming::Points { probes } else { Vec::new() };
         let clients = if aiming == Aiming::Blind { Vec::new() } else { clients };
         Aim {
             admin,
+            probes,
             clients,
             hold,
             shots: Default::default(),
@@ -103,14 +109,16 @@ impl Aim {
     pub(super) async fn at_batch(aim: Option<&Aim>, target: &str) -> bool {
         let Some(aim) = aim else { return false };
         let by_point = aim.admin.as_ref().filter(|a| a.has(target));
+        let by_probe = aim.probes.iter().find(|(n, _)| n == target).map(|(_, p)| p);
         let by_client = aim.clients.iter().find(|(n, _)| n == target).map(|(_, f)| f);
-        if (by_point.is_none() && by_client.is_none()) || !aim.takes_aim() {
+        if (by_point.is_none() && by_probe.is_none() && by_client.is_none()) || !aim.takes_aim() {
             return false;
         }
-        let answer = match (by_point, by_client) {
-            (Some(admin), _) => aim.hold_at_point(admin, target).await,
-            (None, Some(flight)) => aim.during_request(flight).await,
-            (None, None) => unreachable!("checked above"),
+        let answer = match (by_point, by_probe, by_client) {
+            (Some(admin), _, _) => aim.hold_at_point(admin, target).await,
+            (None, Some(probe), _) => Aim::until_probed(probe.as_ref(), target).await,
+            (None, None, Some(flight)) => aim.during_request(flight).await,
+            (None, None, None) => unreachable!("checked above"),
         };
         let held = answer["held"] == json!(true);
         put(&aim.last, answer);
@@ -128,6 +136,25 @@ impl Aim {
                 json!({"held": false})
             }
         }
+    }
+
+    /// Asks `probe` every few milliseconds, for up to [`Aim::WAIT`], whether
+    /// `target` holds work; strikes at the first yes.
+    async fn until_probed(probe: &dyn WorkProbe, target: &str) -> serde_json::Value {
+        let started = tokio::time::Instant::now();
+        while started.elapsed() < Aim::WAIT {
+            match probe.holds_work().await {
+                Ok(true) => {
+                    return json!({"held": true, "probe": true, "after_ms": started.elapsed().as_millis() as u64});
+                }
+                Ok(false) => tokio::time::sleep(Duration::from_millis(5)).await,
+                Err(e) => {
+                    tracing::info!(target, error = %e, "the aim's probe failed; the fault lands blind");
+                    return json!({"held": false, "probe": true, "error": format!("{e:#}")});
+                }
+            }
+        }
+        json!({"held": false, "probe": true})
     }
 
     /// Waits for the client's next request to `flight`'s node, then a random
@@ -189,7 +216,14 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_node_the_client_calls_is_struck_while_a_request_is_in_flight() {
         let flight = Arc::new(InFlight::default());
-        let aim = Aim::with(None, vec![("api".into(), flight.clone())], Aiming::Points, Duration::from_secs(2), 7);
+        let aim = Aim::with(
+            None,
+            Vec::new(),
+            vec![("api".into(), flight.clone())],
+            Aiming::Points,
+            Duration::from_secs(2),
+            7,
+        );
         assert!(!Aim::at_batch(Some(&aim), "api").await, "no request has ended: no latency to aim within");
         assert_eq!(Aim::take(Some(&aim)), Some(json!({"held": false, "client": true})));
         {
@@ -212,7 +246,7 @@ mod tests {
         client.await.unwrap();
         assert!(!Aim::at_batch(Some(&aim), "worker-1").await, "a node the client does not call: blind");
 
-        let blind = Aim::with(None, vec![("api".into(), flight)], Aiming::Blind, Duration::from_secs(2), 7);
+        let blind = Aim::with(None, Vec::new(), vec![("api".into(), flight)], Aiming::Blind, Duration::from_secs(2), 7);
         assert!(!Aim::at_batch(Some(&blind), "api").await);
         assert_eq!(Aim::take(Some(&blind)), None, "--aim blind asks nothing");
     }

@@ -73,7 +73,7 @@ pub fn build(fault: Fault, on: &Surfaces, settings: &FaultSettings) -> anyhow::R
         // workers have admin endpoints.
         Fault::Kill | Fault::Pause => {
             let holds = on.switches.as_ref().map(|s| s.holds.clone());
-            let aim = Aim::with(holds, on.in_flight.clone(), settings.aim, vt, settings.seed);
+            let aim = Aim::with(holds, on.probes.clone(), on.in_flight.clone(), settings.aim, vt, settings.seed);
             Box::new(NodeNemesis::new(fault, on.backend.clone(), nodes(), vt, Some(aim)))
         }
         Fault::Partition => Box::new(PartitionNemesis::new(on.links.clone())),

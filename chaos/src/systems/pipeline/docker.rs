@@ -113,6 +113,7 @@ pub(super) async fn docker_pipeline(
         lossy: lossy.into_iter().map(|(n, l)| (n, l as SharedLossy)).collect(),
         switches: Some(switches(token, &endpoints)?),
         in_flight: Vec::new(),
+        probes: Vec::new(),
     };
     let client = Arc::new(HttpClient::new(&format!("http://{}", client_proxy.addr()), options.request_timeout)?);
     Ok(Pipeline { surfaces, store, db: db.to_string(), client, endpoints, broker })

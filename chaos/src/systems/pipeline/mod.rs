@@ -427,6 +427,7 @@ async fn local_pipeline(
         lossy: Vec::new(),
         switches: Some(switches(token, &endpoints)?),
         in_flight: Vec::new(),
+        probes: Vec::new(),
     };
     let client = Arc::new(HttpClient::new(&format!("http://{}", client_proxy.addr()), options.request_timeout)?);
     Ok(Pipeline { surfaces, store, db: db.to_string(), client, endpoints, broker })

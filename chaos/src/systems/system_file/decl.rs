@@ -48,6 +48,10 @@ pub struct NodeDecl {
     pub points: Vec<String>,
     /// The switch faults it takes there.
     pub hooks: Vec<Fault>,
+    /// A probe that says whether it holds work now, for the aim of kills and
+    /// pauses: an `http://` URL (2xx: yes) or an SQL query on the final
+    /// state's database (a true or non-zero first value: yes).
+    pub aim: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

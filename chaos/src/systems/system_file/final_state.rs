@@ -59,6 +59,7 @@ impl Database {
             .await
     }
 
+    /// `field`: the query's name in errors (`final_state.orders`).
     async fn rows(&self, field: &str, sql: &str) -> anyhow::Result<Vec<AnyRow>> {
         let pool = self.pool().await?;
         // The file's own SQL, run as written: the system file is the user's, as
@@ -66,7 +67,7 @@ impl Database {
         sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
             .fetch_all(pool)
             .await
-            .map_err(|e| anyhow::anyhow!("final_state.{field} failed: {e}\n  the query: {sql}"))
+            .map_err(|e| anyhow::anyhow!("{field} failed: {e}\n  the query: {sql}"))
     }
 
     /// Whether the system is quiet: the `quiet` query's one value is true (or
@@ -74,21 +75,24 @@ impl Database {
     /// the file gives neither.
     pub async fn is_quiet(&self, decl: &FinalDecl) -> anyhow::Result<Option<bool>> {
         if let Some(sql) = &decl.quiet {
-            let rows = self.rows("quiet", sql).await?;
-            let row =
-                rows.first().ok_or_else(|| anyhow::anyhow!("final_state.quiet returned no row\n  the query: {sql}"))?;
-            return match value(row, 0) {
-                Value::Bool(b) => Ok(Some(b)),
-                Value::Number(n) => Ok(Some(n.as_f64() != Some(0.0))),
-                other => {
-                    anyhow::bail!("final_state.quiet: {other} is neither a boolean nor a number\n  the query: {sql}")
-                }
-            };
+            return self.truth("final_state.quiet", sql).await.map(Some);
         }
         if let Some(sql) = &decl.pending {
-            return Ok(Some(self.rows("pending", sql).await?.is_empty()));
+            return Ok(Some(self.rows("final_state.pending", sql).await?.is_empty()));
         }
         Ok(None)
+    }
+
+    /// The first value of `sql`'s first row, as a boolean: a boolean, or a
+    /// number other than 0. `field` names the query in errors.
+    pub async fn truth(&self, field: &str, sql: &str) -> anyhow::Result<bool> {
+        let rows = self.rows(field, sql).await?;
+        let row = rows.first().ok_or_else(|| anyhow::anyhow!("{field} returned no row\n  the query: {sql}"))?;
+        match value(row, 0) {
+            Value::Bool(b) => Ok(b),
+            Value::Number(n) => Ok(n.as_f64() != Some(0.0)),
+            other => anyhow::bail!("{field}: {other} is neither a boolean nor a number\n  the query: {sql}"),
+        }
     }
 
     /// Every query's rows into `sink`, as lines.
@@ -102,7 +106,7 @@ impl Database {
         ];
         for (field, kind, sql) in queries {
             let Some(sql) = sql else { continue };
-            for (i, row) in self.rows(field, sql).await?.iter().enumerate() {
+            for (i, row) in self.rows(&format!("final_state.{field}"), sql).await?.iter().enumerate() {
                 let line = line(kind, row).map_err(|e| {
                     anyhow::anyhow!("final_state.{field}, row {}: {e} (columns are named as the fields of `{kind}` lines; AS renames)\n  the query: {sql}", i + 1)
                 })?;

@@ -23,6 +23,7 @@ use crate::backends::local::{LocalBackend, NodeSpec};
 use crate::backends::proxy::FaultProxy;
 use crate::core::admin::{Admin, AdminNode};
 use crate::core::fault::Fault;
+use crate::core::inflight::WorkProbe;
 use crate::core::link::{SharedLink, SharedLossy, SharedSlow};
 use crate::core::options::{BackendKind, RunOptions};
 use crate::core::roles::{Backend, BoxFuture, Client, Node, Role};
@@ -45,7 +46,7 @@ pub struct Foreign {
     nodes: Nodes,
     surfaces: Surfaces,
     client: Arc<TemplateClient>,
-    database: Database,
+    database: Arc<Database>,
     /// Each node with a readiness probe, filled.
     ready: Vec<(Node, String)>,
     /// The nodes with an admin endpoint.
@@ -316,7 +317,12 @@ impl Foreign {
         let declared = Declared::fill(&spec, &mut fill, &system_dir, &token).await?;
         let mut client_decl = spec.client.clone();
         client_decl.url = fill.fill(&spec.client.url, Some("client")).await?;
-        let database = Database::new(fill.fill(&spec.final_state.database, None).await?);
+        let database = Arc::new(Database::new(fill.fill(&spec.final_state.database, None).await?));
+        let mut probes: Vec<(String, Arc<dyn WorkProbe>)> = Vec::new();
+        for decl in spec.nodes.iter().filter(|d| d.aim.is_some()) {
+            let probe = fill.fill(decl.aim.as_deref().unwrap_or_default(), None).await?;
+            probes.push((decl.name.clone(), Arc::new(Probe::new(&decl.name, probe, database.clone())?)));
+        }
         // Every proxy listens: the nodes may bind their ports.
         drop(held);
 
@@ -351,7 +357,7 @@ impl Foreign {
             _ => None,
         });
         let in_flight = called.map(|node| (node, client.in_flight())).into_iter().collect();
-        let surfaces = Surfaces { backend, node_faults, links, slowable, lossy, switches, in_flight };
+        let surfaces = Surfaces { backend, node_faults, links, slowable, lossy, switches, in_flight, probes };
         Ok(Foreign { spec, nodes, surfaces, client, database, ready, admin, asked: std::sync::Mutex::new(None) })
     }
 
@@ -492,6 +498,37 @@ impl Declared {
             }
         }
         Ok(out)
+    }
+}
+
+/// A node's `aim`: whether it holds work now, by an HTTP GET (2xx: yes) or
+/// an SQL query on the system's database (a true or non-zero value: yes).
+#[derive(Debug)]
+enum Probe {
+    Http { http: reqwest::Client, url: String },
+    Sql { node: String, sql: String, database: Arc<Database> },
+}
+
+impl Probe {
+    fn new(node: &str, probe: String, database: Arc<Database>) -> anyhow::Result<Probe> {
+        Ok(if probe.starts_with("http://") {
+            // Short: a probe answers within the aim's wait or not at all.
+            let http = reqwest::Client::builder().timeout(Duration::from_millis(200)).build()?;
+            Probe::Http { http, url: probe }
+        } else {
+            Probe::Sql { node: node.to_owned(), sql: probe, database }
+        })
+    }
+}
+
+impl WorkProbe for Probe {
+    fn holds_work(&self) -> BoxFuture<'_, anyhow::Result<bool>> {
+        Box::pin(async move {
+            match self {
+                Probe::Http { http, url } => Ok(http.get(url).send().await?.status().is_success()),
+                Probe::Sql { node, sql, database } => database.truth(&format!("node {node}'s aim"), sql).await,
+            }
+        })
     }
 }
 

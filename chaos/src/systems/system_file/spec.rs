@@ -76,6 +76,7 @@ struct RawNode {
     admin: Option<Spanned<String>>,
     points: Option<Spanned<Vec<String>>>,
     hooks: Option<Spanned<Vec<String>>>,
+    aim: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -380,6 +381,7 @@ impl Instances {
                 admin: admin.url.as_ref().map(fill_n),
                 points: admin.points.clone(),
                 hooks: admin.hooks.clone(),
+                aim: node.aim.as_ref().map(|a| fill_n(a.get_ref())),
             });
         }
         Ok(())
@@ -471,6 +473,13 @@ impl Places<'_> {
         if let (Some(admin), Some(raw_admin)) = (&decl.admin, &node.admin) {
             let place = Place::Admin { counted: node.count.is_some() };
             self.check(admin, raw_admin.span(), &format!("node[{i}].admin"), place)?;
+        }
+        if let (Some(aim), Some(raw_aim)) = (&decl.aim, &node.aim) {
+            let field = format!("node[{i}].aim");
+            if aim.trim().is_empty() {
+                return Err(self.c.at(raw_aim.span(), &field, "empty: an http://… URL or an SQL query"));
+            }
+            self.check(aim, raw_aim.span(), &field, Place::Admin { counted: node.count.is_some() })?;
         }
         Ok(())
     }
