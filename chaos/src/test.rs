@@ -175,6 +175,13 @@ impl ChaosTest {
         self
     }
 
+    /// A system file's `[[variant]]` to run (`haunt run --variant`); its
+    /// faults and targets are the run's unless the test names its own.
+    pub fn variant(mut self, name: &str) -> ChaosTest {
+        self.options.variant = Some(name.to_owned());
+        self
+    }
+
     /// Runs the reference pipeline's nodes, or a system file's `image` nodes,
     /// as containers the backend starts and removes (`--backend docker`).
     pub fn in_containers(mut self) -> ChaosTest {

@@ -156,7 +156,7 @@ impl Fill {
 
 /// The strings of the file that may hold placeholders: the nodes' commands
 /// and env and the client's URL (where links stand), and, with `probes`, the
-/// readiness probes and the database URL too.
+/// readiness probes, admin URLs, aim probes and the database URL too.
 fn texts(spec: &SystemSpec, probes: bool) -> Vec<&str> {
     let mut texts: Vec<&str> = vec![&spec.client.url];
     for node in &spec.nodes {
@@ -165,6 +165,7 @@ fn texts(spec: &SystemSpec, probes: bool) -> Vec<&str> {
         if probes {
             texts.extend(node.ready.as_deref());
             texts.extend(node.admin.as_deref());
+            texts.extend(node.aim.as_deref());
         }
     }
     if probes {
