@@ -21,7 +21,8 @@ pub trait WorkProbe: Send + Sync + std::fmt::Debug {
 /// How many latencies the median is taken over.
 const RECENT: usize = 64;
 
-/// The client's requests in flight at one node.
+/// The client's requests in flight at one node: from the request's start to
+/// the answer's head, the time the node works on it.
 #[derive(Debug, Default)]
 pub struct InFlight {
     now: AtomicUsize,

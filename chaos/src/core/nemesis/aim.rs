@@ -27,8 +27,9 @@ use crate::core::options::Aiming;
 /// says; a system file's `points`, each in turn) first asks it to hold work
 /// at its point, waits for it, then acts. At a node without hold points that
 /// the workload's client calls, it waits for the client's next request to
-/// start there and strikes at a random moment within the requests' median
-/// latency, so that it lands while one is in flight. A node with neither is
+/// start there and strikes at a random moment within the median time its
+/// requests take to the answer's head ([`InFlight`]), so that it lands while
+/// the node works on one. A node with neither is
 /// hit blind, as is one that has no work within [`Aim::WAIT`].
 #[derive(Debug)]
 pub struct Aim {

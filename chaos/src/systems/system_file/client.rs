@@ -97,8 +97,13 @@ impl Client for TemplateClient {
             if let Some(body) = &self.decl.body {
                 request = request.body(fill_order(body, order, json_escaped));
             }
-            let _in_flight = self.in_flight.begin();
-            let response = match request.send().await {
+            // In flight until the answer's head arrives: by then the node has
+            // done its work, and the rest is the body on its way (which a
+            // server's small writes can hold up for tens of milliseconds).
+            let in_flight = self.in_flight.begin();
+            let sent = request.send().await;
+            drop(in_flight);
+            let response = match sent {
                 Ok(r) => r,
                 Err(e) if e.is_connect() => return Completion::Fail { error: format!("connect: {e}") },
                 Err(e) if e.is_timeout() => return Completion::Info { error: "timeout".into() },
