@@ -176,7 +176,7 @@ fn an_unknown_variant_is_refused_naming_the_known_ones() {
     let file = shop("shop").to_string_lossy().into_owned();
     let out = haunt_run(store.path(), &["--system", &file, "--variant", "lunch"]).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(out.status.code(), Some(3), "a refused input: {stderr}");
     assert!(
         stderr.contains("--variant lunch") && stderr.contains("fixed, dual-write, lost-update, no-inbox, unfenced"),
         "{stderr}"
