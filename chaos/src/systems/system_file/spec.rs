@@ -117,7 +117,7 @@ pub use super::decl::{ClientDecl, FinalDecl, NodeDecl, NodeFault, SystemSpec, Va
 use crate::core::fault::Fault;
 
 /// The switch faults a node of a system file may take on its admin
-/// endpoint, and the field of `POST /admin/faults` that flips each.
+/// endpoint (its `hooks`); [`hook_field`] names the switch of each.
 pub const HOOKS: [Fault; 3] = [Fault::AckLoss, Fault::DbError, Fault::ClockSkew];
 
 /// The field of `POST /admin/faults` that flips a hook's fault.
@@ -705,8 +705,7 @@ impl Checker<'_> {
                 self.at(v.expect.span(), &field("expect"), why)
             })?;
             if let Some(nemesis) = &v.nemesis
-                && let Err(e) =
-                    crate::core::fault::Fault::parse_list(nemesis.get_ref(), &crate::core::fault::Fault::ALL)
+                && let Err(e) = Fault::parse_list(nemesis.get_ref(), &Fault::ALL)
             {
                 return Err(self.at(nemesis.span(), &field("nemesis"), format!("{e:#}")));
             }
