@@ -25,12 +25,13 @@ use crate::core::options::Aiming;
 /// An aimed strike at a node with hold points (haunt's workers: their batch
 /// with its effect committed and its ack not sent, or as `docs/admin.md`
 /// says; a system file's `points`, each in turn) first asks it to hold work
-/// at its point, waits for it, then acts. At a node without hold points that
-/// the workload's client calls, it waits for the client's next request to
-/// start there and strikes at a random moment within the median time its
-/// requests take to the answer's head ([`InFlight`]), so that it lands while
-/// the node works on one. A node with neither is
-/// hit blind, as is one that has no work within [`Aim::WAIT`].
+/// at its point, waits for it, then acts. A node without hold points but with
+/// a probe (a system file's `aim`) is struck at the probe's first yes. At a
+/// node with neither that the workload's client calls, it waits for the
+/// client's next request to start there and strikes at a random moment within
+/// the median time its requests take to the answer's head ([`InFlight`]), so
+/// that it lands while the node works on one. Any other node is hit blind, as
+/// is one that has no work within [`Aim::WAIT`].
 #[derive(Debug)]
 pub struct Aim {
     /// The nodes with hold points.
