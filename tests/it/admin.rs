@@ -213,3 +213,39 @@ fn a_kill_waits_for_the_work_a_probe_sees() {
     assert!(aims.iter().all(|a| a["probe"] == true), "aimed through the probe: {aims:?}");
     assert!(aims.iter().any(|a| a["held"] == true), "a kill found a lease in hand: {aims:?}");
 }
+
+/// The second example, in Go over NATS JetStream with NATS a node of the run
+/// (`examples/systems/shop-go-nats`): built with the machine's Go, its naive
+/// variant is caught losing an event and its fixed one is valid, each in its
+/// own row of the matrix.
+#[test]
+fn the_go_shop_over_nats_is_caught_naive_and_valid_fixed() {
+    if std::env::var("HAUNT_SKIP_BROKERS").as_deref() == Ok("1") {
+        eprintln!("SKIPPED: the Go shop over NATS (HAUNT_SKIP_BROKERS=1)");
+        return;
+    }
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/systems/shop-go-nats");
+    let built = std::process::Command::new("go")
+        .args(["build", "-o", "bin/shop", "."])
+        .current_dir(&dir)
+        .output()
+        .expect("go must be installed (the polyglot machines have it)");
+    assert!(built.status.success(), "go build: {}", String::from_utf8_lossy(&built.stderr));
+    assert!(
+        std::process::Command::new("nats-server").arg("--version").output().is_ok_and(|o| o.status.success()),
+        "nats-server must be installed (scripts/brokers installs it), or set HAUNT_SKIP_BROKERS=1"
+    );
+    let store = tempfile::tempdir().unwrap();
+    let file = dir.join("shop.toml").to_string_lossy().into_owned();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_haunt"))
+        .args(["matrix", "--store"])
+        .arg(store.path())
+        .args(["--system", &file, "--seeds", "1", "--time-limit-s", "24"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("| shop-go-nats fixed under kill,pause,partition,ack-loss |"), "{text}");
+    assert!(text.contains("| verdict true | 1/1 valid |"), "{text}");
+    assert!(text.contains("| shop-go-nats naive under kill | kill | `lost-effect` | 1/1 |"), "{text}");
+}

@@ -74,6 +74,8 @@ pub struct FinalDecl {
     pub applied: Option<String>,
     pub pending: Option<String>,
     pub dead_letters: Option<String>,
+    /// An SQL query, or an `http://` URL whose 2xx answer means quiet (for a
+    /// system whose messages are in a broker, which SQL cannot see).
     pub quiet: Option<String>,
 }
 

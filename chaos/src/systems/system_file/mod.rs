@@ -51,6 +51,8 @@ pub struct Foreign {
     ready: Vec<(Node, String)>,
     /// The nodes with an admin endpoint.
     admin: Option<Admin>,
+    /// `final_state.quiet` as a URL, filled.
+    quiet_url: Option<String>,
     /// When the system was first asked whether it is quiet (for [`SETTLE`]).
     asked: std::sync::Mutex<Option<Instant>>,
 }
@@ -170,6 +172,7 @@ fn texts(spec: &SystemSpec, probes: bool) -> Vec<&str> {
     }
     if probes {
         texts.push(&spec.final_state.database);
+        texts.extend(spec.final_state.quiet.as_deref().filter(|q| q.starts_with("http://")));
     }
     texts
 }
@@ -359,7 +362,12 @@ impl Foreign {
         });
         let in_flight = called.map(|node| (node, client.in_flight())).into_iter().collect();
         let surfaces = Surfaces { backend, node_faults, links, slowable, lossy, switches, in_flight, probes };
-        Ok(Foreign { spec, nodes, surfaces, client, database, ready, admin, asked: std::sync::Mutex::new(None) })
+        let quiet_url = match spec.final_state.quiet.as_deref().filter(|q| q.starts_with("http://")) {
+            Some(url) => Some(fill.fill(url, None).await?),
+            None => None,
+        };
+        let asked = std::sync::Mutex::new(None);
+        Ok(Foreign { spec, nodes, surfaces, client, database, ready, admin, quiet_url, asked })
     }
 
     /// Why `node` is not ready, with what a user needs to fix it.
@@ -661,6 +669,11 @@ impl System for Foreign {
 
     fn is_quiet(&self) -> BoxFuture<'_, anyhow::Result<bool>> {
         Box::pin(async move {
+            if let Some(url) = &self.quiet_url {
+                // A node that does not answer (restarting, cut off) is not quiet.
+                let answer = reqwest::Client::new().get(url).timeout(Duration::from_secs(2)).send().await;
+                return Ok(answer.is_ok_and(|r| r.status().is_success()));
+            }
             if let Some(quiet) = self.database.is_quiet(&self.spec.final_state).await? {
                 return Ok(quiet);
             }

@@ -785,6 +785,9 @@ impl Checker<'_> {
             return Err(self.at(fin.database.span(), "final_state.database", "sqlite://PATH or postgres://…"));
         }
         places.check(db, fin.database.span(), "final_state.database", Place::Database)?;
+        if let Some(url) = fin.quiet.as_deref().filter(|q| q.starts_with("http://")) {
+            places.check(url, raw.span(), "final_state.quiet", Place::Ready)?;
+        }
         for (field, query) in [("final_state.orders", &fin.orders), ("final_state.projection", &fin.projection)] {
             if query.trim().is_empty() {
                 return Err(self.at(raw.span(), field, "empty: a SELECT"));
