@@ -66,7 +66,8 @@ async fn a_chaos_test_of_a_system_file_takes_the_faults_the_file_allows() {
     let store = tempfile::tempdir().unwrap();
     let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/systems/tutorial-python/fixed.toml");
     let outcome = ChaosTest::system_file(file)
-        .time_limit(Duration::from_secs(14))
+        // Seven faults: kill, pause, partition, delay and the nodes' hooks.
+        .time_limit(Duration::from_secs(22))
         .fault_interval(Duration::from_secs(2))
         .seed(2)
         .store(store.path())
@@ -75,7 +76,7 @@ async fn a_chaos_test_of_a_system_file_takes_the_faults_the_file_allows() {
         .unwrap();
     outcome.assert_valid();
     let fired: Vec<&str> = outcome.results.faults.iter().map(|w| w.fault.as_str()).collect();
-    for fault in ["kill", "pause", "partition", "delay"] {
+    for fault in ["kill", "pause", "partition", "delay", "ack-loss", "db-error", "clock-skew"] {
         assert!(fired.contains(&fault), "{fault} fired: {fired:?}");
     }
 }

@@ -159,7 +159,7 @@ pub struct FaultSettings {
     /// Faults that can hit any of these targets hit only these (empty: all).
     pub fault_targets: Vec<String>,
     /// How kills and pauses are aimed.
-    pub aim: crate::core::options::Aiming,
+    pub aim: Aiming,
     /// The run's seed: where within a request a client-side aim strikes.
     pub seed: u64,
 }
@@ -211,4 +211,20 @@ mod tests {
         assert_eq!(Fault::parse_list("kill,pause,kill,all", &all).unwrap().len(), 8, "each kind once");
         assert_eq!(all_possible(true, true, true, true).len(), Fault::ALL.len());
     }
+}
+
+/// How a kill or a pause of a node finds work in flight (`--aim`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Aiming {
+    /// At a hold point where the node offers one (haunt's workers, a system
+    /// file's `points`); else at its `aim` probe's first yes; else, for a
+    /// node the workload's client calls, while a request of the client is in
+    /// flight there.
+    #[default]
+    Points,
+    /// Only from the client's side, hold points or not.
+    Client,
+    /// Never: every strike lands wherever the node happens to be.
+    Blind,
 }

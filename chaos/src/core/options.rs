@@ -32,20 +32,7 @@ impl BackendKind {
     }
 }
 
-/// How a kill or a pause of a node finds work in flight (`--aim`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum Aiming {
-    /// At a hold point where the node offers one (haunt's workers, a system
-    /// file's `points`); else, for a node the workload's client calls, while
-    /// a request of the client is in flight there.
-    #[default]
-    Points,
-    /// Only from the client's side, hold points or not.
-    Client,
-    /// Never: every strike lands wherever the node happens to be.
-    Blind,
-}
+pub use crate::core::fault::Aiming;
 
 fn is_default_aim(aim: &Aiming) -> bool {
     *aim == Aiming::Points

@@ -11,8 +11,8 @@ use serde_json::json;
 
 use super::put;
 use crate::core::admin::Admin;
+use crate::core::fault::Aiming;
 use crate::core::inflight::{InFlight, WorkProbe};
-use crate::core::options::Aiming;
 
 /// Aims a kill or a pause of a node at work in flight. A node is idle most of
 /// the time at a modest rate, and a blind SIGKILL then finds nothing in hand
