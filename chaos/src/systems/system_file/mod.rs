@@ -51,8 +51,9 @@ pub struct Foreign {
     ready: Vec<(Node, String)>,
     /// The nodes with an admin endpoint.
     admin: Option<Admin>,
-    /// `final_state.quiet` as a URL, filled.
-    quiet_url: Option<String>,
+    /// `final_state.quiet` as a URL, filled, with the client that asks it
+    /// (built once: the run polls it until the system is quiet).
+    quiet_url: Option<(String, reqwest::Client)>,
     /// When the system was first asked whether it is quiet (for [`SETTLE`]).
     asked: std::sync::Mutex<Option<Instant>>,
 }
@@ -363,7 +364,10 @@ impl Foreign {
         let in_flight = called.map(|node| (node, client.in_flight())).into_iter().collect();
         let surfaces = Surfaces { backend, node_faults, links, slowable, lossy, switches, in_flight, probes };
         let quiet_url = match spec.final_state.quiet.as_deref().filter(|q| q.starts_with("http://")) {
-            Some(url) => Some(fill.fill(url, None).await?),
+            Some(url) => {
+                let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
+                Some((fill.fill(url, None).await?, http))
+            }
             None => None,
         };
         let asked = std::sync::Mutex::new(None);
@@ -669,9 +673,9 @@ impl System for Foreign {
 
     fn is_quiet(&self) -> BoxFuture<'_, anyhow::Result<bool>> {
         Box::pin(async move {
-            if let Some(url) = &self.quiet_url {
+            if let Some((url, http)) = &self.quiet_url {
                 // A node that does not answer (restarting, cut off) is not quiet.
-                let answer = reqwest::Client::new().get(url).timeout(Duration::from_secs(2)).send().await;
+                let answer = http.get(url).send().await;
                 return Ok(answer.is_ok_and(|r| r.status().is_success()));
             }
             if let Some(quiet) = self.database.is_quiet(&self.spec.final_state).await? {
