@@ -69,6 +69,41 @@ fn a_kill_aimed_at_a_declared_hold_point_lands_between_the_two_writes() {
     assert_eq!(out.status.code(), Some(1), "the naive shop is caught: {stderr}");
 }
 
+/// A cut of the client's link to the API, aimed: the API (the link's end with
+/// a hold point) holds an order between its two writes, and the link is cut
+/// while it holds, so the order's answer never reaches the client: its
+/// request ends `info`, the order's fate unknown to the client.
+#[test]
+fn a_partition_aimed_at_a_hold_point_cuts_the_link_while_the_end_holds_work() {
+    let store = tempfile::tempdir().unwrap();
+    let file = shop("naive").to_string_lossy().into_owned();
+    let args = ["--system", &file, "--seed", "1", "--time-limit-s", "12", "--nemesis", "partition"];
+    let out = haunt_run(store.path(), &[&args[..], &["--fault-targets", "client<->api", "--quiet"]].concat())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(store.path().join("latest").exists(), "no run: {stderr}");
+    let history = lines(&latest(store.path()).join("history.jsonl"));
+    let aims: Vec<&Value> = history
+        .iter()
+        .filter(|op| op["f"] == "start-partition" && op["value"]["result"] == "ok")
+        .filter_map(|op| op["value"].get("aim"))
+        .collect();
+    assert!(!aims.is_empty(), "the first cut is aimed: {stderr}");
+    let held: Vec<&Value> = aims.iter().copied().filter(|aim| aim["held"] == true).collect();
+    assert!(!held.is_empty(), "the API held an order as its link was cut: {aims:?}");
+    for aim in held {
+        assert_eq!(aim["end"], "api", "{aim}");
+        assert_eq!(aim["point"], "after-order-before-message", "{aim}");
+        let order = aim["order_id"].as_str().expect("the library passes the point's details on");
+        let first = history
+            .iter()
+            .find(|op| op["f"] == "order" && op["type"] != "invoke" && op["value"]["order_id"] == order)
+            .unwrap_or_else(|| panic!("{order}: the client's request ended"));
+        assert_eq!(first["type"], "info", "the held order's answer was cut off: {first}");
+    }
+}
+
 /// ack-loss, db-error and clock-skew reach the fixed shop through the hooks
 /// its nodes declare, and it stays valid.
 #[test]

@@ -1,4 +1,4 @@
-//! Aiming a kill or a pause at work in flight: a worker's batch at its hold
+//! Aiming a kill, a pause or a cut at work in flight: a worker's batch at its hold
 //! point, or a system-file node's work at one of the points it declares
 //! (`docs/admin.md`).
 
@@ -122,6 +122,26 @@ impl Aim {
             (None, None, Some(flight)) => aim.during_request(flight).await,
             (None, None, None) => unreachable!("checked above"),
         };
+        let held = answer["held"] == json!(true);
+        put(&aim.last, answer);
+        held
+    }
+
+    /// Before a cut of the link between `ends` (`worker-1<->redis`): whether
+    /// one of its ends now holds work at a point. Every other cut is aimed
+    /// (their own count, as for kills and pauses), at the first end that
+    /// declares hold points: it holds at its next point, and the cut lands
+    /// while it holds, so that what it does next (publish, ack, answer)
+    /// meets the cut link. The answer names the end (`end`).
+    pub(super) async fn at_link(aim: Option<&Aim>, ends: [&str; 2]) -> bool {
+        let Some(aim) = aim else { return false };
+        let Some(admin) = aim.admin.as_ref() else { return false };
+        let Some(end) = ends.into_iter().find(|e| admin.has(e)) else { return false };
+        if !aim.takes_aim() {
+            return false;
+        }
+        let mut answer = aim.hold_at_point(admin, end).await;
+        answer["end"] = json!(end);
         let held = answer["held"] == json!(true);
         put(&aim.last, answer);
         held

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
+use super::aim::Aim;
 use crate::core::link::{SharedLink, SharedLossy, SharedSlow};
 use crate::core::roles::{BoxFuture, Nemesis};
 
@@ -22,13 +23,26 @@ fn names<T>(links: &[(String, T)]) -> Vec<String> {
 #[derive(Debug)]
 pub struct PartitionNemesis {
     links: Vec<(String, SharedLink)>,
+    /// To cut while an end of the link holds work at a point (see [`Aim::at_link`]).
+    aim: Option<Aim>,
 }
 
 impl PartitionNemesis {
     /// `links`: a name such as `client<->api` and the link itself.
     pub fn new(links: Vec<(String, SharedLink)>) -> Self {
-        PartitionNemesis { links }
+        PartitionNemesis { links, aim: None }
     }
+
+    /// Every other cut waits for an end of its link with hold points to hold
+    /// work there.
+    pub fn aimed(self, aim: Aim) -> Self {
+        PartitionNemesis { aim: Some(aim), ..self }
+    }
+}
+
+/// The two ends of a link's name, `worker-1<->redis`.
+fn ends(target: &str) -> Option<[&str; 2]> {
+    target.split_once("<->").map(|(a, b)| [a, b])
 }
 
 impl Nemesis for PartitionNemesis {
@@ -38,8 +52,17 @@ impl Nemesis for PartitionNemesis {
     fn targets(&self) -> Vec<String> {
         names(&self.links)
     }
+    fn take_aim(&self) -> Option<serde_json::Value> {
+        Aim::take(self.aim.as_ref())
+    }
     fn start<'a>(&'a self, target: &'a str) -> BoxFuture<'a, anyhow::Result<()>> {
-        Box::pin(async move { find(&self.links, target)?.cut().await })
+        Box::pin(async move {
+            let link = find(&self.links, target)?;
+            if let Some(ends) = ends(target) {
+                Aim::at_link(self.aim.as_ref(), ends).await;
+            }
+            link.cut().await
+        })
     }
     fn stop(&self) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(async move {

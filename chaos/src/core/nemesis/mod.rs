@@ -76,7 +76,13 @@ pub fn build(fault: Fault, on: &Surfaces, settings: &FaultSettings) -> anyhow::R
             let aim = Aim::with(holds, on.probes.clone(), on.in_flight.clone(), settings.aim, vt, settings.seed);
             Box::new(NodeNemesis::new(fault, on.backend.clone(), nodes(), vt, Some(aim)))
         }
-        Fault::Partition => Box::new(PartitionNemesis::new(on.links.clone())),
+        // A cut of a link one of whose ends has hold points lands, every
+        // other time, while that end holds work there.
+        Fault::Partition => {
+            let holds = on.switches.as_ref().map(|s| s.holds.clone());
+            let aim = Aim::with(holds, Vec::new(), Vec::new(), settings.aim, vt, settings.seed);
+            Box::new(PartitionNemesis::new(on.links.clone()).aimed(aim))
+        }
         // Past the client's timeout: answers arrive after the client gave up.
         Fault::Delay => {
             Box::new(DelayNemesis::new(on.slowable.clone(), settings.request_timeout + settings.request_timeout / 4))

@@ -21,7 +21,7 @@ pub use crate::core::system::FaultContext;
 
 /// Time allowed for starting and stopping one fault, in [`check_fit`] and in
 /// the first round's plan. Locally a signal, a proxy switch or an admin call
-/// takes milliseconds, an aimed kill or pause waits up to 0.4 s for a batch
+/// takes milliseconds, an aimed kill, pause or cut waits up to 0.4 s for a batch
 /// ([`super::Aim`]), restarting a killed node a few; a PostgreSQL restart
 /// (crash recovery) takes longer and borrows from the round's slack.
 pub const ACT_ALLOWANCE: Duration = Duration::from_millis(500);
