@@ -251,8 +251,8 @@ async fn partitions_and_packet_loss_really_cut_the_link_and_heal() {
 }
 
 #[test]
-fn a_system_file_of_containers_runs_in_docker_with_its_links_cut_inside_the_network() {
-    if !docker_ready("a_system_file_of_containers_runs_in_docker_with_its_links_cut_inside_the_network") {
+fn a_system_file_of_containers_runs_in_docker_with_its_links_cut_at_their_proxies() {
+    if !docker_ready("a_system_file_of_containers_runs_in_docker_with_its_links_cut_at_their_proxies") {
         return;
     }
     let store = tempfile::tempdir().unwrap();
@@ -286,12 +286,68 @@ fn a_system_file_of_containers_runs_in_docker_with_its_links_cut_inside_the_netw
         .map(|w| format!("{} {}", w["fault"].as_str().unwrap(), w["target"].as_str().unwrap()))
         .collect();
     // Seed 5: a worker paused, the database container killed, a worker's link
-    // to it cut with iptables in the worker's namespace.
+    // to it cut at its fault proxy on the network's gateway.
     assert!(windows.iter().any(|w| w == "kill postgres"), "{windows:?}");
     assert!(windows.iter().any(|w| w.starts_with("partition worker-") && w.ends_with("<->postgres")), "{windows:?}");
     let history = std::fs::read_to_string(latest(store.path()).join("history.jsonl")).unwrap();
     assert!(history.contains(r#""f":"stop-partition","value":{"result":"ok""#), "healed: {history}");
     assert!(results["counts"]["applied_events"].as_u64().unwrap() > 200, "{results:#}");
+    let run_id = run_id_in(&stderr);
+    assert_eq!(containers_of(&run_id), Vec::<String>::new(), "nothing left behind");
+}
+
+/// A link between two containers of a system file runs through a fault
+/// proxy of the harness on the run network's gateway, so it takes a delay
+/// (the kernel here has no netem) as well as loss: while worker-1's link to
+/// PostgreSQL is slowed past the request timeout, worker-1 applies nothing
+/// and worker-2 goes on.
+#[test]
+fn a_system_file_link_between_containers_takes_a_delay_and_loss() {
+    if !docker_ready("a_system_file_link_between_containers_takes_a_delay_and_loss") {
+        return;
+    }
+    let store = tempfile::tempdir().unwrap();
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/systems/haunt-docker.toml");
+    let file = file.to_string_lossy().into_owned();
+    let args = ["--backend", "docker", "--system", &file, "--time-limit-s", "12", "--nemesis", "delay,loss"];
+    let more = ["--fault-targets", "worker-1<->postgres", "--nemesis-interval-s", "1.5", "--seed", "5", "--quiet"];
+    let out = haunt_run(store.path(), &[&args[..], &more[..]].concat()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{}\n{stderr}", String::from_utf8_lossy(&out.stdout));
+    let dir = latest(store.path());
+    let history: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("history.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let at = |f: &str| {
+        history
+            .iter()
+            .filter(|op| op["f"] == f && op["value"]["result"] == "ok")
+            .map(|op| (op["value"]["target"].as_str().unwrap().to_owned(), op["time_ns"].as_u64().unwrap() / 1_000_000))
+            .collect::<Vec<_>>()
+    };
+    let (starts, stops) = (at("start-delay"), at("stop-delay"));
+    assert!(!starts.is_empty() && starts.len() == stops.len(), "every delay healed: {starts:?} {stops:?}");
+    assert!(starts.iter().all(|(t, _)| t == "worker-1<->postgres"), "{starts:?}");
+    assert_eq!(at("start-loss").len(), at("stop-loss").len(), "every loss healed");
+    assert!(!at("start-loss").is_empty(), "a loss window: {stderr}");
+    // The ledger, on the history's clock (the final state's meta line).
+    let final_state: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("final-state.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let zero = final_state.iter().find(|l| l["kind"] == "meta").unwrap()["run_started_at_ms"].as_u64().unwrap();
+    let mut applied = [0u64; 2];
+    for line in final_state.iter().filter(|l| l["kind"] == "applied") {
+        let t = line["applied_at_ms"].as_u64().unwrap().saturating_sub(zero);
+        if starts.iter().zip(&stops).any(|((_, a), (_, b))| (*a..*b).contains(&t)) {
+            applied[usize::from(line["worker_id"] == "worker-2")] += 1;
+        }
+    }
+    assert_eq!(applied[0], 0, "worker-1 applies nothing through its delayed link: {applied:?}");
+    assert!(applied[1] > 10, "worker-2 goes on meanwhile: {applied:?}");
     let run_id = run_id_in(&stderr);
     assert_eq!(containers_of(&run_id), Vec::<String>::new(), "nothing left behind");
 }

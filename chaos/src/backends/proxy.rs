@@ -1,4 +1,4 @@
-//! A TCP fault proxy on 127.0.0.1: forwards to a target, and on command
+//! A TCP fault proxy on 127.0.0.1 (or a run's network gateway): forwards to a target, and on command
 //! blackholes traffic (a partition) or delays the answers.
 //!
 //! A partition here behaves like a network that drops packets, not one that
@@ -38,7 +38,13 @@ const CHUNK_BYTES: usize = 16 * 1024;
 impl FaultProxy {
     /// Listens on `127.0.0.1:0` and forwards to `target`.
     pub async fn start(target: SocketAddr) -> std::io::Result<FaultProxy> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        FaultProxy::start_on(std::net::Ipv4Addr::LOCALHOST.into(), target).await
+    }
+
+    /// Listens on a free port of `ip` (the gateway of a run's container
+    /// network, for its containers) and forwards to `target`.
+    pub async fn start_on(ip: std::net::IpAddr, target: SocketAddr) -> std::io::Result<FaultProxy> {
+        let listener = TcpListener::bind((ip, 0)).await?;
         let addr = listener.local_addr()?;
         let (mode, watcher) = watch::channel(ProxyMode::Pass);
         let task = tokio::spawn(accept_loop(listener, target, watcher));

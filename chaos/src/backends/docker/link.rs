@@ -14,6 +14,9 @@ pub enum Peer {
     Node(Node),
     /// The host, through a published port: the harness's clients.
     Host { port: u16 },
+    /// A fault proxy of the harness on the network's gateway, which the node
+    /// calls (its link to another container of a system file).
+    Harness { port: u16 },
 }
 
 /// A link cut by iptables rules in one container's network namespace. The
@@ -46,6 +49,10 @@ impl IptablesLink {
             Peer::Host { port } => {
                 let gw = self.backend.gateway(&self.node).await?;
                 (format!("-s {gw} -p tcp --dport {port}"), format!("-d {gw} -p tcp --sport {port}"))
+            }
+            Peer::Harness { port } => {
+                let gw = self.backend.gateway(&self.node).await?;
+                (format!("-s {gw} -p tcp --sport {port}"), format!("-d {gw} -p tcp --dport {port}"))
             }
         })
     }

@@ -206,18 +206,27 @@ impl DockerBackend {
         specs: Vec<ContainerSpec>,
         tools_image: &str,
     ) -> anyhow::Result<DockerBackend> {
+        let mut backend = DockerBackend::with_network(run_id, mount_exe, tools_image).await?;
+        backend.add_containers(specs).await?;
+        Ok(backend)
+    }
+
+    /// Creates the run's network, with no container on it yet: what a node
+    /// will reach the host at ([`DockerBackend::network_gateway`]) is then
+    /// known before its command is written. Dropped, it removes the network.
+    pub async fn with_network(
+        run_id: &str,
+        mount_exe: Option<PathBuf>,
+        tools_image: &str,
+    ) -> anyhow::Result<DockerBackend> {
         let network = format!("haunt-{run_id}");
-        let members = specs
-            .iter()
-            .map(|s| Member { node: s.node.clone(), container: format!("{network}-{}", s.node.name) })
-            .collect();
         let backend = DockerBackend {
             docker: connect().await?,
             run_id: run_id.to_owned(),
             network: Some(network.clone()),
             mount_exe,
-            specs,
-            members,
+            specs: Vec::new(),
+            members: Vec::new(),
             tools_image: tools_image.to_owned(),
             removed: AtomicBool::new(false),
         };
@@ -229,10 +238,25 @@ impl DockerBackend {
             .create_network(request)
             .await
             .map_err(|e| anyhow::anyhow!("creating network {network}: {}", said(&e)))?;
-        for spec in &backend.specs {
-            backend.create_container(spec, &network).await?;
-        }
         Ok(backend)
+    }
+
+    /// Creates a container (not started) on the run's network for each of `specs`.
+    pub async fn add_containers(&mut self, specs: Vec<ContainerSpec>) -> anyhow::Result<()> {
+        let network = self.network.clone().context("adopted containers are not created")?;
+        for spec in specs {
+            self.members.push(Member { node: spec.node.clone(), container: format!("{network}-{}", spec.node.name) });
+            self.create_container(&spec, &network).await?;
+            self.specs.push(spec);
+        }
+        Ok(())
+    }
+
+    /// The gateway of the run's network: the host's address as its
+    /// containers see it.
+    pub async fn network_gateway(&self) -> anyhow::Result<Ipv4Addr> {
+        let network = self.network.as_deref().context("adopted containers have no network of the run")?;
+        self.gateway_of(network).await
     }
 
     /// Takes over containers that are already running, `(node, container name
@@ -352,13 +376,20 @@ impl DockerBackend {
     /// (published ports) comes from.
     pub async fn gateway(&self, node: &Node) -> anyhow::Result<Ipv4Addr> {
         let (network, _) = self.addresses(node).await?.remove(0);
+        self.gateway_of(&network).await
+    }
+
+    async fn gateway_of(&self, network: &str) -> anyhow::Result<Ipv4Addr> {
         let inspect = self
             .docker
-            .inspect_network(&network, None)
+            .inspect_network(network, None)
             .await
             .map_err(|e| anyhow::anyhow!("inspecting network {network}: {}", said(&e)))?;
-        let gateway = inspect.ipam.and_then(|i| i.config).unwrap_or_default().into_iter().find_map(|c| c.gateway);
-        gateway.and_then(|g| g.parse().ok()).with_context(|| format!("network {network} has no IPv4 gateway"))
+        let configs = inspect.ipam.and_then(|i| i.config).unwrap_or_default();
+        configs
+            .into_iter()
+            .find_map(|c| c.gateway.and_then(|g| g.parse().ok()))
+            .with_context(|| format!("network {network} has no IPv4 gateway"))
     }
 
     /// `running/healthy`, `paused/`, `exited/`, …: the state and the health

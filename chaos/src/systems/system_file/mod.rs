@@ -79,19 +79,19 @@ impl Nodes {
     }
 }
 
-/// How `{addr:NAME}` is reached from inside a node.
+/// Where the fault proxy of a node's `{addr:NAME}` listens.
 enum Reach {
-    /// Through a fault proxy on the host.
-    Proxy,
-    /// Containers on one network: the callee's container by name, the link
-    /// cut with iptables in the caller's namespace.
-    Network { run_id: String, inner_ports: BTreeMap<String, u16> },
+    /// On the host's loopback, for processes.
+    Loopback,
+    /// On the gateway of the run's network, for containers: the proxy
+    /// forwards to the port NAME's container is published on.
+    Gateway(std::net::IpAddr),
 }
 
 /// What the placeholders of one run stand for.
 struct Fill {
     reach: Reach,
-    /// `(caller, callee)` of each link between containers.
+    /// `(caller, callee)` of each link between containers, in order.
     container_links: Vec<(String, String)>,
     haunt: PathBuf,
     dir: PathBuf,
@@ -117,21 +117,25 @@ impl Fill {
                 Err(Placeholder::Port(name)) => out.push_str(&self.ports[name].to_string()),
                 Err(Placeholder::Addr(name)) => {
                     let from = from.context("{addr:…} where no link can stand")?;
-                    if let (Reach::Network { run_id, inner_ports }, false) = (&self.reach, from == "client") {
-                        let link = (from.to_owned(), name.to_owned());
-                        if !self.container_links.contains(&link) {
-                            self.container_links.push(link);
-                        }
-                        let port = inner_ports.get(name).copied().unwrap_or(self.ports[name]);
-                        out.push_str(&format!("haunt-{run_id}-{name}:{port}"));
-                        continue;
-                    }
                     let key = (from.to_owned(), name.to_owned());
                     let proxy = match self.proxies.get(&key) {
                         Some(p) => p.clone(),
                         None => {
+                            // The client is the harness, on the host; a
+                            // container reaches the host at its gateway.
+                            let bind = match self.reach {
+                                Reach::Gateway(gateway) if from != "client" => {
+                                    self.container_links.push(key.clone());
+                                    gateway
+                                }
+                                _ => std::net::Ipv4Addr::LOCALHOST.into(),
+                            };
                             let target: SocketAddr = ([127, 0, 0, 1], self.ports[name]).into();
-                            let p = Arc::new(FaultProxy::start(target).await?);
+                            let p = Arc::new(
+                                FaultProxy::start_on(bind, target)
+                                    .await
+                                    .with_context(|| format!("a fault proxy on {bind} for {from}<->{name}"))?,
+                            );
                             self.proxies.insert(key, p.clone());
                             p
                         }
@@ -268,9 +272,11 @@ impl Foreign {
     /// `haunt`: the executable that `{haunt}` names.
     ///
     /// With `docker`, every node runs from its image as a container on a
-    /// private network of the run: `{addr:NAME}` between nodes is NAME's
-    /// container (its link cut with iptables in the caller's namespace), the
-    /// client's goes through a fault proxy to the published port.
+    /// private network of the run, each port published on the host's
+    /// loopback: `{addr:NAME}` in a node is a fault proxy on the network's
+    /// gateway (cut and slowed there, made lossy by iptables in the caller's
+    /// namespace), the client's a fault proxy on the loopback, each
+    /// forwarding to NAME's published port.
     pub async fn create(
         spec: SystemSpec,
         run_dir: &Path,
@@ -299,12 +305,18 @@ impl Foreign {
         let system_dir = std::path::absolute(&spec.system_dir)?;
         // Held until every proxy listens, so that no two names share a port.
         let (ports, held) = ports(&spec, adopted).await?;
-        let reach = match docker {
-            None => Reach::Proxy,
-            Some(_) => Reach::Network {
-                run_id: run_id.clone(),
-                inner_ports: spec.nodes.iter().filter_map(|n| Some((n.name.clone(), n.port?))).collect(),
-            },
+        // Containers the run starts: their network first, so that their
+        // proxies can listen where they reach the host.
+        let network = match docker {
+            Some(options) if !adopted => {
+                let mount = options.mount_exe.then(|| haunt.to_owned());
+                Some(DockerBackend::with_network(&run_id, mount, &options.image).await?)
+            }
+            _ => None,
+        };
+        let reach = match &network {
+            Some(backend) => Reach::Gateway(backend.network_gateway().await?.into()),
+            None => Reach::Loopback,
         };
         // In a container, `{haunt}` is the image's own.
         let inside = if docker.is_some() { PathBuf::from("haunt") } else { haunt.to_owned() };
@@ -339,19 +351,30 @@ impl Foreign {
         let admin = (!admin.is_empty()).then(|| Admin::new(token, admin)).transpose()?;
         let switches = admin.as_ref().map(|all| switches(&spec, all));
         let logs = run_dir.join("logs");
-        // Links between containers: cut (partition) or lossy (loss) by iptables.
-        let (nodes, backend, lossy) = match docker {
-            _ if adopted => adopt_containers(&spec, &run_id, adopt, tools_image, logs).await?,
+        // Links between containers: lossy (loss) by iptables in the caller's
+        // namespace; an adopted container's cut (partition) by iptables too,
+        // as it has no proxy in its path.
+        let (nodes, backend, lossy) = match network {
+            _ if adopted => {
+                let (nodes, backend, lossy) = adopt_containers(&spec, &run_id, adopt, tools_image, logs).await?;
+                links.extend(lossy.iter().map(|(name, link)| (name.clone(), link.clone() as SharedLink)));
+                (nodes, backend, lossy)
+            }
             None => {
                 let processes = Arc::new(LocalBackend::new(PathBuf::new(), logs, Vec::new(), specs));
                 (Nodes::Processes(processes.clone()), processes as Arc<dyn Backend>, Vec::new())
             }
-            Some(options) => {
-                let mount = options.mount_exe.then(|| haunt.to_owned());
-                start_containers(&run_id, mount, containers, options, &fill.container_links, logs).await?
+            Some(network) => {
+                let through: Vec<(String, String, u16)> = fill
+                    .container_links
+                    .iter()
+                    .map(|(from, to)| {
+                        (from.clone(), to.clone(), fill.proxies[&(from.clone(), to.clone())].addr().port())
+                    })
+                    .collect();
+                start_containers(network, containers, &through, logs).await?
             }
         };
-        links.extend(lossy.iter().map(|(name, link)| (name.clone(), link.clone() as SharedLink)));
         let slowable = proxies.into_iter().map(|(n, p)| (n, p as SharedSlow)).collect();
         let lossy = lossy.into_iter().map(|(n, l)| (n, l as SharedLossy)).collect();
         let client = Arc::new(TemplateClient::new(client_decl, request_timeout)?);
@@ -627,21 +650,22 @@ async fn adopt_containers(
     Ok((Nodes::Containers(docker.clone(), logs), docker, lossy))
 }
 
-/// The nodes as containers of the run, on its private network.
+/// The nodes as containers of the run, on its network (`network`). Each of
+/// `links`, `(caller, callee, port)`, runs through the harness's fault proxy
+/// on `port` of the network's gateway, and is made lossy by iptables in the
+/// caller's namespace.
 async fn start_containers(
-    run_id: &str,
-    mount: Option<PathBuf>,
+    mut network: DockerBackend,
     containers: Vec<ContainerSpec>,
-    options: &crate::core::options::DockerOptions,
-    container_links: &[(String, String)],
+    links: &[(String, String, u16)],
     logs: PathBuf,
 ) -> anyhow::Result<Started> {
     let by_name: BTreeMap<String, Node> = containers.iter().map(|c| (c.node.name.clone(), c.node.clone())).collect();
-    let docker = Arc::new(DockerBackend::create(run_id, mount, containers, &options.image).await?);
+    network.add_containers(containers).await?;
+    let docker = Arc::new(network);
     let mut lossy = Vec::new();
-    for (from, to) in container_links {
-        let (caller, callee) = (by_name[from].clone(), by_name[to].clone());
-        let link = Arc::new(IptablesLink::new(docker.clone(), caller, Peer::Node(callee)));
+    for (from, to, port) in links {
+        let link = Arc::new(IptablesLink::new(docker.clone(), by_name[from].clone(), Peer::Harness { port: *port }));
         lossy.push((format!("{from}<->{to}"), link));
     }
     Ok((Nodes::Containers(docker.clone(), logs), docker, lossy))
