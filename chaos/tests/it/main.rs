@@ -10,7 +10,9 @@
 
 mod brokers;
 mod local;
+mod memory;
 mod phases;
 mod relay;
+mod shrink;
 mod system_file;
 mod transports;

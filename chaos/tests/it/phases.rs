@@ -3,98 +3,18 @@
 //! run ends (its end, an error, cancellation, Ctrl-C), every fault that started
 //! is healed, and the history it leaves is well formed.
 
-use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use haunt_chaos::core::nemesis::Faults;
 use haunt_chaos::core::options::RunOptions;
-use haunt_chaos::core::roles::{BoxFuture, Client, Completion, Nemesis, NoopBackend, RunDirChecker};
+use haunt_chaos::core::roles::{BoxFuture, Nemesis, RunDirChecker};
 use haunt_chaos::core::run::{Roles, RunOutcome, execute};
-use haunt_chaos::core::system::{FinalSink, Surfaces, System};
-use haunt_format::{Applied, FinalLine, OrderRow, OrderValue, ProjectionRow};
+use haunt_chaos::core::system::System;
 use serde_json::Value;
 
-/// Orders kept in memory, each applied once: a correct system, unless
-/// `doubles` says to apply every n-th order twice.
-#[derive(Debug)]
-struct Memory {
-    surfaces: Surfaces,
-    orders: Arc<Mutex<BTreeMap<String, OrderRow>>>,
-    doubles: Option<usize>,
-}
-
-impl Memory {
-    fn new() -> Memory {
-        Memory { surfaces: Surfaces::nodes_only(Arc::new(NoopBackend)), orders: Arc::default(), doubles: None }
-    }
-}
-
-#[derive(Debug)]
-struct MemoryClient(Arc<Mutex<BTreeMap<String, OrderRow>>>);
-
-impl Client for MemoryClient {
-    fn place<'a>(&'a self, order: &'a OrderValue, _correlation_id: &'a str) -> BoxFuture<'a, Completion> {
-        Box::pin(async move {
-            let mut orders = self.0.lock().unwrap();
-            let row = orders.entry(order.order_id.clone()).or_insert_with(|| OrderRow {
-                order_id: order.order_id.clone(),
-                item_id: order.item_id.clone(),
-                qty: order.qty,
-                event_id: format!("e-{}", order.order_id),
-                ..OrderRow::default()
-            });
-            Completion::Ok { event_id: Some(row.event_id.clone()) }
-        })
-    }
-}
-
-impl System for Memory {
-    fn surfaces(&self) -> &Surfaces {
-        &self.surfaces
-    }
-    fn client(&self) -> Arc<dyn Client> {
-        Arc::new(MemoryClient(self.orders.clone()))
-    }
-    fn ready(&self) -> BoxFuture<'_, anyhow::Result<()>> {
-        Box::pin(async { Ok(()) })
-    }
-    fn is_quiet(&self) -> BoxFuture<'_, anyhow::Result<bool>> {
-        Box::pin(async { Ok(true) })
-    }
-    fn read_final_state<'a>(&'a self, sink: &'a mut FinalSink<'_>) -> BoxFuture<'a, anyhow::Result<()>> {
-        Box::pin(async move {
-            let orders = self.orders.lock().unwrap().clone();
-            let mut reserved: BTreeMap<String, i64> = BTreeMap::new();
-            for (i, row) in orders.values().enumerate() {
-                let times = if self.doubles.is_some_and(|n| i % n == 0) { 2 } else { 1 };
-                sink(FinalLine::Order(row.clone()))?;
-                for attempt in 1..=times {
-                    *reserved.entry(row.item_id.clone()).or_default() += row.qty;
-                    sink(FinalLine::Applied(Applied {
-                        event_id: row.event_id.clone(),
-                        order_id: row.order_id.clone(),
-                        item_id: row.item_id.clone(),
-                        qty: row.qty,
-                        delivery_attempt: attempt,
-                        worker_id: "memory".into(),
-                        applied_at_ms: 0,
-                        key_seq: None,
-                        publish_seq: None,
-                    }))?;
-                }
-            }
-            for (item_id, reserved_qty) in reserved {
-                sink(FinalLine::Projection(ProjectionRow { item_id, reserved_qty }))?;
-            }
-            Ok(())
-        })
-    }
-    fn database(&self) -> String {
-        "memory".into()
-    }
-}
+use crate::memory::Memory;
 
 /// What the scripted nemesis has broken, as the test sees it.
 #[derive(Debug, Default)]

@@ -281,10 +281,12 @@ pub async fn shrink(options: &ShrinkOptions) -> anyhow::Result<Report> {
     Ok(report)
 }
 
-/// The steps of the search over `trial`, from `start` (which fails). Returns
-/// the smallest candidate that still failed, and whether every step ended
-/// within the budget.
-async fn search<T: Tries>(trial: &mut T, start: Candidate, first_anomaly_ms: Option<u64>) -> (Candidate, bool) {
+/// The steps of the search over `trial`, from `start` (which fails), the
+/// first anomalous op `first_anomaly_ms` into the run. Returns the smallest
+/// candidate that still failed, and whether every step ended within the
+/// budget. [`shrink`] runs it over child runs; a test may run it over runs in
+/// process.
+pub async fn search<T: Tries>(trial: &mut T, start: Candidate, first_anomaly_ms: Option<u64>) -> (Candidate, bool) {
     let mut best = start;
     // 1. Cut after the first anomaly (2 s on, at least 5 s of run).
     if let Some(ms) = first_anomaly_ms {
@@ -332,7 +334,31 @@ async fn search<T: Tries>(trial: &mut T, start: Candidate, first_anomaly_ms: Opt
             }
         }
     }
-    // 4. The run ends 3 s after its last window; then fewer clients.
+    // 4. A weaker fault where one exists, then one fault at a time.
+    for i in 0..best.windows.len() {
+        if let Some(weaker) = weaker(&best.windows[i].fault) {
+            let mut milder = best.clone();
+            milder.windows[i].fault = weaker.to_owned();
+            milder.windows[i].aim = None;
+            match trial.fails("a weaker fault", &milder).await {
+                Some(true) => best = milder,
+                Some(false) => {}
+                None => return (best, false),
+            }
+        }
+    }
+    if best.windows.iter().any(|w| w.lane != 0) {
+        let mut one_lane = best.clone();
+        for w in &mut one_lane.windows {
+            w.lane = 0;
+        }
+        match trial.fails("one fault at a time", &one_lane).await {
+            Some(true) => best = one_lane,
+            Some(false) => {}
+            None => return (best, false),
+        }
+    }
+    // 5. The run ends 3 s after its last window; then fewer clients.
     let last_end = best.windows.iter().map(|w| w.start_ms + w.hold_ms).max().unwrap_or(0);
     let limit = (last_end + 3_000).div_ceil(1000).max(5);
     if limit < best.time_limit_s {
@@ -352,6 +378,13 @@ async fn search<T: Tries>(trial: &mut T, start: Candidate, first_anomaly_ms: Opt
         }
     }
     (best, true)
+}
+
+/// The fault that does less of what `fault` does, to try in its place: a
+/// link held slow rather than cut (the client still times out, but the
+/// request arrives and the connection lives).
+fn weaker(fault: &str) -> Option<&'static str> {
+    (fault == crate::core::fault::Fault::Partition.name()).then(|| crate::core::fault::Fault::Delay.name())
 }
 
 /// The result's failing reruns out of `options.confirm`, each under a seed
@@ -397,6 +430,11 @@ mod tests {
     struct Scripted {
         tries: Vec<Candidate>,
         budget: usize,
+        rule: fn(&Candidate) -> bool,
+    }
+
+    fn loses_acks(c: &Candidate) -> bool {
+        c.windows.iter().any(|w| w.fault == "ack-loss" && w.hold_ms >= 1000) && c.time_limit_s >= 6
     }
 
     impl Tries for Scripted {
@@ -406,8 +444,7 @@ mod tests {
                     return None;
                 }
                 self.tries.push(c.clone());
-                let loses_acks = c.windows.iter().any(|w| w.fault == "ack-loss" && w.hold_ms >= 1000);
-                Some(loses_acks && c.time_limit_s >= 6)
+                Some((self.rule)(c))
             })
         }
     }
@@ -430,7 +467,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_search_keeps_what_fails_and_cuts_the_rest() {
-        let mut scripted = Scripted { tries: Vec::new(), budget: 100 };
+        let mut scripted = Scripted { tries: Vec::new(), budget: 100, rule: loses_acks };
         let (best, finished) = search(&mut scripted, start(), Some(8_000)).await;
         assert!(finished);
         // Cut 2 s after the first anomaly (10 s), ddmin to the ack loss, its
@@ -446,11 +483,31 @@ mod tests {
 
     #[tokio::test]
     async fn a_spent_budget_ends_with_the_smallest_failing_run_so_far() {
-        let mut scripted = Scripted { tries: Vec::new(), budget: 2 };
+        let mut scripted = Scripted { tries: Vec::new(), budget: 2, rule: loses_acks };
         let (best, finished) = search(&mut scripted, start(), Some(8_000)).await;
         assert!(!finished);
         assert!(best.windows.iter().any(|w| w.fault == "ack-loss"), "it still fails: {best:?}");
         assert!(best.time_limit_s >= 6);
         assert_eq!(scripted.tries.len(), 2);
+    }
+
+    /// A client that times out on `client<->api` fails the run, whether the
+    /// link is cut or slowed, in whichever lane: the partition becomes a
+    /// delay, and the two lanes one.
+    #[tokio::test]
+    async fn a_partition_becomes_a_delay_and_the_lanes_one_where_it_still_fails() {
+        fn times_out(c: &Candidate) -> bool {
+            c.windows.iter().any(|w| matches!(w.fault.as_str(), "partition" | "delay") && w.hold_ms >= 1000)
+        }
+        let mut cut = window("partition", 2_000, 2_000);
+        cut.lane = 1;
+        let start = Candidate { windows: vec![window("kill", 1_000, 3_000), cut], time_limit_s: 20, concurrency: 1 };
+        let mut scripted = Scripted { tries: Vec::new(), budget: 100, rule: times_out };
+        let (best, finished) = search(&mut scripted, start, None).await;
+        assert!(finished);
+        assert_eq!(best.windows, vec![window("delay", 2_000, 1_000)], "{best:?}");
+        let steps: Vec<&str> =
+            scripted.tries.iter().map(|c| c.windows.first().map_or("", |w| w.fault.as_str())).collect();
+        assert!(steps.contains(&"delay"), "{steps:?}");
     }
 }
