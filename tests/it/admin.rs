@@ -278,7 +278,43 @@ fn the_go_shop_over_nats_is_caught_naive_and_valid_fixed() {
         std::process::Command::new("nats-server").arg("--version").output().is_ok_and(|o| o.status.success()),
         "nats-server must be installed (scripts/brokers installs it), or set HAUNT_SKIP_BROKERS=1"
     );
+    shop_matrix_catches_naive_and_passes_fixed(&dir, "shop-go-nats");
+}
+
+/// The third shop, in Node over Redis Streams with its orders in PostgreSQL
+/// (`examples/systems/shop-node-redis`), through `clients/node`: its
+/// dependencies installed from npm as a user would, Redis and a PostgreSQL
+/// server of the run's own as nodes; its naive variant is caught and its
+/// fixed one valid.
+#[test]
+fn the_node_shop_over_redis_is_caught_naive_and_valid_fixed() {
+    if std::env::var("HAUNT_SKIP_BROKERS").as_deref() == Ok("1") {
+        eprintln!("SKIPPED: the Node shop over Redis (HAUNT_SKIP_BROKERS=1)");
+        return;
+    }
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/systems/shop-node-redis");
+    let installed = std::process::Command::new("npm")
+        .args(["ci", "--no-audit", "--no-fund", "--ignore-scripts"])
+        .current_dir(&dir)
+        .output()
+        .expect("npm must be installed (the polyglot machines have Node.js with npm)");
+    assert!(installed.status.success(), "npm ci: {}", String::from_utf8_lossy(&installed.stderr));
+    assert!(
+        std::process::Command::new("redis-server").arg("--version").output().is_ok_and(|o| o.status.success()),
+        "redis-server must be installed (scripts/brokers installs it), or set HAUNT_SKIP_BROKERS=1"
+    );
+    shop_matrix_catches_naive_and_passes_fixed(&dir, "shop-node-redis");
+}
+
+/// One seed of 24 s for each variant of the shop in `dir` (its `shop.toml`,
+/// named `name`): the fixed one valid under kill, pause, partition and ack
+/// loss, the naive one caught losing an event under kills.
+fn shop_matrix_catches_naive_and_passes_fixed(dir: &Path, name: &str) {
     let store = tempfile::tempdir().unwrap();
+    // A shop's PostgreSQL runs as the user postgres when the suite runs as
+    // root: it must reach its data directory in the run's scratch folder.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(store.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let file = dir.join("shop.toml").to_string_lossy().into_owned();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_haunt"))
         .args(["matrix", "--store"])
@@ -288,7 +324,7 @@ fn the_go_shop_over_nats_is_caught_naive_and_valid_fixed() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{text}");
-    assert!(text.contains("| shop-go-nats fixed under kill,pause,partition,ack-loss |"), "{text}");
+    assert!(text.contains(&format!("| {name} fixed under kill,pause,partition,ack-loss |")), "{text}");
     assert!(text.contains("| verdict true | 1/1 valid |"), "{text}");
-    assert!(text.contains("| shop-go-nats naive under kill | kill | `lost-effect` | 1/1 |"), "{text}");
+    assert!(text.contains(&format!("| {name} naive under kill | kill | `lost-effect` | 1/1 |")), "{text}");
 }
