@@ -16,6 +16,11 @@ pub trait Link: Send + Sync + std::fmt::Debug {
     /// [`Link::heal`] without a runtime, for the last-resort heal of a run
     /// that unwinds.
     fn heal_blocking(&self);
+    /// For a link that chooses what to cut as the cut comes (a Kafka
+    /// cluster's `leader<->all`): the link it cut last, for the record.
+    fn chose(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A link the delay nemesis can slow down: every chunk of an answer waits.

@@ -25,12 +25,14 @@ pub struct PartitionNemesis {
     links: Vec<(String, SharedLink)>,
     /// To cut while an end of the link holds work at a point (see [`Aim::at_link`]).
     aim: Option<Aim>,
+    /// What the last cut chose to cut, where its link chooses (`leader<->all`).
+    chose: std::sync::Mutex<Option<String>>,
 }
 
 impl PartitionNemesis {
     /// `links`: a name such as `client<->api` and the link itself.
     pub fn new(links: Vec<(String, SharedLink)>) -> Self {
-        PartitionNemesis { links, aim: None }
+        PartitionNemesis { links, aim: None, chose: Default::default() }
     }
 
     /// Every other cut waits for an end of its link with hold points to hold
@@ -52,8 +54,18 @@ impl Nemesis for PartitionNemesis {
     fn targets(&self) -> Vec<String> {
         names(&self.links)
     }
+    /// The hold's answer, and the link a choosing link cut (`"link":
+    /// "broker-2<->all"` for `leader<->all`).
     fn take_aim(&self) -> Option<serde_json::Value> {
-        Aim::take(self.aim.as_ref())
+        let aim = Aim::take(self.aim.as_ref());
+        match self.chose.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            None => aim,
+            Some(link) => {
+                let mut aim = aim.unwrap_or_else(|| serde_json::json!({}));
+                aim["link"] = link.into();
+                Some(aim)
+            }
+        }
     }
     fn start<'a>(&'a self, target: &'a str) -> BoxFuture<'a, anyhow::Result<()>> {
         Box::pin(async move {
@@ -61,7 +73,9 @@ impl Nemesis for PartitionNemesis {
             if let Some(ends) = ends(target) {
                 Aim::at_link(self.aim.as_ref(), ends).await;
             }
-            link.cut().await
+            link.cut().await?;
+            *self.chose.lock().unwrap_or_else(|p| p.into_inner()) = link.chose();
+            Ok(())
         })
     }
     fn stop(&self) -> BoxFuture<'_, anyhow::Result<()>> {

@@ -175,11 +175,12 @@ fn kafka_brokers(spec: TransportSpec) -> usize {
 
 /// The faults of a transport's fault runs, and their targets. On a Kafka
 /// cluster a partition may also isolate a node from its peers and its
-/// clients (a leader's failover), and a broker-restart takes any node.
+/// clients (a leader's failover), any node or the leader of partition 0 as
+/// the cut comes, and a broker-restart takes any node.
 fn fault_schedule(spec: TransportSpec) -> (Vec<Fault>, Vec<String>) {
     let (mut faults, mut targets) = (vec![Fault::Kill, Fault::Partition, Fault::AckLoss], vec!["worker-1"]);
     if kafka_brokers(spec) > 1 {
-        targets.extend(["broker-1<->all", "broker-2<->all", "broker-3<->all"]);
+        targets.extend(["broker-1<->all", "broker-2<->all", "broker-3<->all", "leader<->all"]);
     }
     if spec.is_broker() {
         targets.extend(["worker-1<->broker", "relay"]);

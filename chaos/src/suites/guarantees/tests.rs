@@ -119,6 +119,7 @@ fn the_fault_schedule_reaches_the_broker_and_the_relay_only_where_there_are_some
     for n in 1..=3 {
         assert!(targets.contains(&format!("broker-{n}<->all")), "{targets:?}");
     }
+    assert!(targets.contains(&"leader<->all".to_owned()), "or the leader of partition 0: {targets:?}");
     let (_, targets) = fault_schedule("kafka:eos".parse().unwrap());
     assert!(!targets.iter().any(|t| t.contains("<->all")), "eos runs on one broker: {targets:?}");
 }

@@ -394,7 +394,7 @@ pub async fn search<T: Tries>(trial: &mut T, start: Candidate, first_anomaly_ms:
     // 5. The windows moved up, if ddmin did not already; the run ends 3 s
     // after its last window; then fewer clients.
     let earlier = best.clone().moved_up();
-    if earlier != best {
+    if earlier.windows != best.windows {
         match trial.fails("earlier windows", &earlier).await {
             Some(true) => best = earlier,
             Some(false) => {}

@@ -11,7 +11,9 @@
 //! - `broker-N<->all`: node N from the other nodes and from every client
 //!   (the harness's own listener stays open, so the run can still judge):
 //!   where node N leads partitions, their leadership moves, and a producer
-//!   with `acks=1` may have been told of writes that only N had.
+//!   with `acks=1` may have been told of writes that only N had;
+//! - `leader<->all`: `broker-N<->all` of the node that leads partition 0 as
+//!   the cut comes, asked of the cluster then ([`LeaderLink`]).
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -34,6 +36,8 @@ pub(super) struct Wired {
     pub side: BrokerSide,
     pub urls: Vec<(String, String)>,
     pub links: Vec<(String, Arc<ProxyGroup>)>,
+    /// A cluster's `leader<->all`, which cuts but does not slow.
+    pub leader: Option<Arc<LeaderLink>>,
 }
 
 impl Wired {
@@ -73,6 +77,71 @@ impl FaultContext for Leaders {
             out.insert("leaders".into(), named.into());
             Some(out)
         })
+    }
+}
+
+/// `leader<->all`: the isolation of whichever node leads partition 0 when
+/// the cut comes, from its peers and its clients. A node chosen at random
+/// leads a third of the partitions; this one always leads the partition
+/// whose writes the cut puts at risk, and the fault's start op names the
+/// leaders as it struck.
+#[derive(Debug)]
+pub(super) struct LeaderLink {
+    leaders: Leaders,
+    /// Each node's `broker-N<->all`, by node id.
+    isolations: Vec<(i32, Arc<ProxyGroup>)>,
+    /// The isolation the cut chose (its node's id), until it heals.
+    struck: std::sync::Mutex<Option<(i32, Arc<ProxyGroup>)>>,
+}
+
+impl LeaderLink {
+    /// The node that leads partition 0 now, from the cluster's metadata.
+    async fn leader(&self) -> anyhow::Result<i32> {
+        let inspector = haunt_transport::inspector(self.leaders.transport, &self.leaders.url).await?;
+        let leaders = inspector.leaders().await?.context("the cluster names no partition leaders")?;
+        leaders
+            .into_iter()
+            .find(|(id, partitions)| *id >= 0 && partitions.contains(&0))
+            .map(|(id, _)| id)
+            .context("partition 0 has no leader now")
+    }
+
+    fn take_struck(&self) -> Option<Arc<ProxyGroup>> {
+        self.struck.lock().unwrap_or_else(|p| p.into_inner()).take().map(|(_, group)| group)
+    }
+}
+
+impl crate::core::link::Link for LeaderLink {
+    fn cut(&self) -> BoxFuture<'_, anyhow::Result<()>> {
+        Box::pin(async move {
+            let id = self.leader().await.context("leader<->all: which node leads partition 0")?;
+            let (_, group) = self
+                .isolations
+                .iter()
+                .find(|(n, _)| *n == id)
+                .with_context(|| format!("leader<->all: node {id} leads partition 0, and it is not of this run"))?;
+            group.cut().await?;
+            *self.struck.lock().unwrap_or_else(|p| p.into_inner()) = Some((id, group.clone()));
+            Ok(())
+        })
+    }
+    fn chose(&self) -> Option<String> {
+        let struck = self.struck.lock().unwrap_or_else(|p| p.into_inner());
+        struck.as_ref().map(|(id, _)| format!("broker-{id}<->all"))
+    }
+    fn heal(&self) -> BoxFuture<'_, anyhow::Result<()>> {
+        let struck = self.take_struck();
+        Box::pin(async move {
+            match struck {
+                Some(group) => group.heal().await,
+                None => Ok(()),
+            }
+        })
+    }
+    fn heal_blocking(&self) {
+        if let Some(group) = self.take_struck() {
+            group.heal_blocking();
+        }
     }
 }
 
@@ -125,7 +194,7 @@ pub(super) async fn local_broker(
         links.push((format!("{name}<->broker"), group([proxy])));
     }
     let laid = server.layout(port, http_port, &run_dir.join("broker"), Some(options.visibility_timeout), &listeners)?;
-    Ok(Wired { side: BrokerSide::new(options, vec![laid]), urls, links })
+    Ok(Wired { side: BrokerSide::new(options, vec![laid]), urls, links, leader: None })
 }
 
 /// A node of the cluster being laid out: its ports, and the proxies that
@@ -207,7 +276,17 @@ async fn kafka_cluster(options: &RunOptions, run_dir: &Path, clients: &[&String]
         )?);
     }
     let side = BrokerSide::new(options, laid);
-    Ok(Wired { side, urls: client_urls(options, &nodes, clients), links: cluster_links(&nodes, clients) })
+    let links = cluster_links(&nodes, clients);
+    let isolations = links
+        .iter()
+        .filter_map(|(name, group)| {
+            let id = name.strip_prefix("broker-")?.strip_suffix("<->all")?.parse().ok()?;
+            Some((id, group.clone()))
+        })
+        .collect();
+    let leaders = Leaders { transport: side.transport, url: side.url.clone() };
+    let leader = Some(Arc::new(LeaderLink { leaders, isolations, struck: Default::default() }));
+    Ok(Wired { side, urls: client_urls(options, &nodes, clients), links, leader })
 }
 
 fn client_urls(options: &RunOptions, nodes: &[Node], clients: &[&String]) -> Vec<(String, String)> {

@@ -415,14 +415,16 @@ async fn local_pipeline(
     let mut all: Vec<(String, SharedLink, SharedSlow)> =
         vec![("client<->api".into(), client_proxy.clone(), client_proxy.clone())];
     all.extend(proxies.into_iter().map(|(link, proxy, _)| (link, proxy.clone() as SharedLink, proxy as SharedSlow)));
+    let mut cut_only: Vec<(String, SharedLink)> = Vec::new();
     let broker = wired.map(|w| {
         all.extend(w.links.into_iter().map(|(link, g)| (link, g.clone() as SharedLink, g as SharedSlow)));
+        cut_only.extend(w.leader.map(|l| ("leader<->all".to_owned(), l as SharedLink)));
         w.side
     });
     let surfaces = Surfaces {
         node_faults: crate::core::system::by_role(&backend.nodes()),
         backend,
-        links: all.iter().map(|(n, l, _)| (n.clone(), l.clone())).collect(),
+        links: all.iter().map(|(n, l, _)| (n.clone(), l.clone())).chain(cut_only).collect(),
         slowable: all.iter().map(|(n, _, s)| (n.clone(), s.clone())).collect(),
         lossy: Vec::new(),
         switches: Some(switches(token, &endpoints)?),
