@@ -374,7 +374,11 @@ fn a_docker_run_over_a_broker_container_is_valid(transport: &str, restart: bool)
     let run = latest(tmp.path());
     let results = read_json(&run.join("results.json"));
     assert_eq!(results["valid"], true, "{test}");
-    assert!(results["delivery"]["redeliveries"].as_u64().unwrap() > 0, "{test}: {results}");
+    // A broker that counts deliveries says how many came again; Kafka does
+    // not, and its redeliveries show as the duplicates the inbox absorbed.
+    let spec: haunt_transport::TransportSpec = transport.parse().unwrap();
+    let again = if spec.counts_deliveries() { "redeliveries" } else { "duplicates_absorbed" };
+    assert!(results["delivery"][again].as_u64().unwrap() > 0, "{test}: no {again}: {}", results["delivery"]);
     let history = std::fs::read_to_string(run.join("history.jsonl")).unwrap();
     let killed = nemesis_ok(&history, "kill");
     assert!(killed.iter().any(|t| t == "worker-1"), "{test}: a consumer's container was killed: {killed:?}");
@@ -423,6 +427,18 @@ fn a_docker_run_over_a_mosquitto_container_is_valid_under_consumer_faults() {
 #[test]
 fn a_docker_run_over_a_moto_sqs_container_is_valid_under_consumer_faults() {
     a_docker_run_over_a_broker_container_is_valid("sqs", false);
+}
+
+/// Apache Kafka alone in a container of the brokers' image: its harness
+/// listener advertised at the published port, another at the container's
+/// name for the run's containers, whose links to it iptables cuts.
+#[test]
+fn a_docker_run_over_a_kafka_container_is_valid_under_broker_faults() {
+    if std::env::var("HAUNT_SKIP_KAFKA").as_deref() == Ok("1") {
+        eprintln!("SKIPPED: a docker run over a kafka container (HAUNT_SKIP_KAFKA=1)");
+        return;
+    }
+    a_docker_run_over_a_broker_container_is_valid("kafka", true);
 }
 
 /// Google's Pub/Sub emulator in the brokers' image (copied from the host,

@@ -175,15 +175,21 @@ impl Broker {
     /// [`Broker::layout`] for a container of `haunt-brokers:latest`
     /// (`docker/brokers`): listening on every interface of the container at
     /// `port` (and `http_port`), its configuration and data in `dir`, which
-    /// the container mounts at the same path. Returns the spec to run (the
-    /// program first in its arguments) and the working directory.
+    /// the container mounts at the same path. `published`: the host port
+    /// `port` is published on, for a broker that tells its clients where to
+    /// connect (Kafka). Returns the spec to run (the program first in its
+    /// arguments) and the working directory.
     pub fn layout_in_container(
         self,
         port: u16,
         http_port: u16,
         dir: &Path,
         ack_timeout: Option<Duration>,
+        published: u16,
     ) -> anyhow::Result<(NodeSpec, PathBuf)> {
+        if self == Broker::Kafka {
+            return kafka_in_container(port, http_port, dir, published);
+        }
         let program = PathBuf::from(match self {
             Broker::RabbitMq => "/usr/lib/rabbitmq/bin/rabbitmq-server",
             Broker::Redis => "/usr/bin/redis-server",
@@ -191,13 +197,20 @@ impl Broker {
             Broker::Mosquitto => "/usr/sbin/mosquitto",
             Broker::Moto => "/usr/local/bin/moto_server",
             Broker::Tansu => anyhow::bail!("tansu has no container image here (it is not in Debian or PyPI)"),
-            // Its clients would need a listener each, advertised at an
-            // address of the Docker network.
-            Broker::Kafka => anyhow::bail!("Kafka runs on the local backend only, for now (not with --backend docker)"),
+            Broker::Kafka => unreachable!("laid out above"),
             // Copied in from the host by scripts/images, where the host has it.
             Broker::PubSub => PUBSUB_EMULATOR_IN_IMAGE,
         });
         self.lay_out(port, http_port, dir, "0.0.0.0", &program, ack_timeout, &[], &KafkaPlace::alone())
+    }
+
+    /// The port in its container that the run's other containers connect to,
+    /// for a broker laid out by [`Broker::layout_in_container`] at `port`:
+    /// `port` itself, but for Kafka, which advertises its harness listener
+    /// at the host's published port, and another listener, at the
+    /// container's name, to the containers of the run.
+    pub fn port_for_containers(self, port: u16) -> u16 {
+        if self == Broker::Kafka { port + 2 } else { port }
     }
 
     /// How to tell that the broker answers on `port` (and `http_port`) of 127.0.0.1.
@@ -426,12 +439,23 @@ fn kafka_properties(
         place.voters.iter().map(|(id, addr)| format!("{id}@{addr}")).collect::<Vec<_>>().join(",")
     };
     let inter = if place.peers.is_empty() { "HARNESS".to_owned() } else { format!("FROM_{}", place.id) };
-    let copies = place.voters.len().max(1);
+    format!(
+        "node.id={}\ncontroller.quorum.voters={voters}\ninter.broker.listener.name={inter}\n\
+         listeners={}\nadvertised.listeners={}\nlistener.security.protocol.map={}\n{}",
+        place.id,
+        listeners.join(","),
+        advertised.join(","),
+        protocols.join(","),
+        kafka_settings(place.voters.len().max(1), data),
+    )
+}
+
+/// The settings of a node of `copies` (1 or 3) that do not depend on where
+/// it listens: replication, the group's timeouts, the data directory.
+fn kafka_settings(copies: usize, data: &str) -> String {
     let insync = if copies >= 3 { 2 } else { 1 };
     format!(
-        "process.roles=broker,controller\nnode.id={id}\ncontroller.quorum.voters={voters}\n\
-         controller.listener.names=CONTROLLER\ninter.broker.listener.name={inter}\n\
-         listeners={}\nadvertised.listeners={}\nlistener.security.protocol.map={}\nlog.dirs={data}\n\
+        "process.roles=broker,controller\ncontroller.listener.names=CONTROLLER\nlog.dirs={data}\n\
          auto.create.topics.enable=false\ndefault.replication.factor={copies}\nmin.insync.replicas={insync}\n\
          unclean.leader.election.enable=false\ngroup.initial.rebalance.delay.ms=0\n\
          offsets.topic.replication.factor={copies}\noffsets.topic.num.partitions=1\n\
@@ -440,13 +464,53 @@ fn kafka_properties(
          broker.session.timeout.ms=3000\nbroker.heartbeat.interval.ms=1000\n\
          group.consumer.session.timeout.ms=6000\ngroup.consumer.min.session.timeout.ms=6000\n\
          group.consumer.heartbeat.interval.ms=500\ngroup.consumer.min.heartbeat.interval.ms=500\n\
-         group.consumer.assignment.interval.ms=0\n",
-        listeners.join(","),
-        advertised.join(","),
-        protocols.join(","),
-        id = place.id,
+         group.consumer.assignment.interval.ms=0\n"
     )
 }
+
+/// Kafka alone in a container of `docker/brokers`: the harness's listener
+/// on `port`, advertised at the host's `published` port; the run's other
+/// containers' on `port + 2`, advertised at the container's name (the
+/// broker's node name, its alias on the run's network), which is also the
+/// listener between brokers; the controller on `controller_port`, inside
+/// only. Links to it are cut with iptables, so no client needs a listener
+/// of its own.
+fn kafka_in_container(
+    port: u16,
+    controller_port: u16,
+    dir: &Path,
+    published: u16,
+) -> anyhow::Result<(NodeSpec, PathBuf)> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let dir = std::path::absolute(dir)?;
+    let place = KafkaPlace::alone();
+    let name = place.node_name();
+    let inside = Broker::Kafka.port_for_containers(port);
+    let data = dir.join("data").to_string_lossy().into_owned();
+    let props = format!(
+        "node.id=1\ncontroller.quorum.voters=1@127.0.0.1:{controller_port}\ninter.broker.listener.name=INTERNAL\n\
+         listeners=HARNESS://0.0.0.0:{port},INTERNAL://0.0.0.0:{inside},CONTROLLER://127.0.0.1:{controller_port}\n\
+         advertised.listeners=HARNESS://127.0.0.1:{published},INTERNAL://{name}:{inside}\n\
+         listener.security.protocol.map=HARNESS:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT\n{}",
+        kafka_settings(1, &data),
+    );
+    write(&dir.join("server.properties"), &props)?;
+    write(&dir.join("log4j2.properties"), KAFKA_LOG4J)?;
+    let node = Node { name, role: Role::Broker };
+    let args = vec!["-c".into(), kafka_launch(Path::new(KAFKA_LIBS_IN_IMAGE))];
+    let spec = NodeSpec {
+        node,
+        args,
+        program: Some(PathBuf::from("/bin/sh")),
+        env: Vec::new(),
+        cwd: Some(dir.clone()),
+        ready: None,
+    };
+    Ok((spec, dir))
+}
+
+/// Where `docker/brokers` puts Kafka's jars (copied from the host's cache).
+const KAFKA_LIBS_IN_IMAGE: &str = "/opt/kafka/libs";
 
 /// A Kafka node's place in its cluster. [`KafkaPlace::alone`]: node 1, with
 /// no other node.

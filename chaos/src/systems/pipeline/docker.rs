@@ -74,7 +74,8 @@ pub(super) async fn docker_pipeline(
     if transport.server().is_some() {
         let (spec, side) = docker_broker(options, run_dir, (port()?, port()?))?;
         specs.insert(0, spec);
-        let inside = haunt_transport::url(transport, &format!("{}:{DOCKER_BROKER_PORT}", side.first().spec.node.name));
+        let port = side.first().broker.port_for_containers(DOCKER_BROKER_PORT);
+        let inside = haunt_transport::url(transport, &format!("{}:{port}", side.first().spec.node.name));
         broker_args = vec!["--transport".into(), transport.to_string(), "--broker".into(), inside];
         broker = Some(side);
     }
@@ -142,6 +143,7 @@ fn docker_broker(
         DOCKER_BROKER_HTTP_PORT,
         &run_dir.join("broker"),
         Some(options.visibility_timeout),
+        host_port,
     )?;
     let program = spec.program.clone().expect("a broker names its program");
     let container = ContainerSpec {
