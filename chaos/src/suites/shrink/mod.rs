@@ -249,6 +249,14 @@ pub async fn shrink(options: &ShrinkOptions) -> anyhow::Result<Report> {
     let kinds = kinds_of(&results);
     anyhow::ensure!(!kinds.is_empty(), "{}: the run was valid; there is nothing to shrink", dir.display());
     let out = dir.join("shrunk");
+    // A second shrink of the same run replaces the first, tries and all,
+    // rather than piling its runs on top.
+    if out.exists() {
+        if !options.quiet {
+            eprintln!("replacing the last shrink's {}", out.display());
+        }
+        std::fs::remove_dir_all(&out).with_context(|| format!("removing {}", out.display()))?;
+    }
     std::fs::create_dir_all(out.join("tries")).with_context(|| format!("creating {}", out.display()))?;
     let started = Instant::now();
     let before = Candidate {
