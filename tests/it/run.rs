@@ -160,6 +160,27 @@ fn an_aimed_kill_and_pause_of_workers_each_make_redeliveries_the_inbox_absorbs()
     }
 }
 
+/// The API has no hold point, but the workload is its client: the first
+/// kill of it waits for the next order to be under way and strikes within
+/// the requests' median time, and the history says so.
+#[test]
+fn the_first_kill_of_the_api_is_aimed_from_the_clients_side() {
+    let tmp = tempfile::tempdir().unwrap();
+    let args = ["--time-limit-s", "10", "--nemesis", "kill", "--fault-targets", "api", "--seed", "3"];
+    let out = haunt_run(tmp.path(), &args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let history = std::fs::read_to_string(latest(tmp.path()).join("history.jsonl")).unwrap();
+    let first = history
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|op| op["f"] == "kill" && op["value"].get("result").is_some())
+        .expect("a kill of the API");
+    let aim = &first["value"]["aim"];
+    assert_eq!(aim["client"], true, "{first}");
+    assert!(aim["in_flight"].is_u64() && aim["held"].is_boolean(), "{first}");
+}
+
 #[test]
 fn bug_no_inbox_under_ack_loss_is_caught_as_double_applied() {
     let tmp = tempfile::tempdir().unwrap();

@@ -11,6 +11,7 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 use crate::core::history::Recorder;
+use crate::core::inflight::InFlight;
 use crate::core::roles::{BoxFuture, Client, Completion};
 use crate::core::seed::RunSeed;
 
@@ -19,6 +20,8 @@ use crate::core::seed::RunSeed;
 pub struct HttpClient {
     http: reqwest::Client,
     orders_url: String,
+    /// Its requests under way at the API, for a kill aimed from its side.
+    in_flight: Arc<InFlight>,
 }
 
 impl HttpClient {
@@ -30,7 +33,12 @@ impl HttpClient {
             .connect_timeout(request_timeout.min(Duration::from_millis(500)))
             .pool_max_idle_per_host(64)
             .build()?;
-        Ok(HttpClient { http, orders_url: format!("{api_base}/orders") })
+        Ok(HttpClient { http, orders_url: format!("{api_base}/orders"), in_flight: Arc::default() })
+    }
+
+    /// The requests under way at the API, from start to the answer's head.
+    pub fn in_flight(&self) -> Arc<InFlight> {
+        self.in_flight.clone()
     }
 }
 
@@ -38,8 +46,10 @@ impl Client for HttpClient {
     fn place<'a>(&'a self, order: &'a OrderValue, correlation_id: &'a str) -> BoxFuture<'a, Completion> {
         Box::pin(async move {
             let body = serde_json::json!({"order_id": order.order_id, "item_id": order.item_id, "qty": order.qty});
-            let response =
-                self.http.post(&self.orders_url).header("x-correlation-id", correlation_id).json(&body).send().await;
+            let request = self.http.post(&self.orders_url).header("x-correlation-id", correlation_id).json(&body);
+            let in_flight = self.in_flight.begin();
+            let response = request.send().await;
+            drop(in_flight);
             let response = match response {
                 Ok(r) => r,
                 Err(e) if e.is_connect() => {

@@ -189,7 +189,11 @@ impl Aim {
         }
         let share = self.rng.lock().unwrap_or_else(|p| p.into_inner()).unit();
         let after = median.mul_f64(share).min(Aim::ANSWER_MARGIN);
-        tokio::time::sleep(after).await;
+        // The timer counts whole milliseconds: a request quicker than that
+        // would be over before the shortest sleep, so the strike comes at once.
+        if after >= Duration::from_millis(1) {
+            tokio::time::sleep(after).await;
+        }
         let in_flight = flight.count();
         json!({"held": in_flight > 0, "client": true, "in_flight": in_flight, "after_ms": after.as_millis() as u64})
     }

@@ -106,6 +106,7 @@ pub(super) async fn docker_pipeline(
     let lossy = docker_links(&docker, options, broker.as_ref());
     let api_addr: SocketAddr = ([127, 0, 0, 1], api_port).into();
     let client_proxy = Arc::new(FaultProxy::start(api_addr).await?);
+    let client = Arc::new(HttpClient::new(&format!("http://{}", client_proxy.addr()), options.request_timeout)?);
     let surfaces = Surfaces {
         node_faults: crate::core::system::by_role(&docker.nodes()),
         backend: docker,
@@ -113,10 +114,10 @@ pub(super) async fn docker_pipeline(
         links: lossy.iter().map(|(n, l)| (n.clone(), l.clone() as SharedLink)).collect(),
         lossy: lossy.into_iter().map(|(n, l)| (n, l as SharedLossy)).collect(),
         switches: Some(switches(token, &endpoints)?),
-        in_flight: Vec::new(),
+        // The API's kills aimed from the client's side.
+        in_flight: vec![(api_node().name, client.in_flight())],
         probes: Vec::new(),
     };
-    let client = Arc::new(HttpClient::new(&format!("http://{}", client_proxy.addr()), options.request_timeout)?);
     Ok(Pipeline { surfaces, store, db: db.to_string(), client, endpoints, broker })
 }
 

@@ -421,6 +421,7 @@ async fn local_pipeline(
         cut_only.extend(w.leader.map(|l| ("leader<->all".to_owned(), l as SharedLink)));
         w.side
     });
+    let client = Arc::new(HttpClient::new(&format!("http://{}", client_proxy.addr()), options.request_timeout)?);
     let surfaces = Surfaces {
         node_faults: crate::core::system::by_role(&backend.nodes()),
         backend,
@@ -428,10 +429,10 @@ async fn local_pipeline(
         slowable: all.iter().map(|(n, _, s)| (n.clone(), s.clone())).collect(),
         lossy: Vec::new(),
         switches: Some(switches(token, &endpoints)?),
-        in_flight: Vec::new(),
+        // The API's kills aimed from the client's side.
+        in_flight: vec![(api_node().name, client.in_flight())],
         probes: Vec::new(),
     };
-    let client = Arc::new(HttpClient::new(&format!("http://{}", client_proxy.addr()), options.request_timeout)?);
     Ok(Pipeline { surfaces, store, db: db.to_string(), client, endpoints, broker })
 }
 
