@@ -1,6 +1,8 @@
 //! The harness crate's integration tests, one binary (one link) for all:
 //!
-//! - [`phases`]: a run's phases in process, in paused time;
+//! - [`phases`]: a run's phases in process, in paused time, over the
+//!   in-memory system of [`memory`];
+//! - [`shrink`]: `haunt shrink`'s search over runs in process, in paused time;
 //! - [`local`]: the local backend's process groups;
 //! - [`brokers`]: each broker server as a node (needs the servers);
 //! - [`transports`]: every transport held to its contract against the real
