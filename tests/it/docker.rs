@@ -299,7 +299,7 @@ fn a_system_file_of_containers_runs_in_docker_with_its_links_cut_at_their_proxie
 /// A link between two containers of a system file runs through a fault
 /// proxy of the harness on the run network's gateway, so it takes a delay
 /// (the kernel here has no netem) as well as loss: while worker-1's link to
-/// PostgreSQL is slowed past the request timeout, worker-1 applies nothing
+/// PostgreSQL is slowed past the request timeout, worker-1 all but stops
 /// and worker-2 goes on.
 #[test]
 fn a_system_file_link_between_containers_takes_a_delay_and_loss() {
@@ -346,8 +346,13 @@ fn a_system_file_link_between_containers_takes_a_delay_and_loss() {
             applied[usize::from(line["worker_id"] == "worker-2")] += 1;
         }
     }
-    assert_eq!(applied[0], 0, "worker-1 applies nothing through its delayed link: {applied:?}");
+    // The delay holds the database's answers, not the worker's requests: a
+    // transaction whose last statements were on their way as a window began
+    // still takes effect in it (run beside the other container tests, one
+    // did). After that, each statement waits past the timeout, so worker-1
+    // falls far behind worker-2, which shares the load evenly outside.
     assert!(applied[1] > 10, "worker-2 goes on meanwhile: {applied:?}");
+    assert!(applied[0] * 5 < applied[1], "worker-1 all but stops through its delayed link: {applied:?}");
     let run_id = run_id_in(&stderr);
     assert_eq!(containers_of(&run_id), Vec::<String>::new(), "nothing left behind");
 }
@@ -374,12 +379,25 @@ fn a_docker_run_over_a_broker_container_is_valid(transport: &str, restart: bool)
     let run = latest(tmp.path());
     let results = read_json(&run.join("results.json"));
     assert_eq!(results["valid"], true, "{test}");
-    // A broker that counts deliveries says how many came again; Kafka does
-    // not, and its redeliveries show as the duplicates the inbox absorbed.
-    let spec: haunt_transport::TransportSpec = transport.parse().unwrap();
-    let again = if spec.counts_deliveries() { "redeliveries" } else { "duplicates_absorbed" };
-    assert!(results["delivery"][again].as_u64().unwrap() > 0, "{test}: no {again}: {}", results["delivery"]);
     let history = std::fs::read_to_string(run.join("history.jsonl")).unwrap();
+    let spec: haunt_transport::TransportSpec = transport.parse().unwrap();
+    if spec.counts_deliveries() {
+        assert!(results["delivery"]["redeliveries"].as_u64().unwrap() > 0, "{test}: {results}");
+    } else {
+        // Kafka counts no deliveries, and its acks are cumulative: a lost
+        // commit is covered by the next, so only a consumer killed with
+        // offsets uncommitted redelivers. A kill aimed at a held batch (its
+        // effects committed, its offsets not) must show as duplicates the
+        // inbox absorbed; a kill that found no batch within its wait (under
+        // the suite's load, once) may leave none.
+        let held = history
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .any(|op| op["f"] == "kill" && op["value"]["target"] == "worker-1" && op["value"]["aim"]["held"] == true);
+        let absorbed = results["delivery"]["duplicates_absorbed"].as_u64().unwrap();
+        assert!(!held || absorbed > 0, "{test}: a kill held a batch, and nothing came again: {}", results["delivery"]);
+        eprintln!("{test}: a kill held a batch: {held}; duplicates absorbed: {absorbed}");
+    }
     let killed = nemesis_ok(&history, "kill");
     assert!(killed.iter().any(|t| t == "worker-1"), "{test}: a consumer's container was killed: {killed:?}");
     if restart {

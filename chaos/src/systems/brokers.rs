@@ -598,10 +598,7 @@ pub fn free_ports() -> anyhow::Result<(u16, u16)> {
 /// [`free_ports`], none of them one of `taken` (chosen before, and not yet
 /// listened on).
 pub fn free_ports_besides(taken: &[u16]) -> anyhow::Result<(u16, u16)> {
-    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next().and_then(|p| p.parse::<u32>().ok()))
-        .unwrap_or(32768);
+    let ephemeral_low = ephemeral_low();
     let (low, high) = (10_000u32, ephemeral_low.saturating_sub(20_001));
     anyhow::ensure!(
         high > low,
@@ -617,6 +614,37 @@ pub fn free_ports_besides(taken: &[u16]) -> anyhow::Result<(u16, u16)> {
         }
     }
     anyhow::bail!("no free pair of loopback ports between {low} and {high}")
+}
+
+/// The first port of the kernel's ephemeral range, from which it gives
+/// outgoing connections their local ports.
+fn ephemeral_low() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next().and_then(|p| p.parse::<u32>().ok()))
+        .unwrap_or(32768)
+}
+
+/// A free loopback port below the kernel's ephemeral range, held by the
+/// listener returned until the caller lets it go: for a port a container
+/// engine publishes. The engine binds it only when the container starts,
+/// a second or more after the harness let it go; a port of the ephemeral
+/// range can meanwhile become the local port of some outgoing connection,
+/// and the container then fails to start ("bind: address already in use":
+/// seen once in the suite, 2026-12-05). Below the range, only a program
+/// that asks for that very port can take it.
+pub fn publishable_port() -> anyhow::Result<(u16, std::net::TcpListener)> {
+    let high = ephemeral_low().min(u32::from(u16::MAX));
+    let low = 10_000u32;
+    anyhow::ensure!(high > low, "the ephemeral port range starts at {high}: no room below it to publish a port");
+    let mut rng = haunt_store::Rng::from_entropy();
+    for _ in 0..200 {
+        let port = (low + (rng.next_u64() % u64::from(high - low)) as u32) as u16;
+        if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            return Ok((port, listener));
+        }
+    }
+    anyhow::bail!("no free loopback port between {low} and {high}")
 }
 
 fn write(path: &Path, text: &str) -> anyhow::Result<()> {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use haunt_store::DbUrl;
 
-use super::{BrokerSide, Pipeline, open_empty, reserve_port, switches, worker_args};
+use super::{BrokerSide, Pipeline, open_empty, switches, worker_args};
 use crate::backends::docker::{ContainerSpec, DockerBackend, IptablesLink, Peer, postgres_node};
 use crate::backends::local::{api_node, relay_node, worker_node};
 use crate::backends::proxy::FaultProxy;
@@ -35,12 +35,14 @@ pub(super) async fn docker_pipeline(
     let pg = postgres_node();
     let pg_host = format!("haunt-{run_id}-{}", pg.name);
     let db_inside = format!("postgres://postgres@{pg_host}:5432/postgres");
-    // Held until every port is chosen, so that no two are the same.
+    // Held until every port is chosen, so that no two are the same; below
+    // the ephemeral range, as the engine binds them only as each container
+    // starts (`publishable_port`).
     let mut reserved = Vec::new();
     let mut port = || -> anyhow::Result<u16> {
-        let (addr, held) = reserve_port()?;
+        let (port, held) = crate::systems::brokers::publishable_port()?;
         reserved.push(held);
-        Ok(addr.port())
+        Ok(port)
     };
     let pg_port = port()?;
     let api_port = port()?;
