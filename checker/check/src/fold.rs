@@ -17,6 +17,8 @@ use hashbrown::HashTable;
 use haunt_format::jsonl::is_cut_off;
 use haunt_format::{FinalRef, FormatError, JsonlReader, OpRef, OpType, OrderRef, Process};
 
+use crate::key::{Key, Keys};
+pub use crate::orders::{Applications, OptCount, Order, Orders, Row};
 use crate::results::FaultWindow;
 use crate::series::{OpsAt, Outcome, Timeline};
 
@@ -43,128 +45,17 @@ impl Interner {
     }
 }
 
-/// An order's row in the final state.
-#[derive(Debug, Clone)]
-pub struct Row {
-    pub item: u32,
-    /// How many times the queue handed the event to a worker, when the line says.
-    pub deliveries: OptCount,
-    /// How many of those deliveries the inbox refused, when the line says.
-    pub duplicates_absorbed: OptCount,
-    pub qty: i64,
-    pub event: Box<str>,
-}
-
-/// A count that a line may leave out, in four bytes (a row is kept per order,
-/// millions of them): the count plus one, or nothing.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct OptCount(Option<std::num::NonZeroU32>);
-
-impl OptCount {
-    /// `None` for `u32::MAX`, the one count it cannot hold.
-    pub fn new(count: Option<u32>) -> Option<OptCount> {
-        match count {
-            None => Some(OptCount(None)),
-            Some(n) => std::num::NonZeroU32::new(n.wrapping_add(1)).map(|c| OptCount(Some(c))),
-        }
-    }
-
-    pub fn get(self) -> Option<u32> {
-        self.0.map(|c| c.get() - 1)
-    }
-}
-
 /// One application of an event, as kept for reporting.
 #[derive(Debug, Clone, Copy)]
 pub struct Application {
     pub attempt: u32,
+    /// Interned in the fold's workers.
     pub worker: u32,
     pub applied_at_ms: i64,
     /// Its place in its item's order, where the system numbers them.
     pub key_seq: Option<u64>,
     /// When the relay published the message it came from, where recorded.
     pub publish_seq: Option<i64>,
-}
-
-/// The applications joined to an order's row event.
-#[derive(Debug, Default)]
-pub struct Applications {
-    pub count: u32,
-    pub first: Option<Application>,
-    pub min_attempt: u32,
-    pub min_applied_at_ms: i64,
-    /// The earliest place in its item's order of any of its applications:
-    /// where the event first took effect.
-    pub min_key_seq: Option<u64>,
-    /// The publish sequence of that first-taking-effect application.
-    pub first_publish_seq: Option<i64>,
-    /// Why the first application that does not match the order is wrong.
-    pub mismatch: Option<String>,
-}
-
-/// One logical order: every attempt at one order id, and its final state.
-#[derive(Debug)]
-pub struct Order {
-    pub id: Box<str>,
-    pub invoked: bool,
-    pub item: u32,
-    pub qty: i64,
-    pub attempts: u32,
-    pub ok: u32,
-    pub fail: u32,
-    /// Completed `info`, or never completed.
-    pub unknown: u32,
-    /// From the first `ok` completion.
-    pub ack_event: Option<Box<str>>,
-    pub first_invoke_ns: u64,
-    pub first_ok_ns: Option<u64>,
-    pub row: Option<Row>,
-    /// `order` lines after the first with this id.
-    pub extra_rows: u32,
-    pub applied: Applications,
-    pub pending: bool,
-    pub dead: bool,
-}
-
-impl Order {
-    fn new(id: &str) -> Order {
-        Order {
-            id: id.into(),
-            invoked: false,
-            item: 0,
-            qty: 0,
-            attempts: 0,
-            ok: 0,
-            fail: 0,
-            unknown: 0,
-            ack_event: None,
-            first_invoke_ns: 0,
-            first_ok_ns: None,
-            row: None,
-            extra_rows: 0,
-            applied: Applications::default(),
-            pending: false,
-            dead: false,
-        }
-    }
-
-    pub fn acknowledged(&self) -> bool {
-        self.ok > 0
-    }
-
-    /// Every attempt certainly had no effect.
-    pub fn failed(&self) -> bool {
-        self.invoked && self.ok == 0 && self.unknown == 0 && self.fail > 0
-    }
-
-    pub fn indeterminate(&self) -> bool {
-        self.invoked && !self.acknowledged() && !self.failed()
-    }
-
-    /// The event to name in examples: the row's, else the acknowledged one.
-    pub fn event(&self) -> Option<&str> {
-        self.row.as_ref().map(|r| &*r.event).or(self.ack_event.as_deref())
-    }
 }
 
 /// An `applied` line that could not be joined to an order row's event.
@@ -232,7 +123,9 @@ enum FaultResult {
 /// Everything the rules need, from both files.
 #[derive(Debug, Default)]
 pub struct Fold {
-    pub orders: Vec<Order>,
+    pub orders: Orders,
+    /// The ids of orders and events, packed; the ones that do not pack.
+    pub keys: Keys,
     by_id: HashTable<u32>,
     /// Orders by their row's event: built on the first lookup that the
     /// final state's own order does not answer, kept up to date after.
@@ -245,6 +138,8 @@ pub struct Fold {
     last_row: Option<u32>,
     hasher: hashbrown::DefaultHashBuilder,
     pub strings: Interner,
+    /// The workers named by applications.
+    pub workers: Interner,
     // History.
     pub latency_ok_ns: Vec<f64>,
     pub latency_fail_ns: Vec<f64>,
@@ -297,8 +192,10 @@ pub struct Fold {
     pub pending_lines: u64,
     pub dead_letter_lines: u64,
     pub meta: Option<haunt_format::Meta>,
-    /// Extra applications (beyond the first) of joined events, for examples.
-    pub extra_applications: HashMap<u32, Vec<Application>, hashbrown::DefaultHashBuilder>,
+    /// Every application of the joined events applied more than once.
+    pub applications: HashMap<u32, Vec<Application>, hashbrown::DefaultHashBuilder>,
+    /// Why the first application that does not match its order is wrong, by order.
+    pub mismatches: HashMap<u32, String, hashbrown::DefaultHashBuilder>,
 }
 
 /// A nemesis op's target (`value.target`, else `value.targets`) and result.
@@ -335,8 +232,8 @@ impl Fold {
     /// doubling cost a tenth of a large check in rehashing.
     pub fn reserve(&mut self, orders: usize) {
         self.orders.reserve(orders);
-        let (orders_vec, hasher) = (&self.orders, &self.hasher);
-        self.by_id.reserve(orders, |&j| hasher.hash_one(&*orders_vec[j as usize].id));
+        let (table, hasher) = (&self.orders, &self.hasher);
+        self.by_id.reserve(orders, |&j| hasher.hash_one(table.id(j)));
     }
 
     /// `time_ns` of the history's last op (0 for an empty history).
@@ -344,58 +241,61 @@ impl Fold {
         self.last.map_or(0, |(_, t)| t)
     }
 
-    pub fn order(&self, id: &str) -> Option<&Order> {
-        let hash = self.hasher.hash_one(id);
-        self.by_id.find(hash, |&i| &*self.orders[i as usize].id == id).map(|&i| &self.orders[i as usize])
+    /// The order with id `id`.
+    pub fn order(&self, id: &str) -> Option<Order> {
+        let key = self.keys.find(id)?;
+        let hash = self.hasher.hash_one(key);
+        self.by_id.find(hash, |&i| self.orders.id(i) == key).map(|&i| self.orders.get(i))
+    }
+
+    /// The text of an id.
+    pub fn text(&self, key: Key) -> String {
+        self.keys.str(&key).into_owned()
     }
 
     fn order_index(&mut self, id: &str) -> u32 {
-        let hash = self.hasher.hash_one(id);
+        let key = self.keys.key(id);
+        let hash = self.hasher.hash_one(key);
         let orders = &self.orders;
-        if let Some(&i) = self.by_id.find(hash, |&i| &*orders[i as usize].id == id) {
+        if let Some(&i) = self.by_id.find(hash, |&i| orders.id(i) == key) {
             return i;
         }
-        let i = self.orders.len() as u32;
-        self.orders.push(Order::new(id));
+        let i = self.orders.push(key);
         let (orders, hasher) = (&self.orders, &self.hasher);
-        self.by_id.insert_unique(hash, i, |&j| hasher.hash_one(&*orders[j as usize].id));
+        self.by_id.insert_unique(hash, i, |&j| hasher.hash_one(orders.id(j)));
         i
     }
 
-    fn row_event(&self, i: u32) -> Option<&str> {
-        self.orders[i as usize].row.as_ref().map(|r| &*r.event)
-    }
-
     fn event_index(&mut self, event: &str) -> Option<u32> {
-        if let Some(i) = self.last_row.filter(|&i| self.row_event(i) == Some(event)) {
+        let key = self.keys.find(event)?;
+        if let Some(i) = self.last_row.filter(|&i| self.orders.row_event(i) == Some(key)) {
             return Some(i);
         }
         if !self.by_event_built {
             self.by_event_built = true;
             let (orders, hasher) = (&self.orders, &self.hasher);
-            self.by_event
-                .reserve(orders.len(), |&j| hasher.hash_one(orders[j as usize].row.as_ref().map_or("", |r| &*r.event)));
+            self.by_event.reserve(orders.len(), |&j| hasher.hash_one(orders.row_event(j).unwrap_or_default()));
             for i in 0..self.orders.len() as u32 {
-                if self.orders[i as usize].row.is_some() {
+                if self.orders.row_event(i).is_some() {
                     self.index_event(i);
                 }
             }
         }
-        let hash = self.hasher.hash_one(event);
-        self.by_event.find(hash, |&i| self.row_event(i) == Some(event)).copied()
+        let hash = self.hasher.hash_one(key);
+        self.by_event.find(hash, |&i| self.orders.row_event(i) == Some(key)).copied()
     }
 
     fn index_event(&mut self, i: u32) {
         let (orders, hasher) = (&self.orders, &self.hasher);
-        let event = |j: u32| orders[j as usize].row.as_ref().map_or("", |r| &*r.event);
+        let event = |j: u32| orders.row_event(j).unwrap_or_default();
         self.by_event.insert_unique(hasher.hash_one(event(i)), i, |&j| hasher.hash_one(event(j)));
     }
 
     /// The order an `order` line names: usually the next one in the table.
     fn row_order_index(&mut self, id: &str) -> u32 {
         let guess = self.next_row_guess;
-        let i = match self.orders.get(guess as usize) {
-            Some(o) if &*o.id == id => guess,
+        let i = match self.keys.find(id) {
+            Some(key) if (guess as usize) < self.orders.len() && self.orders.id(guess) == key => guess,
             _ => self.order_index(id),
         };
         self.next_row_guess = i + 1;
@@ -483,14 +383,15 @@ impl Fold {
         let item_name = v.item_id.expect("checked by OpRef::order");
         let item = self.strings.id(&item_name);
         let i = self.order_index(&id);
-        let o = &mut self.orders[i as usize];
-        if !o.invoked {
-            o.invoked = true;
-            o.item = item;
-            o.qty = v.qty.expect("checked by OpRef::order");
-            o.first_invoke_ns = time_ns;
-        }
-        o.attempts += 1;
+        self.orders.update(i, |o| {
+            if !o.invoked {
+                o.invoked = true;
+                o.item = item;
+                o.qty = v.qty.expect("checked by OpRef::order");
+                o.first_invoke_ns = time_ns;
+            }
+            o.attempts += 1;
+        });
         i
     }
 
@@ -551,27 +452,31 @@ impl Fold {
     /// The outcome of an attempt at the `i`th order, whose invoke is at
     /// `invoke_line`: `v` is the completion's value.
     fn complete_order(&mut self, i: u32, invoke_line: u64, v: OrderRef<'_>, op: &OpRef<'_>) -> Result<(), String> {
-        let o = &mut self.orders[i as usize];
-        if let Some(id) = v.order_id.as_deref()
-            && !id.is_empty()
-            && id != &*o.id
+        let id = self.orders.id(i);
+        if let Some(named) = v.order_id.as_deref()
+            && !named.is_empty()
+            && !self.keys.is(&id, named)
         {
             return Err(format!(
-                "completion names order_id \"{id}\" but its invoke at line {invoke_line} names \"{}\"",
-                o.id
+                "completion names order_id \"{named}\" but its invoke at line {invoke_line} names \"{}\"",
+                self.text(id)
             ));
         }
-        match op.kind {
+        let ack_event = match (op.kind, v.event_id) {
+            (OpType::Ok, Some(e)) => Some(self.keys.key(&e)),
+            _ => None,
+        };
+        self.orders.update(i, |o| match op.kind {
             OpType::Ok => {
                 o.ok += 1;
                 o.first_ok_ns.get_or_insert(op.time_ns);
                 if o.ack_event.is_none() {
-                    o.ack_event = v.event_id.map(|e| Box::from(&*e));
+                    o.ack_event = ack_event;
                 }
             }
             OpType::Fail => o.fail += 1,
             _ => o.unknown += 1,
-        }
+        });
         Ok(())
     }
 }
@@ -661,7 +566,7 @@ impl Fold {
             if let Some(invoke) = state.outstanding.take() {
                 self.open_invokes += 1;
                 if let Some(i) = invoke.order {
-                    self.orders[i as usize].unknown += 1;
+                    self.orders.update(i, |o| o.unknown += 1);
                 }
             }
         }
@@ -683,12 +588,13 @@ impl Fold {
                 let id = l.order_id.as_deref().unwrap_or_default();
                 let item = self.strings.id(l.item_id.as_deref().unwrap_or_default());
                 let i = self.row_order_index(id);
-                let o = &mut self.orders[i as usize];
+                let mut o = self.orders.get(i);
                 if o.row.is_some() {
                     o.extra_rows += 1;
+                    self.orders.set(i, o);
                     return Ok(());
                 }
-                let event: Box<str> = l.event_id.as_deref().unwrap_or_default().into();
+                let event = self.keys.key(l.event_id.as_deref().unwrap_or_default());
                 let count = |n: Option<u32>, field: &str| {
                     OptCount::new(n)
                         .ok_or_else(|| FormatError::line(file, line, format!("{field} {} is out of range", u32::MAX)))
@@ -700,6 +606,7 @@ impl Fold {
                     qty: l.qty.unwrap_or_default(),
                     event,
                 });
+                self.orders.set(i, o);
                 self.last_row = Some(i);
                 if self.by_event_built {
                     self.index_event(i);
@@ -714,7 +621,7 @@ impl Fold {
                 *self.delivery_histogram.entry(attempt).or_default() += 1;
                 let application = Application {
                     attempt,
-                    worker: self.strings.id(l.worker_id.as_deref().unwrap_or_default()),
+                    worker: self.workers.id(l.worker_id.as_deref().unwrap_or_default()),
                     applied_at_ms: l.applied_at_ms.unwrap_or_default(),
                     key_seq: l.key_seq,
                     publish_seq: l.publish_seq,
@@ -746,14 +653,14 @@ impl Fold {
             "pending" => {
                 self.pending_lines += 1;
                 match self.event_index(l.event_id.as_deref().unwrap_or_default()) {
-                    Some(i) => self.orders[i as usize].pending = true,
+                    Some(i) => self.orders.update(i, |o| o.pending = true),
                     None => self.unjoined_pending.push(s(&l.event_id).into()),
                 }
             }
             "dead_letter" => {
                 self.dead_letter_lines += 1;
                 match self.event_index(l.event_id.as_deref().unwrap_or_default()) {
-                    Some(i) => self.orders[i as usize].dead = true,
+                    Some(i) => self.orders.update(i, |o| o.dead = true),
                     None => self.unjoined_dead.push(s(&l.event_id).into()),
                 }
             }
@@ -776,12 +683,12 @@ impl Fold {
     pub fn finish_final(&mut self) {
         for event in std::mem::take(&mut self.unjoined_pending) {
             if let Some(i) = self.event_index(&event) {
-                self.orders[i as usize].pending = true;
+                self.orders.update(i, |o| o.pending = true);
             }
         }
         for event in std::mem::take(&mut self.unjoined_dead) {
             if let Some(i) = self.event_index(&event) {
-                self.orders[i as usize].dead = true;
+                self.orders.update(i, |o| o.dead = true);
             }
         }
         let mut stray = Vec::new();
@@ -796,55 +703,60 @@ impl Fold {
     /// Joins an application to the order row whose event it carries; false
     /// when no row (yet) has that event.
     fn join_applied(&mut self, event: &str, order_id: &str, item: u32, qty: i64, application: Application) -> bool {
-        {
-            let Some(i) = self.event_index(event) else {
-                return false;
-            };
-            let mismatch = {
-                let o = &self.orders[i as usize];
-                let row = o.row.as_ref().expect("joined by its row's event");
-                let mut diffs = Vec::new();
-                if order_id != &*o.id {
-                    diffs.push(format!("order_id {} (the event belongs to order {})", order_id, o.id));
-                }
-                if item != row.item {
-                    diffs.push(format!(
-                        "item_id {} (order has {})",
-                        self.strings.name(item),
-                        self.strings.name(row.item)
-                    ));
-                }
-                if qty != row.qty {
-                    diffs.push(format!("qty {} (order has {})", qty, row.qty));
-                }
-                (!diffs.is_empty()).then(|| format!("applied line does not match its order: {}", diffs.join(", ")))
-            };
-            let o = &mut self.orders[i as usize];
-            let apps = &mut o.applied;
-            apps.count += 1;
-            if apps.count == 1 {
-                apps.first = Some(application);
-                apps.min_attempt = application.attempt;
-                apps.min_applied_at_ms = application.applied_at_ms;
-                apps.min_key_seq = application.key_seq;
-                apps.first_publish_seq = application.publish_seq;
-            } else {
-                let earlier = match (apps.min_key_seq, application.key_seq) {
-                    (Some(a), Some(b)) => b < a,
-                    (a, b) => a.is_none() && b.is_some(),
-                };
-                if earlier {
-                    apps.min_key_seq = application.key_seq;
-                    apps.first_publish_seq = application.publish_seq;
-                }
-                apps.min_attempt = apps.min_attempt.min(application.attempt);
-                apps.min_applied_at_ms = apps.min_applied_at_ms.min(application.applied_at_ms);
-                self.extra_applications.entry(i).or_default().push(application);
+        let Some(i) = self.event_index(event) else {
+            return false;
+        };
+        let mut o = self.orders.get(i);
+        let row = o.row.expect("joined by its row's event");
+        if !o.applied.mismatch {
+            let mut diffs = Vec::new();
+            if !self.keys.is(&o.id, order_id) {
+                diffs.push(format!("order_id {} (the event belongs to order {})", order_id, self.text(o.id)));
             }
-            if apps.mismatch.is_none() {
-                apps.mismatch = mismatch;
+            if item != row.item {
+                diffs.push(format!("item_id {} (order has {})", self.strings.name(item), self.strings.name(row.item)));
+            }
+            if qty != row.qty {
+                diffs.push(format!("qty {} (order has {})", qty, row.qty));
+            }
+            if !diffs.is_empty() {
+                o.applied.mismatch = true;
+                self.mismatches.insert(i, format!("applied line does not match its order: {}", diffs.join(", ")));
             }
         }
+        let apps = &mut o.applied;
+        apps.count += 1;
+        if apps.count == 1 {
+            apps.min_attempt = application.attempt;
+            apps.min_applied_at_ms = application.applied_at_ms;
+            apps.min_key_seq = application.key_seq;
+            apps.first_publish_seq = application.publish_seq;
+            apps.first_worker = application.worker;
+        } else {
+            if apps.count == 2 {
+                // The first, which was kept as the least of each.
+                let first = Application {
+                    attempt: apps.min_attempt,
+                    worker: apps.first_worker,
+                    applied_at_ms: apps.min_applied_at_ms,
+                    key_seq: apps.min_key_seq,
+                    publish_seq: apps.first_publish_seq,
+                };
+                self.applications.entry(i).or_default().push(first);
+            }
+            let earlier = match (apps.min_key_seq, application.key_seq) {
+                (Some(a), Some(b)) => b < a,
+                (a, b) => a.is_none() && b.is_some(),
+            };
+            if earlier {
+                apps.min_key_seq = application.key_seq;
+                apps.first_publish_seq = application.publish_seq;
+            }
+            apps.min_attempt = apps.min_attempt.min(application.attempt);
+            apps.min_applied_at_ms = apps.min_applied_at_ms.min(application.applied_at_ms);
+            self.applications.entry(i).or_default().push(application);
+        }
+        self.orders.set(i, o);
         true
     }
 }

@@ -21,7 +21,9 @@
 //! - [`windows`]: events and ops attributed to the fault windows they overlap.
 
 pub mod fold;
+pub mod key;
 pub mod order;
+pub mod orders;
 pub mod results;
 pub mod rules;
 pub mod series;
@@ -84,7 +86,7 @@ pub fn check_dir_claiming(dir: &Path, claim: Option<order::Claim>) -> Result<Res
     if final_path.exists() {
         fold::fold_final(&mut fold, &final_path, JsonlReader::open(&final_path)?)?;
     }
-    Ok(rules::check(&fold, claim))
+    Ok(rules::check(&mut fold, claim))
 }
 
 /// `run.json`'s `order_claim`: none when the file or the field is absent (a
@@ -120,5 +122,5 @@ pub fn check_readers(
         let final_path = Path::new(FINAL_STATE_FILE);
         fold::fold_final(&mut fold, final_path, JsonlReader::new(r, final_path))?;
     }
-    Ok(rules::check(&fold, order::Claim::None))
+    Ok(rules::check(&mut fold, order::Claim::None))
 }

@@ -308,13 +308,13 @@ fn pairs_and_inversions(fold: &Fold, key: &str, orders: &mut [Applied], checked:
 fn skipped(fold: &Fold, key: &str, applied: &[Applied], unapplied: &[u32], report: &mut OrderReport) {
     let Some(last) = applied.iter().max_by_key(|a| a.invoke_ns) else { return };
     for &i in unapplied {
-        let o: &Order = &fold.orders[i as usize];
+        let o: Order = fold.orders.get(i);
         if o.first_ok_ns.is_some_and(|ok| ok < last.invoke_ns) {
             report.skipped += 1;
             if report.skipped_examples.len() < crate::results::EXAMPLES_MAX {
                 report.skipped_examples.push(Skipped {
                     key: key.to_owned(),
-                    order: o.id.to_string(),
+                    order: fold.text(o.id),
                     later: order_id(fold, last.order),
                     fate: if o.dead { "dead-lettered" } else { "lost" }.to_owned(),
                 });
@@ -324,5 +324,5 @@ fn skipped(fold: &Fold, key: &str, applied: &[Applied], unapplied: &[u32], repor
 }
 
 fn order_id(fold: &Fold, i: u32) -> String {
-    fold.orders[i as usize].id.to_string()
+    fold.text(fold.orders.id(i))
 }

@@ -17,10 +17,11 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use crate::fold::{Fold, Order};
+use crate::key::Key;
 use crate::order::{Claim, OrderReport, REORDERED};
 use crate::results::{ANOMALIES, AnomalyReport, Counts, Delivery, EXAMPLES_MAX, Example, Latency, Results, Verdict};
 use crate::series::ApplicationSeries;
-use crate::stats::quantiles;
+use crate::stats::{quantiles, quantiles_of};
 use crate::windows::Attribution;
 
 #[derive(Debug, Default)]
@@ -46,10 +47,10 @@ impl Anomalies {
     }
 }
 
-fn example(order: &Order, event_id: Option<&str>, why: String) -> Example {
+fn example(fold: &Fold, order: &Order, event_id: Option<Key>, why: String) -> Example {
     Example {
-        order_id: Some(order.id.to_string()),
-        event_id: event_id.map(str::to_owned),
+        order_id: Some(fold.text(order.id)),
+        event_id: event_id.map(|e| fold.text(e)),
         item_id: None,
         time_ns: order.invoked.then_some(order.first_invoke_ns),
         direction: None,
@@ -189,8 +190,11 @@ impl Evidence {
     }
 }
 
-/// Decides the run.
-pub fn check(fold: &Fold, claim: Claim) -> Results {
+/// Decides the run. The ops' latencies are used up: selected in place, and
+/// their room reused.
+pub fn check(fold: &mut Fold, claim: Claim) -> Results {
+    let latency_ms = latency(fold);
+    let fold = &*fold;
     let mut rules = Rules::new(fold);
     let evidence = rules.evidence;
 
@@ -204,11 +208,11 @@ pub fn check(fold: &Fold, claim: Claim) -> Results {
     // sum of up to 2^64 of them.
     let mut sums: Vec<Option<Sums>> = vec![None; fold.strings.names.len()];
     for (i, o) in fold.orders.iter().enumerate() {
-        tally.count(o);
-        attribution.count(o);
-        applications.count(fold, i, o);
-        sum_order(&mut sums, o, evidence.ledger);
-        rules.order(i, o);
+        tally.count(&o);
+        attribution.count(&o);
+        applications.count(fold, i, &o);
+        sum_order(&mut sums, &o, evidence.ledger);
+        rules.order(i, &o);
     }
 
     // Applications that joined no row: grouped by event for double application,
@@ -237,7 +241,7 @@ pub fn check(fold: &Fold, claim: Claim) -> Results {
     if let Some(at) = overtaken_at_ms {
         crate::windows::count_overtaken(fold, &mut faults, at);
     }
-    let latency_ms = Latency { ops_outside_faults, ..latency(fold) };
+    let latency_ms = Latency { ops_outside_faults, ..latency_ms };
 
     rules.reordered(claim, order.as_ref());
     let anomalies = rules.anomalies.reports;
@@ -288,7 +292,7 @@ impl Rules<'_> {
             report.first_time_ns = Some(report.first_time_ns.map_or(ex.later_invoke_ns, |t| t.min(ex.later_invoke_ns)));
             report.examples.push(Example {
                 order_id: Some(ex.later.clone()),
-                event_id: later.and_then(|o| o.event()).map(str::to_owned),
+                event_id: later.and_then(|o| o.event()).map(|e| self.fold.text(e)),
                 item_id: Some(ex.key.clone()),
                 time_ns: Some(ex.later_invoke_ns),
                 direction: None,
@@ -328,7 +332,7 @@ struct Rules<'f> {
     stray_orders: HashSet<&'f str>,
     /// The orders reported as an unexpected effect: one example each, for the
     /// first reason found.
-    unexpected: HashSet<&'f str>,
+    unexpected: HashSet<String>,
 }
 
 impl<'f> Rules<'f> {
@@ -343,10 +347,10 @@ impl<'f> Rules<'f> {
     }
 
     /// The rules that judge one order, the `i`th, in the one pass over them.
-    fn order(&mut self, i: usize, o: &'f Order) {
+    fn order(&mut self, i: usize, o: &Order) {
         self.lost_order(o);
         self.failed_but_present(o);
-        self.unexpected_effect(o);
+        self.unexpected_effect(i, o);
         self.lost_effect(o);
         self.double_applied(i, o);
     }
@@ -355,23 +359,26 @@ impl<'f> Rules<'f> {
     fn lost_order(&mut self, o: &Order) {
         if self.evidence.absence_proves && o.acknowledged() && o.row.is_none() {
             let why = format!("acknowledged ({} ok of {} attempts) but absent from the final orders", o.ok, o.attempts);
-            self.anomalies.add("lost-order", example(o, o.ack_event.as_deref(), why));
+            self.anomalies.add("lost-order", example(self.fold, o, o.ack_event, why));
         }
     }
 
     /// An order whose every attempt failed, yet whose row or effect is in the
     /// final state.
     fn failed_but_present(&mut self, o: &Order) {
-        if self.evidence.final_present && o.failed() && (o.row.is_some() || self.stray_orders.contains(&*o.id)) {
+        if self.evidence.final_present
+            && o.failed()
+            && (o.row.is_some() || self.stray_orders.contains(&*self.fold.keys.str(&o.id)))
+        {
             let what = if o.row.is_some() { "its order row" } else { "an applied effect" };
             let why = format!("all {} attempts failed, yet the final state holds {what}", o.attempts);
-            self.anomalies.add("failed-but-present", example(o, o.row.as_ref().map(|r| &*r.event), why));
+            self.anomalies.add("failed-but-present", example(self.fold, o, o.row.map(|r| r.event), why));
         }
     }
 
     /// An order present but never invoked, present more than once, or applied
     /// by a line that does not match it.
-    fn unexpected_effect(&mut self, o: &'f Order) {
+    fn unexpected_effect(&mut self, i: usize, o: &Order) {
         let Some(row) = &o.row else {
             return;
         };
@@ -379,13 +386,13 @@ impl<'f> Rules<'f> {
             "order present but never invoked".to_owned()
         } else if o.extra_rows > 0 {
             "order present more than once".to_owned()
-        } else if let Some(why) = &o.applied.mismatch {
-            why.clone()
+        } else if o.applied.mismatch {
+            self.fold.mismatches[&(i as u32)].clone()
         } else {
             return;
         };
-        if self.unexpected.insert(&o.id) {
-            self.anomalies.add("unexpected-effect", example(o, Some(&row.event), why));
+        if self.unexpected.insert(self.fold.text(o.id)) {
+            self.anomalies.add("unexpected-effect", example(self.fold, o, Some(row.event), why));
         }
     }
 
@@ -398,7 +405,7 @@ impl<'f> Rules<'f> {
         let Evidence { ledger, held_all_named, .. } = self.evidence;
         if ledger && held_all_named && o.applied.count == 0 && !o.pending && !o.dead {
             let why = "order present but its event was never applied, is not queued and not dead-lettered";
-            self.anomalies.add("lost-effect", example(o, Some(&row.event), why.into()));
+            self.anomalies.add("lost-effect", example(self.fold, o, Some(row.event), why.into()));
         }
     }
 
@@ -411,17 +418,16 @@ impl<'f> Rules<'f> {
             return;
         }
         let fold = self.fold;
-        let extra = fold.extra_applications.get(&(i as u32)).map(Vec::as_slice).unwrap_or(&[]);
-        let all: Vec<_> = o.applied.first.iter().chain(extra).collect();
+        let all = &fold.applications[&(i as u32)];
         let attempts: Vec<String> = all.iter().map(|a| a.attempt.to_string()).collect();
-        let workers: BTreeSet<&str> = all.iter().map(|a| fold.strings.name(a.worker)).collect();
+        let workers: BTreeSet<&str> = all.iter().map(|a| fold.workers.name(a.worker)).collect();
         let why = format!(
             "applied {} times (delivery attempts {}; workers {})",
             o.applied.count,
             attempts.join(", "),
             workers.into_iter().collect::<Vec<_>>().join(", ")
         );
-        self.anomalies.add("double-applied", example(o, Some(&row.event), why));
+        self.anomalies.add("double-applied", example(fold, o, Some(row.event), why));
     }
 
     /// An event that joined no order row, applied more than once: the stray
@@ -464,11 +470,11 @@ impl<'f> Rules<'f> {
                 Some(o) => Some(format!(
                     "applied line does not match its order: event_id {} (order has {})",
                     a.event,
-                    o.row.as_ref().map_or("", |r| &*r.event)
+                    o.row.map_or_else(String::new, |r| fold.text(r.event))
                 )),
             };
             if let Some(why) = why
-                && self.unexpected.insert(&a.order_id)
+                && self.unexpected.insert(a.order_id.to_string())
             {
                 let ex = Example {
                     order_id: Some(a.order_id.to_string()),
@@ -648,18 +654,23 @@ fn not_evaluated(evidence: &Evidence, claim: Claim, order_recorded: bool) -> Vec
     not_evaluated
 }
 
-fn latency(fold: &Fold) -> Latency {
+/// The ops' latency quantiles, in ms, and the effect lag's. Each quantile is
+/// selected among the ns and then divided, which picks the same value as
+/// dividing all first (the division is monotonic) without a copy of them;
+/// the lags then take the room of the ok latencies, which outnumber them.
+fn latency(fold: &mut Fold) -> Latency {
     const NS_PER_MS: f64 = 1e6;
-    let to_ms = |v: &[f64]| v.iter().map(|ns| ns / NS_PER_MS).collect::<Vec<_>>();
     let mut ops = BTreeMap::new();
     for (name, values) in
-        [("ok", &fold.latency_ok_ns), ("fail", &fold.latency_fail_ns), ("info", &fold.latency_info_ns)]
+        [("ok", &mut fold.latency_ok_ns), ("fail", &mut fold.latency_fail_ns), ("info", &mut fold.latency_info_ns)]
     {
-        ops.insert(name.to_owned(), quantiles(&mut to_ms(values)));
+        ops.insert(name.to_owned(), quantiles_of(values, |ns| ns / NS_PER_MS));
     }
-    let mut lags = Vec::new();
+    let mut lags = std::mem::take(&mut fold.latency_ok_ns);
+    lags.clear();
+    let fold = &*fold;
     if let Some(meta) = &fold.meta {
-        for o in &fold.orders {
+        for o in fold.orders.iter() {
             if let (Some(ok_ns), true) = (o.first_ok_ns, o.row.is_some() && o.applied.count > 0) {
                 // i128: a foreign run's clocks can be anything an i64 holds.
                 let applied_ms = (i128::from(o.applied.min_applied_at_ms) - i128::from(meta.run_started_at_ms)) as f64;

@@ -285,11 +285,12 @@ impl ApplicationSeries {
         if self.started_at_ms.is_none() || o.applied.count == 0 {
             return;
         }
-        let extra = fold.extra_applications.get(&(i as u32)).map(Vec::as_slice).unwrap_or(&[]);
-        for a in o.applied.first.iter().chain(extra) {
-            self.application(a.applied_at_ms, a.attempt);
+        match fold.applications.get(&(i as u32)) {
+            Some(all) => all.iter().for_each(|a| self.application(a.applied_at_ms, a.attempt)),
+            // Applied once: its one application is the least of each.
+            None => self.application(o.applied.min_applied_at_ms, o.applied.min_attempt),
         }
-        if let Some(n) = o.row.as_ref().and_then(|r| r.duplicates_absorbed.get()).filter(|&n| n > 0)
+        if let Some(n) = o.row.and_then(|r| r.duplicates_absorbed.get()).filter(|&n| n > 0)
             && let Some(b) = self.at(o.applied.min_applied_at_ms)
         {
             b.duplicates_absorbed += u64::from(n);
