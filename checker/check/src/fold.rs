@@ -307,28 +307,32 @@ impl Fold {
         &mut self,
         file: &Path,
         line: u64,
-        op: OpRef<'_>,
-        order: Option<OrderRef<'_>>,
+        op: &OpRef<'_>,
+        order: Option<&OrderRef<'_>>,
     ) -> Result<(), FormatError> {
         let err = |message: String| FormatError::line(file, line, message);
-        self.follow(&op).map_err(err)?;
+        self.follow(op).map_err(err)?;
         self.ops += 1;
         if op.process.is_nemesis() {
-            return self.push_nemesis_op(&op).map_err(err);
+            return self.push_nemesis_op(op).map_err(err);
         }
         self.client_ops += 1;
+        let read;
         let order = match order {
             Some(order) => Some(order),
-            None if op.is_client_order() => Some(op.order().map_err(err)?),
+            None if op.is_client_order() => {
+                read = op.order().map_err(err)?;
+                Some(&read)
+            }
             None => None,
         };
         if order.is_none() {
             op.check_other_value().map_err(err)?;
         }
         if op.kind == OpType::Invoke {
-            self.push_invoke(line, &op, order).map_err(err)
+            self.push_invoke(line, op, order).map_err(err)
         } else {
-            self.push_completion(line, &op, order).map_err(err)
+            self.push_completion(line, op, order).map_err(err)
         }
     }
 
@@ -358,7 +362,7 @@ impl Fold {
 
     /// A client's invoke, at `line`: it becomes the process's outstanding op,
     /// and an attempt at its order if it is one.
-    fn push_invoke(&mut self, line: u64, op: &OpRef<'_>, order: Option<OrderRef<'_>>) -> Result<(), String> {
+    fn push_invoke(&mut self, line: u64, op: &OpRef<'_>, order: Option<&OrderRef<'_>>) -> Result<(), String> {
         let process = &op.process;
         let state = self.processes.entry(process.clone()).or_default();
         if let Some(crashed) = state.crashed_at {
@@ -378,11 +382,11 @@ impl Fold {
     }
 
     /// An attempt at the order an invoke names, at `time_ns`; the order's index.
-    fn invoke_order(&mut self, v: OrderRef<'_>, time_ns: u64) -> u32 {
-        let id = v.order_id.expect("checked by OpRef::order");
-        let item_name = v.item_id.expect("checked by OpRef::order");
-        let item = self.strings.id(&item_name);
-        let i = self.order_index(&id);
+    fn invoke_order(&mut self, v: &OrderRef<'_>, time_ns: u64) -> u32 {
+        let id = v.order_id.as_deref().expect("checked by OpRef::order");
+        let item_name = v.item_id.as_deref().expect("checked by OpRef::order");
+        let item = self.strings.id(item_name);
+        let i = self.order_index(id);
         self.orders.update(i, |o| {
             if !o.invoked {
                 o.invoked = true;
@@ -396,7 +400,7 @@ impl Fold {
     }
 
     /// A client's completion, at `line`, of its process's outstanding invoke.
-    fn push_completion(&mut self, line: u64, op: &OpRef<'_>, order: Option<OrderRef<'_>>) -> Result<(), String> {
+    fn push_completion(&mut self, line: u64, op: &OpRef<'_>, order: Option<&OrderRef<'_>>) -> Result<(), String> {
         let process = &op.process;
         let state = self.processes.entry(process.clone()).or_default();
         let Some(invoke) = state.outstanding.take() else {
@@ -451,7 +455,7 @@ impl Fold {
 
     /// The outcome of an attempt at the `i`th order, whose invoke is at
     /// `invoke_line`: `v` is the completion's value.
-    fn complete_order(&mut self, i: u32, invoke_line: u64, v: OrderRef<'_>, op: &OpRef<'_>) -> Result<(), String> {
+    fn complete_order(&mut self, i: u32, invoke_line: u64, v: &OrderRef<'_>, op: &OpRef<'_>) -> Result<(), String> {
         let id = self.orders.id(i);
         if let Some(named) = v.order_id.as_deref()
             && !named.is_empty()
@@ -462,8 +466,8 @@ impl Fold {
                 self.text(id)
             ));
         }
-        let ack_event = match (op.kind, v.event_id) {
-            (OpType::Ok, Some(e)) => Some(self.keys.key(&e)),
+        let ack_event = match (op.kind, v.event_id.as_deref()) {
+            (OpType::Ok, Some(e)) => Some(self.keys.key(e)),
             _ => None,
         };
         self.orders.update(i, |o| match op.kind {
@@ -580,7 +584,7 @@ impl Fold {
         self.faults.sort_by(|a, b| (a.start_ns, &a.fault, &a.target).cmp(&(b.start_ns, &b.fault, &b.target)));
     }
 
-    pub fn push_final(&mut self, file: &Path, line: u64, l: FinalRef<'_>) -> Result<(), FormatError> {
+    pub fn push_final(&mut self, file: &Path, line: u64, l: &FinalRef<'_>) -> Result<(), FormatError> {
         l.check().map_err(|e| FormatError::line(file, line, e))?;
         let s = |c: &Option<Cow<'_, str>>| -> String { c.as_deref().unwrap_or_default().to_owned() };
         match &*l.kind {
@@ -793,7 +797,7 @@ pub fn fold_history<R: std::io::BufRead>(
         let (line, complete) = (raw.line, raw.complete);
         let fast = |text| haunt_format::fast::client_order_op(text).map(|(op, order)| ParsedOp(op, Some(order)));
         match parse::<ParsedOp<'_>>(raw.bytes, fast) {
-            Ok(ParsedOp(op, order)) => fold.push_op(file, line, op, order)?,
+            Ok(ParsedOp(ref op, ref order)) => fold.push_op(file, line, op, order.as_ref())?,
             Err(_) if !complete && is_cut_off(raw.bytes) => {
                 fold.history_truncated = true;
                 break;
@@ -817,7 +821,7 @@ pub fn fold_final<R: std::io::BufRead>(
         let (line, complete) = (raw.line, raw.complete);
         match parse::<FinalRef<'_>>(raw.bytes, haunt_format::fast::final_line) {
             // A line that parses is whole, newline or not: what it lacks is an error.
-            Ok(l) => fold.push_final(file, line, l)?,
+            Ok(ref l) => fold.push_final(file, line, l)?,
             Err(_) if !complete && is_cut_off(raw.bytes) => {
                 fold.final_truncated = true;
                 fold.final_truncated_line = line;
