@@ -384,19 +384,7 @@ fn a_docker_run_over_a_broker_container_is_valid(transport: &str, restart: bool)
     if spec.counts_deliveries() {
         assert!(results["delivery"]["redeliveries"].as_u64().unwrap() > 0, "{test}: {results}");
     } else {
-        // Kafka counts no deliveries, and its acks are cumulative: a lost
-        // commit is covered by the next, so only a consumer killed with
-        // offsets uncommitted redelivers. A kill aimed at a held batch (its
-        // effects committed, its offsets not) must show as duplicates the
-        // inbox absorbed; a kill that found no batch within its wait (under
-        // the suite's load, once) may leave none.
-        let held = history
-            .lines()
-            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-            .any(|op| op["f"] == "kill" && op["value"]["target"] == "worker-1" && op["value"]["aim"]["held"] == true);
-        let absorbed = results["delivery"]["duplicates_absorbed"].as_u64().unwrap();
-        assert!(!held || absorbed > 0, "{test}: a kill held a batch, and nothing came again: {}", results["delivery"]);
-        eprintln!("{test}: a kill held a batch: {held}; duplicates absorbed: {absorbed}");
+        crate::transport::a_held_kill_comes_again(&history, &results, &test);
     }
     let killed = nemesis_ok(&history, "kill");
     assert!(killed.iter().any(|t| t == "worker-1"), "{test}: a consumer's container was killed: {killed:?}");

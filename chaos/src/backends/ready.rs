@@ -12,8 +12,9 @@ pub enum Ready {
     Tcp(u16),
     /// An HTTP GET answers 2xx.
     Http(String),
-    /// The protocol's first bytes, and the start of the answer.
-    Greeting { port: u16, send: &'static [u8], expect: &'static [u8] },
+    /// The protocol's first bytes, and the start of the answer after its
+    /// first `skip` bytes (a length the answer begins with).
+    Greeting { port: u16, send: &'static [u8], skip: usize, expect: &'static [u8] },
 }
 
 impl Ready {
@@ -36,9 +37,9 @@ impl Ready {
                     Err(_) => Err(format!("{addr}: no answer within {timeout:?}")),
                 }
             }
-            Ready::Greeting { port, send, expect } => {
-                let (port, send, expect) = (*port, *send, *expect);
-                tokio::task::spawn_blocking(move || greet(port, send, expect, timeout))
+            Ready::Greeting { port, send, skip, expect } => {
+                let (port, send, skip, expect) = (*port, *send, *skip, *expect);
+                tokio::task::spawn_blocking(move || greet(port, send, skip, expect, timeout))
                     .await
                     .map_err(|e| e.to_string())?
             }
@@ -65,12 +66,13 @@ impl Ready {
 }
 
 /// Sends the greeting and compares the first bytes of the answer.
-fn greet(port: u16, send: &[u8], expect: &[u8], timeout: Duration) -> Result<(), String> {
+fn greet(port: u16, send: &[u8], skip: usize, expect: &[u8], timeout: Duration) -> Result<(), String> {
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     let mut stream = TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("{addr}: {e}"))?;
     stream.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
     stream.write_all(send).map_err(|e| format!("{addr}: {e}"))?;
-    let mut answer = vec![0; expect.len()];
+    let mut answer = vec![0; skip + expect.len()];
     stream.read_exact(&mut answer).map_err(|e| format!("{addr}: no greeting back: {e}"))?;
+    let answer = &answer[skip..];
     if answer == expect { Ok(()) } else { Err(format!("{addr} answered {answer:02x?}, not {expect:02x?}")) }
 }

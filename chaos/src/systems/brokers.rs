@@ -216,17 +216,30 @@ impl Broker {
     /// How to tell that the broker answers on `port` (and `http_port`) of 127.0.0.1.
     pub fn ready(self, port: u16, http_port: u16) -> Ready {
         match self {
-            Broker::RabbitMq => Ready::Greeting { port, send: b"AMQP\x00\x00\x09\x01", expect: &[1, 0, 0] },
-            Broker::Redis => Ready::Greeting { port, send: b"PING\r\n", expect: b"+PONG" },
+            Broker::RabbitMq => Ready::Greeting { port, send: b"AMQP\x00\x00\x09\x01", skip: 0, expect: &[1, 0, 0] },
+            Broker::Redis => Ready::Greeting { port, send: b"PING\r\n", skip: 0, expect: b"+PONG" },
             Broker::Nats => Ready::Http(format!("http://127.0.0.1:{http_port}/healthz?js-enabled-only=true")),
             // CONNECT (MQTT 3.1.1, clean session, keep-alive 60 s, empty client id), then CONNACK accepted.
             Broker::Mosquitto => Ready::Greeting {
                 port,
                 send: b"\x10\x0c\x00\x04MQTT\x04\x02\x00\x3c\x00\x00",
+                skip: 0,
                 expect: b"\x20\x02\x00\x00",
             },
             Broker::Moto => Ready::Http(format!("http://127.0.0.1:{port}/moto-api/")),
-            Broker::Tansu | Broker::Kafka => Ready::Tcp(port),
+            Broker::Tansu => Ready::Tcp(port),
+            // ApiVersions v0 (size, api key 18, version 0, correlation id
+            // "haun", client id "haunt"), then, past the answer's size, the
+            // correlation id and error code 0. An accepted connection is not
+            // enough: under Docker the engine's proxy accepts on a published
+            // port before the broker inside listens, and a broker still
+            // starting timed out the topic's creation.
+            Broker::Kafka => Ready::Greeting {
+                port,
+                send: b"\x00\x00\x00\x0f\x00\x12\x00\x00haun\x00\x05haunt",
+                skip: 4,
+                expect: b"haun\x00\x00",
+            },
             // The emulator answers `GET /` with "Ok" once it serves.
             Broker::PubSub => Ready::Http(format!("http://127.0.0.1:{port}/")),
         }
