@@ -232,6 +232,7 @@ impl Orders {
         }
     }
 
+    #[inline]
     pub fn get(&self, i: u32) -> Order {
         let p = &self.packed[i as usize];
         let flags = p.flags();
@@ -283,6 +284,7 @@ impl Orders {
     }
 
     /// Stores `o` as the `i`th order (whose id it keeps).
+    #[inline]
     pub fn set(&mut self, i: u32, o: Order) {
         debug_assert_eq!(o.id, self.packed[i as usize].id);
         if self.packed[i as usize].flags() & WIDE == 0 {
@@ -296,6 +298,7 @@ impl Orders {
     }
 
     /// Changes the `i`th order.
+    #[inline]
     pub fn update<R>(&mut self, i: u32, change: impl FnOnce(&mut Order) -> R) -> R {
         let mut o = self.get(i);
         let r = change(&mut o);
@@ -313,6 +316,7 @@ impl Orders {
     }
 
     /// `o` packed, or `None` when something in it does not fit.
+    #[inline]
     fn pack(&mut self, o: &Order) -> Option<Packed> {
         let mut flags = 0u8;
         let mut offset = 0u64;
