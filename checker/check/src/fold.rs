@@ -83,6 +83,37 @@ struct ProcessState {
     crashed_at: Option<u64>,
 }
 
+/// The state of each process. Clients are numbered from 0 up, a new number
+/// after each `info`, so most are kept in a vector by their number (a lookup
+/// per op without hashing, and a long run's million retired processes packed
+/// tight); a number far past the others, or a named process, goes to a map.
+#[derive(Debug, Default)]
+struct Processes {
+    numbered: Vec<ProcessState>,
+    other: HashMap<Process, ProcessState, hashbrown::DefaultHashBuilder>,
+}
+
+impl Processes {
+    fn state(&mut self, process: &Process) -> &mut ProcessState {
+        match *process {
+            // At most doubling the vector (and a page of slack): a history
+            // that numbers its processes sparsely stays in the map.
+            Process::Client(n) if n < (self.numbered.len() as u64 + 4096) * 2 => {
+                let n = n as usize;
+                if n >= self.numbered.len() {
+                    self.numbered.resize_with(n + 1, ProcessState::default);
+                }
+                &mut self.numbered[n]
+            }
+            _ => self.other.entry(process.clone()).or_default(),
+        }
+    }
+
+    fn all(&mut self) -> impl Iterator<Item = &mut ProcessState> {
+        self.numbered.iter_mut().chain(self.other.values_mut())
+    }
+}
+
 /// A fault window being read. It ends at the last stop that stopped the fault:
 /// one whose `value.result` is "ok" (or says nothing of failure, as a foreign
 /// history's may). A stop whose result starts with "error" did not stop it.
@@ -165,7 +196,7 @@ pub struct Fold {
     pub info_timed_ns: Vec<u64>,
     /// Completed client ops over time, in bounded buckets.
     pub ops_series: Timeline<OpsAt>,
-    processes: HashMap<Process, ProcessState, hashbrown::DefaultHashBuilder>,
+    processes: Processes,
     windows: HashMap<(String, String), WindowState, hashbrown::DefaultHashBuilder>,
     window_order: Vec<(String, String)>,
     /// The partition leaders a window's start recorded, until it closes.
@@ -364,7 +395,7 @@ impl Fold {
     /// and an attempt at its order if it is one.
     fn push_invoke(&mut self, line: u64, op: &OpRef<'_>, order: Option<&OrderRef<'_>>) -> Result<(), String> {
         let process = &op.process;
-        let state = self.processes.entry(process.clone()).or_default();
+        let state = self.processes.state(process);
         if let Some(crashed) = state.crashed_at {
             return Err(format!(
                 "process {process} invokes again after its info at line {crashed}; \
@@ -376,7 +407,7 @@ impl Fold {
         }
         let f = (op.f != "order").then(|| Box::<str>::from(&*op.f));
         let order = order.map(|v| self.invoke_order(v, op.time_ns));
-        let state = self.processes.get_mut(process).expect("inserted above");
+        let state = self.processes.state(process);
         state.outstanding = Some(Outstanding { line, time_ns: op.time_ns, f, order });
         Ok(())
     }
@@ -402,7 +433,7 @@ impl Fold {
     /// A client's completion, at `line`, of its process's outstanding invoke.
     fn push_completion(&mut self, line: u64, op: &OpRef<'_>, order: Option<&OrderRef<'_>>) -> Result<(), String> {
         let process = &op.process;
-        let state = self.processes.entry(process.clone()).or_default();
+        let state = self.processes.state(process);
         let Some(invoke) = state.outstanding.take() else {
             return Err(format!("{} completion from process {process} with no outstanding invoke", op.kind.as_str()));
         };
@@ -566,7 +597,7 @@ impl Fold {
     /// Ends the history: open invokes become indeterminate, open fault windows
     /// are reported as still open.
     pub fn finish_history(&mut self) {
-        for state in self.processes.values_mut() {
+        for state in self.processes.all() {
             if let Some(invoke) = state.outstanding.take() {
                 self.open_invokes += 1;
                 if let Some(i) = invoke.order {

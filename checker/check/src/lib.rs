@@ -81,10 +81,10 @@ pub fn check_dir_claiming(dir: &Path, claim: Option<order::Claim>) -> Result<Res
     if let Ok(meta) = std::fs::metadata(&history_path) {
         fold.reserve((meta.len() / BYTES_PER_ORDER).min(RESERVE_ORDERS_MAX) as usize);
     }
-    fold::fold_history(&mut fold, &history_path, JsonlReader::open(&history_path)?)?;
+    fold::fold_history(&mut fold, &history_path, JsonlReader::open_ahead(&history_path)?)?;
     let final_path = dir.join(FINAL_STATE_FILE);
     if final_path.exists() {
-        fold::fold_final(&mut fold, &final_path, JsonlReader::open(&final_path)?)?;
+        fold::fold_final(&mut fold, &final_path, JsonlReader::open_ahead(&final_path)?)?;
     }
     Ok(rules::check(&mut fold, claim))
 }

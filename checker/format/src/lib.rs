@@ -14,6 +14,7 @@
 //! - [`jsonl`]: the streaming reader and the writer, and [`FormatError`].
 //! - [`fast`]: a fast path for the common lines, with serde behind it.
 
+pub mod ahead;
 pub mod fast;
 pub mod faults;
 pub mod final_state;
