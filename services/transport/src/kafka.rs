@@ -120,6 +120,28 @@ impl Mode {
     }
 }
 
+/// How long the topic's creation is tried again on a cluster that is still
+/// coming up.
+const DECLARE_LIMIT: Duration = Duration::from_secs(60);
+
+/// Whether a refusal of the topic's creation is one a cluster still coming
+/// up gives, and passes.
+fn passes(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::OperationTimedOut
+            | C::RequestTimedOut
+            | C::DestroyBroker
+            | C::BrokerTransportFailure
+            | C::AllBrokersDown
+            | C::NotController
+            | C::InvalidReplicationFactor
+            | C::LeaderNotAvailable
+            | C::BrokerNotAvailable
+    )
+}
+
 fn broker(why: impl std::fmt::Display) -> TransportError {
     TransportError::Broker { broker: "kafka", why: why.to_string() }
 }
@@ -652,13 +674,28 @@ impl Inspector for KafkaInspector {
                 .set("min.insync.replicas", &min_insync)
                 .set("unclean.leader.election.enable", "false");
             let options = AdminOptions::new().operation_timeout(Some(REQUEST_TIMEOUT));
-            for result in admin.create_topics([&topic], &options).await.map_err(broker)? {
-                match result {
-                    Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                    Err((name, code)) => return Err(broker(format!("creating topic {name}: {code}"))),
+            // A cluster just started refuses for a while in ways that pass:
+            // no controller yet, too few brokers registered for the
+            // replication factor, or the client giving up its bootstrap
+            // connections for the ones it learned, with the request on them
+            // (`DestroyBroker`, met under the suite's load). Those are tried
+            // again, for as long as a broker may take to start; the topic
+            // then exists (a create that did land answers TopicAlreadyExists).
+            let deadline = Instant::now() + DECLARE_LIMIT;
+            loop {
+                let code = match admin.create_topics([&topic], &options).await {
+                    Ok(results) => match results.into_iter().find_map(Result::err) {
+                        None | Some((_, RDKafkaErrorCode::TopicAlreadyExists)) => return Ok(()),
+                        Some((_, code)) => code,
+                    },
+                    Err(KafkaError::AdminOp(code)) => code,
+                    Err(e) => return Err(broker(e)),
+                };
+                if !passes(code) || Instant::now() >= deadline {
+                    return Err(broker(format!("creating topic {TOPIC}: {code}")));
                 }
+                tokio::time::sleep(Duration::from_millis(500)).await;
             }
-            Ok(())
         })
     }
 
