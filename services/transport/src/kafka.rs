@@ -89,10 +89,34 @@ pub const MAX_POLL_INTERVAL_MS: u32 = 30_000;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a message may wait for the broker's acknowledgement before the
-/// producer gives up on it (`message.timeout.ms`): the relay learns of a broker out of reach within it and publishes
-/// the batch again. Kafka's default is 5 minutes. A producer that is not
-/// waited on (bug mode `no-publisher-confirms`) drops what times out.
+/// producer gives up on it (`message.timeout.ms`), where it gives up at all
+/// (see [`message_timeout`]): the relay learns of a broker out of reach
+/// within it and publishes the batch again. Kafka's default is 5 minutes. A
+/// producer that is not waited on (bug mode `no-publisher-confirms`) drops
+/// what times out.
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// `message.timeout.ms` of a publisher: none (0, librdkafka's "infinite")
+/// for an idempotent producer whose confirms the relay waits for outside a
+/// transaction (`kafka` and `kafka:at-most-once`), [`DELIVERY_TIMEOUT`] for
+/// the others. An idempotent producer that gives up on one message still
+/// delivers the ones behind it in the same partition, and the relay's retry
+/// then publishes it after them: a key's order broken by the publisher
+/// itself (7 inversions of one key in a run whose partition leader was cut
+/// off, 2026-12-05, when every mode timed out at 3 s). Never given up on,
+/// a message is retried in its place until the partition has a leader
+/// again, and the relay waits. A transaction's messages are all aborted
+/// with the one that fails, so its order holds with the timeout
+/// (librdkafka wants it under the transaction's); `acks=1` is not
+/// idempotent and promises no order under faults; an unconfirmed producer
+/// must time out to show what it loses.
+fn message_timeout(mode: Mode, confirms: bool) -> String {
+    if confirms && matches!(mode, Mode::AtLeastOnce | Mode::AtMostOnce) {
+        "0".to_owned()
+    } else {
+        DELIVERY_TIMEOUT.as_millis().to_string()
+    }
+}
 
 /// How often a receive sends the commits it owes.
 const COMMIT_REPAIR: Duration = Duration::from_secs(1);
@@ -185,8 +209,8 @@ pub(crate) async fn publisher(
 ) -> Result<Box<dyn Publisher>, TransportError> {
     let mode = Mode::of(spec);
     let mut c = config(&bootstrap(url)?, &options.client_id);
-    let timeout = DELIVERY_TIMEOUT.as_millis().to_string();
     let request = (DELIVERY_TIMEOUT.as_millis() * 4 / 5).to_string();
+    let timeout = message_timeout(mode, options.confirms);
     c.set("linger.ms", "1").set("request.timeout.ms", request).set("message.timeout.ms", &timeout);
     if mode == Mode::Acks1 {
         c.set("acks", "1").set("enable.idempotence", "false");
@@ -733,6 +757,17 @@ impl Inspector for KafkaInspector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_confirmed_idempotent_publisher_outside_a_transaction_never_gives_up_a_message() {
+        for mode in [Mode::AtLeastOnce, Mode::AtMostOnce] {
+            assert_eq!(message_timeout(mode, true), "0", "{mode:?}");
+            assert_eq!(message_timeout(mode, false), "3000", "{mode:?} unconfirmed");
+        }
+        for mode in [Mode::Eos, Mode::Acks1] {
+            assert_eq!(message_timeout(mode, true), "3000", "{mode:?}");
+        }
+    }
 
     #[test]
     fn urls_name_their_brokers() {
