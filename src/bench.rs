@@ -91,6 +91,14 @@ pub struct PipelineBench {
     /// `--ack-in-txn` and its two-commit protocol. 0 leaves it out.
     #[arg(long, default_value_t = 3)]
     pub paired_rounds: usize,
+    /// pgmq's SQL-only install (`pgmq-extension/sql/pgmq.sql` of
+    /// github.com/pgmq/pgmq): pair haunt's default drain with a consumer over
+    /// pgmq written as its documentation shows one (read a batch, one
+    /// transaction for the effect, delete the batch), on the same server,
+    /// batch and consumer count. PostgreSQL only; the bench installs it in
+    /// the bench's database and drops it after.
+    #[arg(long, value_name = "FILE")]
+    pub pgmq_sql: Option<PathBuf>,
     /// Write the results as JSON here too.
     #[arg(long)]
     pub out: Option<std::path::PathBuf>,
@@ -124,6 +132,7 @@ pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
         worker_spans: args.worker_spans,
         profile_worker: args.profile_worker,
         paired_rounds: args.paired_rounds,
+        pgmq_sql: args.pgmq_sql,
     };
     let report = haunt_bench::pipeline(options, |line| eprintln!("{line}")).await?;
     print_report(&report, args.out.as_deref())

@@ -16,6 +16,7 @@
 
 mod check;
 mod harness;
+mod pgmq;
 mod pipeline;
 mod worker_process;
 

@@ -28,7 +28,9 @@
 //!   its logging, so that the cost of spans and logs shows;
 //!   `--profile-worker` runs it under a profiler and nothing else);
 //! - API ingest over HTTP with C clients, against the raw two-statement insert
-//!   transaction at the same concurrency.
+//!   transaction at the same concurrency;
+//! - with `--pgmq-sql`, haunt's default drain paired with a consumer over
+//!   pgmq written as pgmq's documentation shows one ([`crate::pgmq`]).
 //!
 //! The database must be empty; the bench empties the pipeline's tables between
 //! phases and at the end.
@@ -45,6 +47,7 @@ use haunt_store::{AckMode, Baseline, DbUrl, LeaseClock, Store, StoreOptions};
 use haunt_telemetry::metrics::{OutcomeLabels, WorkerMetrics};
 use serde_json::json;
 
+use crate::pgmq::{AgainstPgmq, PgmqSql, pgmq_phase};
 use crate::worker_process::{WorkerCommand, WorkerProcess, cpu_seconds, worker_process};
 
 /// What the pipeline bench runs.
@@ -82,6 +85,10 @@ pub struct PipelineOptions {
     /// haunt, limit, … limit), each drain against the mean of the limits on
     /// either side of it. 0 leaves it out.
     pub paired_rounds: usize,
+    /// pgmq's SQL-only install (`pgmq-extension/sql/pgmq.sql` of
+    /// github.com/pgmq/pgmq): with it, haunt's default drain is paired with
+    /// a client-side consumer over pgmq (PostgreSQL only).
+    pub pgmq_sql: Option<PathBuf>,
 }
 
 /// Messages per batch of the client-side SQL baseline, as in issue 8's
@@ -97,7 +104,7 @@ const PER_MESSAGE_EVENTS_MAX: usize = 2_000;
 const LIMIT_APPLICATION_NAME: &str = "haunt-bench-limit";
 
 /// Every event applied once, the queue empty: a phase that cheated would show.
-async fn verify_drained(baseline: &Baseline, n: usize, phase: &str) -> anyhow::Result<()> {
+pub(crate) async fn verify_drained(baseline: &Baseline, n: usize, phase: &str) -> anyhow::Result<()> {
     let haunt_store::DrainCounts { queued, applied_events: applied, ledger_rows: rows, projection_total: total } =
         baseline.drain_counts().await?;
     anyhow::ensure!(
@@ -275,7 +282,7 @@ pub(crate) async fn wait_drained(
 }
 
 /// Runs `tasks` copies of `f` side by side and returns the events per second.
-async fn timed<F, Fut>(n: usize, tasks: usize, f: F) -> anyhow::Result<f64>
+pub(crate) async fn timed<F, Fut>(n: usize, tasks: usize, f: F) -> anyhow::Result<f64>
 where
     F: Fn(usize) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
@@ -459,8 +466,15 @@ pub async fn pipeline(options: PipelineOptions, mut progress: impl FnMut(&str)) 
     .await
     .with_context(|| format!("opening {}", options.db))?;
     anyhow::ensure!(store.is_empty().await?, "{} is not empty; the bench needs a database of its own", options.db);
+    let pgmq = options.pgmq_sql.as_deref().map(|p| PgmqSql::read(p, &options.db)).transpose()?;
     let baseline = Baseline::connect(&options.db, 32).await?;
-    let bench = Bench { options: &options, store: &store, baseline: &baseline, progress: &mut progress };
+    if let Some(sql) = &pgmq {
+        // Tried once before any phase, so that a file that is not pgmq's
+        // fails the bench at once, not after its other phases.
+        baseline.pgmq_install(&sql.text).await.with_context(|| format!("installing {}", sql.path.display()))?;
+        baseline.pgmq_uninstall().await?;
+    }
+    let bench = Bench { options: &options, store: &store, baseline: &baseline, progress: &mut progress, pgmq };
     let report = match &options.profile_worker {
         Some(wrapper) => bench.profiled(wrapper).await?,
         None => bench.every_phase().await?,
@@ -480,6 +494,8 @@ struct Bench<'a> {
     store: &'a Store,
     baseline: &'a Baseline,
     progress: &'a mut dyn FnMut(&str),
+    /// pgmq's SQL, when the bench pairs haunt with a consumer over pgmq.
+    pgmq: Option<PgmqSql>,
 }
 
 /// The server-side limit of each protocol: the best over the consumer counts.
@@ -701,6 +717,51 @@ impl<'a> Bench<'a> {
         Ok(pairs)
     }
 
+    /// haunt's default drain paired with the consumer over pgmq (when given
+    /// its SQL): pgmq, haunt, pgmq, … pgmq, each of haunt's drains against the
+    /// mean of the two around it; at least one round.
+    async fn against_pgmq(&mut self, lease_loops: usize, default: Protocol) -> anyhow::Result<Option<AgainstPgmq>> {
+        let o = self.options;
+        let Some(sql) = self.pgmq.clone() else {
+            (self.progress)(
+                "pgmq, client-side: not measured (--pgmq-sql FILE: docs/performance.md says where pgmq's SQL is)",
+            );
+            return Ok(None);
+        };
+        self.baseline.pgmq_install(&sql.text).await.with_context(|| format!("installing {}", sql.path.display()))?;
+        let measured = async {
+            let (size, batch) = (self.size(), i64::from(o.batch_size));
+            let mut pgmq = vec![pgmq_phase(self.baseline, &o.db, size, lease_loops, batch).await?];
+            let mut haunt = Vec::new();
+            let how = Drain { batch_size: o.batch_size, protocol: default };
+            for _ in 0..o.paired_rounds.max(1) {
+                haunt.push(
+                    drain_phase(self.baseline, size, "haunt workers, paired with pgmq", || {
+                        haunt_drain(&o.db, o.workers, how, o.events)
+                    })
+                    .await?,
+                );
+                pgmq.push(pgmq_phase(self.baseline, &o.db, size, lease_loops, batch).await?);
+            }
+            let ratios = haunt.iter().zip(pgmq.windows(2)).map(|(h, p)| h / ((p[0] + p[1]) / 2.0)).collect();
+            anyhow::Ok(AgainstPgmq { consumers: lease_loops, pgmq, haunt, ratios })
+        }
+        .await;
+        // Dropped whatever happened: the schema is the bench's own.
+        self.baseline.pgmq_uninstall().await?;
+        let against = measured?;
+        (self.progress)(&format!(
+            "paired, haunt {} against pgmq client-side ({} consumers): {:.2} (median of {}: {}); pgmq {} events/s",
+            default.name,
+            lease_loops,
+            against.median_ratio(),
+            against.ratios.len(),
+            against.ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", "),
+            against.pgmq.iter().map(|r| format!("{r:.0}")).collect::<Vec<_>>().join(", "),
+        ));
+        Ok(Some(against))
+    }
+
     /// A worker process of its own, at the batch size measured above: memory,
     /// CPU, and what its connections cost the server.
     async fn worker_process(&mut self, default: Protocol, limit: f64) -> anyhow::Result<WorkerProcess> {
@@ -785,11 +846,14 @@ impl<'a> Bench<'a> {
         let (default, default_in_txn) = (Protocol::default_for(postgres, false), Protocol::default_for(postgres, true));
         let pairs = self.paired(setup, &limits, [default, default_in_txn]).await?;
         self.baseline.drop_server_side().await?;
+        let pgmq = self.against_pgmq(lease_loops, default).await?;
         let process = self.worker_process(default, limits.of(default).unwrap_or(f64::NAN)).await?;
         let ingest = self.ingest().await?;
         let sweep = self.sweep(default).await?;
-        let figures = Figures { lease_loops, limits, client_sql, per_message, haunt, pairs, process, ingest, sweep };
-        Ok(figures.report(self.header(), &self.command(), o.events, [default, default_in_txn]))
+        let pgmq = pgmq.map(|p| (p, self.pgmq.clone().expect("measured with its SQL")));
+        let figures =
+            Figures { lease_loops, limits, client_sql, per_message, haunt, pairs, pgmq, process, ingest, sweep };
+        Ok(figures.report(self.header(), &self.command(), o, [default, default_in_txn]))
     }
 }
 
@@ -802,6 +866,8 @@ struct Figures {
     per_message: (usize, f64),
     haunt: Vec<(Protocol, f64, f64)>,
     pairs: Vec<Paired>,
+    /// The rounds against pgmq, with its SQL, when measured.
+    pgmq: Option<(AgainstPgmq, PgmqSql)>,
     process: WorkerProcess,
     /// Raw inserts and the API, orders/s.
     ingest: (f64, f64),
@@ -815,10 +881,12 @@ impl Figures {
         self,
         mut report: serde_json::Map<String, serde_json::Value>,
         command: &WorkerCommand<'_>,
-        n: usize,
+        options: &PipelineOptions,
         [default, default_in_txn]: [Protocol; 2],
     ) -> serde_json::Map<String, serde_json::Value> {
-        let Figures { lease_loops, mut limits, client_sql, per_message, haunt, pairs, process, ingest, sweep } = self;
+        let n = options.events;
+        let Figures { lease_loops, mut limits, client_sql, per_message, haunt, pairs, pgmq, process, ingest, sweep } =
+            self;
         let (client_sql, client_sql_same_batch, client_sql_locked) = client_sql;
         let (pm, per_message) = per_message;
         let (raw_insert, api) = ingest;
@@ -888,6 +956,8 @@ impl Figures {
             report.insert("paired".into(), p.json());
             report.insert("paired_ack_in_txn".into(), in_txn.json());
         }
+        ratios.insert("haunt_vs_pgmq_client_side_paired".into(), json!(pgmq.as_ref().map(|(p, _)| p.median_ratio())));
+        report.insert("pgmq".into(), pgmq.map_or(serde_json::Value::Null, |(p, sql)| p.json(&sql, options.batch_size)));
         report.insert("ratios".into(), serde_json::Value::Object(ratios));
         if !sweep.is_empty() {
             report.insert("sweep".into(), json!(sweep));

@@ -6,11 +6,22 @@
 use std::process::Command;
 
 fn bench(db: &str) -> std::process::Output {
+    bench_with(db, &[])
+}
+
+fn bench_with(db: &str, more: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_haunt"))
         .args(["bench", "pipeline", "--db", db, "--events", "300", "--clients", "4"])
         .args(["--sweep-batch-sizes", "1,50", "--sweep-workers", "1"])
+        .args(more)
         .output()
         .unwrap()
+}
+
+/// The suite's stand-in for pgmq's SQL (`tests/it/pgmq_standin.sql`): pgmq's
+/// five calls with its signatures, so that the bench's pgmq phase runs here.
+fn pgmq_standin() -> String {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/pgmq_standin.sql").display().to_string()
 }
 
 #[test]
@@ -57,10 +68,23 @@ fn the_pipeline_bench_measures_the_server_side_limits_and_baselines_on_postgres(
     let rt = tokio::runtime::Runtime::new().unwrap();
     let name = format!("haunt_bench_test_{}", std::process::id());
     let db = rt.block_on(haunt_chaos::suites::matrix::ScratchDb::create(&admin, &name)).unwrap();
-    let out = bench(db.url.as_str());
+    let out = bench_with(db.url.as_str(), &["--pgmq-sql", &pgmq_standin()]);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    // The bench drops the pgmq schema it installed, and empties haunt's tables.
+    let left = rt.block_on(async {
+        use sqlx::Connection;
+        let mut c = sqlx::PgConnection::connect(db.url.as_str()).await.unwrap();
+        let schemas: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name = 'pgmq'")
+                .fetch_one(&mut c)
+                .await
+                .unwrap();
+        let ledger: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM projection_ledger").fetch_one(&mut c).await.unwrap();
+        (schemas, ledger)
+    });
     rt.block_on(db.drop_now());
     assert!(out.status.success(), "{stderr}");
+    assert_eq!(left, (0, 0), "the pgmq schema and the ledger after the bench");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     for rate in [
         &report["events_per_s"]["server_side_limit_3_commits"],
@@ -111,6 +135,57 @@ fn the_pipeline_bench_measures_the_server_side_limits_and_baselines_on_postgres(
     }
     assert!(report["worker_peak_rss_mib"].as_f64().is_some_and(|m| m > 1.0), "{report:#}");
     paired_by_default(&report, ("3 commits, lease+ack async", "2 commits, lease async"));
+    // haunt's default drain paired with the consumer over pgmq: pgmq on either
+    // side of each of haunt's 3 drains, each ratio against their mean, as many
+    // consumers as haunt's lease loops.
+    let pgmq = &report["pgmq"];
+    assert_eq!(pgmq["consumers"], report["lease_loops"], "{report:#}");
+    assert_eq!(pgmq["batch_size"], 500, "{report:#}");
+    alternated(&report, pgmq, "pgmq");
+    assert_eq!(report["ratios"]["haunt_vs_pgmq_client_side_paired"], pgmq["median_ratio"], "{report:#}");
+    assert!(stderr.contains("against pgmq client-side"), "{stderr}");
+}
+
+/// `--pgmq-sql` is refused before any phase when it cannot run: on SQLite,
+/// with a file that is not there, with a file that makes no pgmq; and the
+/// database is left as it was.
+#[test]
+fn the_pipeline_bench_refuses_pgmq_sql_it_cannot_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sqlite = format!("sqlite://{}", tmp.path().join("bench.db").display());
+    let out = bench_with(&sqlite, &["--pgmq-sql", &pgmq_standin()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("--pgmq-sql needs a PostgreSQL database"), "{stderr}");
+    assert!(!stderr.contains("server-side limit"), "no phase ran: {stderr}");
+
+    let Some(admin) = haunt_testkit::postgres_admin_url() else { return };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let name = format!("haunt_bench_pgmq_refused_{}", std::process::id());
+    let db = rt.block_on(haunt_chaos::suites::matrix::ScratchDb::create(&admin, &name)).unwrap();
+    let missing = tmp.path().join("no-such.sql").display().to_string();
+    let out = bench_with(db.url.as_str(), &["--pgmq-sql", &missing]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !out.status.success() && stderr.contains("reading --pgmq-sql") && stderr.contains("no-such.sql"),
+        "{stderr}"
+    );
+    // A file of SQL that makes none of pgmq's functions: refused when it is
+    // installed, and what it made is dropped with the schema.
+    let wrong = tmp.path().join("wrong.sql");
+    std::fs::write(&wrong, "CREATE SCHEMA pgmq; CREATE TABLE pgmq.nothing (x int);").unwrap();
+    let out = bench_with(db.url.as_str(), &["--pgmq-sql", &wrong.display().to_string()]);
+    let stderr2 = String::from_utf8_lossy(&out.stderr).into_owned();
+    let schemas = rt.block_on(async {
+        use sqlx::Connection;
+        let mut c = sqlx::PgConnection::connect(db.url.as_str()).await.unwrap();
+        sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name = 'pgmq'")
+            .fetch_one(&mut c)
+            .await
+            .unwrap()
+    });
+    rt.block_on(db.drop_now());
+    assert!(!out.status.success() && stderr2.contains("is it pgmq's"), "{stderr2}");
+    assert_eq!(schemas, 0, "the schema the wrong file made is dropped");
 }
 
 /// The default's limit and haunt's default drain, measured alternately (3
@@ -126,19 +201,26 @@ fn paired_by_default(report: &serde_json::Value, (default, in_txn): (&str, &str)
     }
 }
 
+/// Three rounds of haunt's drains alternated with a baseline (`baseline`'s
+/// four figures in `paired`): each ratio haunt's drain against the mean of
+/// the two around it. Returns the ratios.
+fn alternated(report: &serde_json::Value, paired: &serde_json::Value, baseline: &str) -> Vec<f64> {
+    let floats =
+        |key: &str| -> Vec<f64> { paired[key].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect() };
+    let (around, haunt, ratios) = (floats(baseline), floats("haunt"), floats("ratios"));
+    assert_eq!((around.len(), haunt.len(), ratios.len()), (4, 3, 3), "{report:#}");
+    for (i, ratio) in ratios.iter().enumerate() {
+        let expected = haunt[i] / ((around[i] + around[i + 1]) / 2.0);
+        assert!((ratio - expected).abs() < 1e-9 && *ratio > 0.0, "round {i}: {report:#}");
+    }
+    ratios
+}
+
 fn paired_series(report: &serde_json::Value, key: &str, protocol: &str, ratio: &str) {
     let paired = &report[key];
     assert_eq!(paired["protocol"], protocol, "{report:#}");
     assert_eq!(paired["consumers"], report["server_side_consumers_best"][protocol], "{report:#}");
-    let floats =
-        |key: &str| -> Vec<f64> { paired[key].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect() };
-    let (limits, haunt, ratios) = (floats("limits"), floats("haunt"), floats("ratios"));
-    assert_eq!((limits.len(), haunt.len(), ratios.len()), (4, 3, 3), "{report:#}");
-    for (i, ratio) in ratios.iter().enumerate() {
-        let expected = haunt[i] / ((limits[i] + limits[i + 1]) / 2.0);
-        assert!((ratio - expected).abs() < 1e-9 && *ratio > 0.0, "round {i}: {report:#}");
-    }
-    let mut sorted = ratios.clone();
+    let mut sorted = alternated(report, paired, "limits");
     sorted.sort_by(f64::total_cmp);
     // The middle one, to three decimals as the checker's quantiles are.
     let median = (sorted[1] * 1000.0).round() / 1000.0;

@@ -26,6 +26,11 @@
 //!   design, shown for reference.
 //! - The **raw insert** ([`Baseline::raw_ingest`]): the API's commit as a
 //!   client would write it.
+//! - **A consumer over pgmq** ([`Baseline::pgmq_drain`], PostgreSQL only),
+//!   written as pgmq's documentation shows a client: `pgmq.read` a batch, one
+//!   transaction for the effect, then `pgmq.delete` the batch. pgmq's SQL is
+//!   not haunt's: [`Baseline::pgmq_install`] runs the file a user points the
+//!   bench at (pgmq's SQL-only install, `pgmq-extension/sql/pgmq.sql`).
 //!
 //! A [`Baseline`] has a pool of its own (no pragmas, no acquire timeout beyond
 //! sqlx's), as the bench always had, so the figures it reports stay comparable
@@ -434,6 +439,161 @@ impl Baseline {
         Ok(())
     }
 }
+
+/// The pgmq queue the bench creates, fills and drains.
+pub const PGMQ_QUEUE: &str = "haunt_bench";
+
+impl Baseline {
+    /// Installs pgmq from `sql` (the text of its SQL-only install, which
+    /// creates the schema `pgmq`). Refused where a schema `pgmq` exists: the
+    /// bench drops what it installed ([`Baseline::pgmq_uninstall`]) and must
+    /// not drop a user's. PostgreSQL only.
+    pub async fn pgmq_install(&self, sql: &str) -> Result<(), StoreError> {
+        self.assert_postgres();
+        let exists: i64 = sqlx::query_scalar(PGMQ_SCHEMA_EXISTS).fetch_one(&self.pool).await.map_err(NotCommitted)?;
+        if exists > 0 {
+            return Err(StoreError::Refused(
+                "the database already has a schema pgmq; the bench installs its own and drops it after".into(),
+            ));
+        }
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned())).execute(&self.pool).await.map_err(NotCommitted)?;
+        // What the file was: it must have made pgmq's functions.
+        let functions: i64 = sqlx::query_scalar(PGMQ_FUNCTIONS).fetch_one(&self.pool).await.map_err(NotCommitted)?;
+        if functions < 4 {
+            let _ = self.pgmq_uninstall().await;
+            return Err(StoreError::Refused(format!(
+                "the pgmq SQL made {functions} of pgmq.create, pgmq.send_batch, pgmq.read and pgmq.delete: \
+                 is it pgmq's pgmq-extension/sql/pgmq.sql?"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Drops the schema `pgmq`, with every queue in it.
+    pub async fn pgmq_uninstall(&self) -> Result<(), StoreError> {
+        sqlx::raw_sql("DROP SCHEMA IF EXISTS pgmq CASCADE").execute(&self.pool).await.map_err(NotCommitted)?;
+        Ok(())
+    }
+
+    /// Creates the bench's queue ([`PGMQ_QUEUE`]) and sends it `n` messages
+    /// (`p-I`, over `items` items, one each) by `pgmq.send_batch`; then
+    /// vacuums, analyzes and checkpoints, as [`Baseline::settle`] does for
+    /// haunt's queue. Returns whether the checkpoint ran.
+    pub async fn pgmq_enqueue(&self, n: usize, items: usize) -> Result<bool, StoreError> {
+        self.assert_postgres();
+        sqlx::query(PGMQ_CREATE).bind(PGMQ_QUEUE).execute(&self.pool).await.map_err(NotCommitted)?;
+        for start in (0..n).step_by(ENQUEUE_CHUNK) {
+            let rows = ENQUEUE_CHUNK.min(n - start);
+            let batch: Vec<serde_json::Value> = (start..start + rows)
+                .map(|i| json!({"event_id": format!("pe-{i}"), "order_id": format!("p-{i}"), "item_id": format!("item-{}", i % items), "qty": 1}))
+                .collect();
+            sqlx::query(PGMQ_SEND_BATCH)
+                .bind(PGMQ_QUEUE)
+                .bind(serde_json::Value::Array(batch).to_string())
+                .execute(&self.pool)
+                .await
+                .map_err(NotCommitted)?;
+        }
+        let table = format!("pgmq.q_{PGMQ_QUEUE}");
+        for text in [format!("ALTER TABLE {table} SET (autovacuum_enabled = off)"), format!("VACUUM (ANALYZE) {table}")]
+        {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(text)).execute(&self.pool).await.map_err(NotCommitted)?;
+        }
+        Ok(sqlx::raw_sql("CHECKPOINT").execute(&self.pool).await.is_ok())
+    }
+
+    /// Messages left in the bench's queue.
+    pub async fn pgmq_queued(&self) -> Result<i64, StoreError> {
+        let text = format!("SELECT CAST(COUNT(*) AS BIGINT) FROM pgmq.q_{PGMQ_QUEUE}");
+        sqlx::query_scalar(sqlx::AssertSqlSafe(text)).fetch_one(&self.pool).await.map_err(NotCommitted)
+    }
+
+    /// Drops the bench's queue.
+    pub async fn pgmq_drop_queue(&self) -> Result<(), StoreError> {
+        sqlx::query(PGMQ_DROP_QUEUE).bind(PGMQ_QUEUE).execute(&self.pool).await.map_err(NotCommitted)?;
+        Ok(())
+    }
+
+    /// A consumer of the bench's queue as pgmq's documentation shows one, until
+    /// the queue is empty: `pgmq.read` of `batch_size` messages with a
+    /// visibility timeout (pgmq's lease: its own commit); the effect in one
+    /// transaction, the same effect haunt's workers commit (the inbox, which
+    /// skips an event seen before, the projection, the ledger), the batch's
+    /// messages sent back as one JSON parameter; then `pgmq.delete` of the
+    /// batch (the ack: its own commit). Three commits a batch, as haunt's
+    /// default protocol. `task` names this consumer in the ledger.
+    pub async fn pgmq_drain(&self, task: usize, batch_size: i64) -> Result<(), StoreError> {
+        self.assert_postgres();
+        let worker = format!("pgmq-{task}");
+        // Bounded by the queue: every round deletes the batch it read, and an
+        // empty read ends the drain (every message is visible from the start
+        // and none comes back while its consumer lives: the timeout is far
+        // longer than a batch).
+        loop {
+            let read: Vec<(i64, i32, String)> = sqlx::query_as(PGMQ_READ)
+                .bind(PGMQ_QUEUE)
+                .bind(PGMQ_VISIBILITY_S)
+                .bind(batch_size as i32)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(NotCommitted)?;
+            if read.is_empty() {
+                return Ok(());
+            }
+            let mut messages = String::from("[");
+            let mut ids = String::new();
+            for (i, (id, read_ct, message)) in read.iter().enumerate() {
+                if i > 0 {
+                    messages.push(',');
+                    ids.push(',');
+                }
+                messages.push_str(&format!("{{\"m\":{message},\"attempt\":{read_ct}}}"));
+                ids.push_str(&id.to_string());
+            }
+            messages.push(']');
+            let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
+            sqlx::query(PGMQ_APPLY).bind(&messages).bind(&worker).execute(&mut *tx).await.map_err(NotCommitted)?;
+            tx.commit().await.map_err(CommitUnknown)?;
+            sqlx::query(PGMQ_DELETE).bind(PGMQ_QUEUE).bind(&ids).execute(&self.pool).await.map_err(NotCommitted)?;
+        }
+    }
+}
+
+// The consumer over pgmq: pgmq's own functions, called as its README calls them.
+
+const PGMQ_SCHEMA_EXISTS: &str =
+    "SELECT CAST(COUNT(*) AS BIGINT) FROM information_schema.schemata WHERE schema_name = 'pgmq'";
+const PGMQ_FUNCTIONS: &str = "SELECT CAST(COUNT(DISTINCT p.proname) AS BIGINT) FROM pg_proc p \
+     JOIN pg_namespace n ON n.oid = p.pronamespace \
+     WHERE n.nspname = 'pgmq' AND p.proname IN ('create', 'send_batch', 'read', 'delete')";
+const PGMQ_CREATE: &str = "SELECT CAST(pgmq.create($1) AS TEXT)";
+const PGMQ_DROP_QUEUE: &str = "SELECT CAST(pgmq.drop_queue($1) AS TEXT)";
+/// $1 queue, $2 the messages as a JSON array.
+const PGMQ_SEND_BATCH: &str = "SELECT CAST(COUNT(*) AS BIGINT) FROM pgmq.send_batch($1, \
+     ARRAY(SELECT value FROM jsonb_array_elements(CAST($2 AS jsonb))))";
+/// The visibility timeout of the read, in seconds: far longer than a batch.
+const PGMQ_VISIBILITY_S: i32 = 30;
+/// $1 queue, $2 visibility timeout (s), $3 batch size.
+const PGMQ_READ: &str = "SELECT msg_id, read_ct, CAST(message AS TEXT) FROM pgmq.read($1, $2, $3)";
+/// $1 queue, $2 the message ids, comma-separated.
+const PGMQ_DELETE: &str = "SELECT CAST(COUNT(*) AS BIGINT) FROM pgmq.delete($1, \
+     CAST(string_to_array($2, ',') AS BIGINT[]))";
+/// $1 the batch (`[{"m": message, "attempt": read_ct}, …]`), $2 the consumer:
+/// the inbox first (an event seen before is skipped), then the projection
+/// and the ledger of the fresh ones, in the orders haunt's batches take, so
+/// that two consumers never deadlock.
+const PGMQ_APPLY: &str = "WITH b AS (SELECT e->'m' AS p, CAST(e->>'attempt' AS INTEGER) AS attempt \
+       FROM json_array_elements(CAST($1 AS json)) AS e), \
+     m AS (SELECT p->>'event_id' AS event_id, p, attempt FROM b), \
+     fresh AS (INSERT INTO inbox_processed (event_id, processed_at_ms) SELECT event_id, 0 FROM m \
+       ORDER BY event_id ON CONFLICT DO NOTHING RETURNING event_id), \
+     agg AS (INSERT INTO inventory_projection (item_id, reserved_qty) \
+       SELECT m.p->>'item_id', SUM(CAST(m.p->>'qty' AS BIGINT)) FROM m JOIN fresh USING (event_id) \
+       GROUP BY 1 ORDER BY 1 \
+       ON CONFLICT (item_id) DO UPDATE SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty) \
+     INSERT INTO projection_ledger (event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms) \
+     SELECT m.event_id, m.p->>'order_id', m.p->>'item_id', CAST(m.p->>'qty' AS BIGINT), m.attempt, $2, 0 \
+     FROM m JOIN fresh USING (event_id)";
 
 /// The server-side limit's procedure (PostgreSQL), created by the bench.
 const SERVER_SIDE_POSTGRES: &str = include_str!("../baseline/server_side_postgres.sql");

@@ -55,6 +55,9 @@ pub enum StoreError {
     Corrupt { table: &'static str, why: String },
     #[error("writing the final state")]
     Sink(#[source] std::io::Error),
+    /// A baseline of the bench refused what it was given; nothing was written.
+    #[error("{0}")]
+    Refused(String),
 }
 
 impl StoreError {

@@ -1,0 +1,95 @@
+//! haunt's workers against a consumer over pgmq written as pgmq's
+//! documentation shows one (`haunt bench pipeline --pgmq-sql FILE`): the same
+//! server, the same batch size, as many consumers as haunt's workers run
+//! lease loops, and the same effect. pgmq's SQL is not haunt's to ship: the
+//! bench installs the file it is given (pgmq's SQL-only install) into the
+//! bench's database and drops it after.
+//!
+//! The two drains alternate (pgmq, haunt, pgmq, … pgmq), each of haunt's
+//! against the mean of the pgmq drains on either side of it, as the limit is
+//! paired in [`crate::pipeline`]: the machine's drift stays out of the ratio.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use haunt_store::{Baseline, DbUrl};
+use serde_json::json;
+
+/// pgmq's SQL, read before any phase runs, so that a bad path fails at once.
+#[derive(Debug, Clone)]
+pub(crate) struct PgmqSql {
+    pub path: PathBuf,
+    pub text: String,
+}
+
+impl PgmqSql {
+    pub fn read(path: &Path, db: &DbUrl) -> anyhow::Result<PgmqSql> {
+        anyhow::ensure!(
+            db.is_postgres(),
+            "--pgmq-sql needs a PostgreSQL database (--db postgres://…): pgmq is PostgreSQL's"
+        );
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading --pgmq-sql {}", path.display()))?;
+        anyhow::ensure!(!text.trim().is_empty(), "--pgmq-sql {}: the file is empty", path.display());
+        Ok(PgmqSql { path: path.to_owned(), text })
+    }
+}
+
+/// The paired rounds against pgmq.
+#[derive(Debug)]
+pub(crate) struct AgainstPgmq {
+    pub consumers: usize,
+    pub pgmq: Vec<f64>,
+    pub haunt: Vec<f64>,
+    pub ratios: Vec<f64>,
+}
+
+impl AgainstPgmq {
+    pub fn median_ratio(&self) -> f64 {
+        haunt_checker::stats::quantile(&mut self.ratios.clone(), 0.5).unwrap_or(f64::NAN)
+    }
+
+    pub fn json(&self, sql: &PgmqSql, batch_size: u32) -> serde_json::Value {
+        json!({
+            "sql": sql.path.display().to_string(),
+            "sql_bytes": sql.text.len(),
+            "consumer": "client-side: pgmq.read of a batch; inbox, projection and ledger in one transaction; pgmq.delete of the batch",
+            "consumers": self.consumers,
+            "batch_size": batch_size,
+            "pgmq": self.pgmq,
+            "haunt": self.haunt,
+            "ratios": self.ratios,
+            "median_ratio": self.median_ratio(),
+        })
+    }
+}
+
+/// One drain of `n` messages sent to pgmq's queue, by `consumers` consumers
+/// on a pool of their own, warmed before the clock starts; every event
+/// checked applied once, then the queue dropped and the tables emptied.
+pub(crate) async fn pgmq_phase(
+    baseline: &Baseline,
+    db: &DbUrl,
+    (n, items): (usize, usize),
+    consumers: usize,
+    batch: i64,
+) -> anyhow::Result<f64> {
+    if !baseline.pgmq_enqueue(n, items).await? {
+        eprintln!("warning: pgmq drain: no checkpoint before it (CHECKPOINT needs a superuser or pg_checkpoint)");
+    }
+    let pool = Baseline::connect(db, consumers as u32).await?;
+    pool.warm(consumers as u32).await?;
+    let p = pool.clone();
+    let rate = crate::pipeline::timed(n, consumers, move |t| {
+        let p = p.clone();
+        async move { Ok(p.pgmq_drain(t, batch).await?) }
+    })
+    .await;
+    pool.close().await;
+    let rate = rate?;
+    let left = baseline.pgmq_queued().await?;
+    anyhow::ensure!(left == 0, "pgmq drain: {left} messages still in its queue");
+    crate::pipeline::verify_drained(baseline, n, "pgmq drain").await?;
+    baseline.pgmq_drop_queue().await?;
+    baseline.reset().await?;
+    Ok(rate)
+}
