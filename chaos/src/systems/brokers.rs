@@ -639,12 +639,14 @@ fn ephemeral_low() -> u32 {
 }
 
 /// A free loopback port below the kernel's ephemeral range, held by the
-/// listener returned until the caller lets it go: for a port a container
-/// engine publishes. The engine binds it only when the container starts,
-/// a second or more after the harness let it go; a port of the ephemeral
-/// range can meanwhile become the local port of some outgoing connection,
-/// and the container then fails to start ("bind: address already in use":
-/// seen once in the suite, 2026-12-05). Below the range, only a program
+/// listener returned until the caller lets it go: for a port that a node
+/// binds after the harness let it go, and again after every restart (a
+/// port a container engine publishes, a process node's or a service's).
+/// Between a release and the next bind, a port of the ephemeral range can
+/// become the local port of some outgoing connection, and the node then
+/// fails to start ("bind: address already in use": seen once in the suite
+/// for a container, 2026-12-05; a node killed and restarted leaves its port
+/// free for a second or more each time). Below the range, only a program
 /// that asks for that very port can take it.
 pub fn publishable_port() -> anyhow::Result<(u16, std::net::TcpListener)> {
     let high = ephemeral_low().min(u32::from(u16::MAX));

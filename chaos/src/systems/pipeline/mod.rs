@@ -288,12 +288,12 @@ fn switches(token: &str, endpoints: &[(Node, String)]) -> anyhow::Result<Switche
 /// A free port and the listener that holds it. Held until the ports of a
 /// cluster are all chosen and its fault proxies listen, so that none of them
 /// is handed the same port (a proxy that got the API's port forwarded to
-/// itself, and the API could not bind: a run that never became ready). Once
-/// released another process could still take it before the service binds,
-/// which on a test machine is rare enough, and then the service fails loudly.
+/// itself, and the API could not bind: a run that never became ready).
+/// Below the ephemeral range ([`publishable_port`]): a service binds it
+/// after each restart, and meanwhile no outgoing connection can take it.
 fn reserve_port() -> anyhow::Result<(SocketAddr, std::net::TcpListener)> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok((l.local_addr()?, l))
+    let (port, l) = crate::systems::brokers::publishable_port()?;
+    Ok((SocketAddr::from(([127, 0, 0, 1], port)), l))
 }
 
 /// Splits a `postgres://` URL around its `host:port`.

@@ -304,7 +304,7 @@ impl Foreign {
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let system_dir = std::path::absolute(&spec.system_dir)?;
         // Held until every proxy listens, so that no two names share a port.
-        let (ports, held) = ports(&spec, adopted, docker.is_some()).await?;
+        let (ports, held) = ports(&spec, adopted).await?;
         // Containers the run starts: their network first, so that their
         // proxies can listen where they reach the host.
         let network = match docker {
@@ -422,7 +422,6 @@ impl Foreign {
 async fn ports(
     spec: &SystemSpec,
     adopted: bool,
-    containers: bool,
 ) -> anyhow::Result<(BTreeMap<String, u16>, Vec<std::net::TcpListener>)> {
     let mut held = Vec::new();
     let mut ports = BTreeMap::new();
@@ -438,14 +437,10 @@ async fn ports(
             );
             continue;
         }
-        // A container's port is bound by the engine as it starts: below the
-        // ephemeral range, where no outgoing connection takes it meanwhile.
-        let (port, listener) = if containers {
-            crate::systems::brokers::publishable_port()?
-        } else {
-            let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-            (listener.local_addr()?.port(), listener)
-        };
+        // A container's port is bound by the engine as it starts, a process's
+        // by the process, and again after each restart: below the ephemeral
+        // range, where no outgoing connection takes it meanwhile.
+        let (port, listener) = crate::systems::brokers::publishable_port()?;
         ports.insert(name, port);
         held.push(listener);
     }
