@@ -43,6 +43,10 @@ pub async fn shrink(args: ShrinkArgs) -> anyhow::Result<i32> {
     println!("{}: {} → {}", report.kinds.join(", "), report.before.describe(), report.after.describe());
     let ended = if report.finished { "the search ended" } else { "the budget ran out" };
     println!("{} tries in {:.0} s; {ended}", report.tries, report.wall_s);
+    for aside in &report.set_aside {
+        let (failed, of) = aside.reproduced;
+        println!("set aside: {} (reproduced in {failed} of {of} reruns)", aside.candidate);
+    }
     if let Some((failed, of)) = report.reproduced {
         println!("reproduced in {failed} of {of} reruns");
     }

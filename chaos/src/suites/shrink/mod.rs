@@ -130,6 +130,10 @@ pub struct Report {
     pub wall_s: f64,
     /// The result's failing reruns out of `confirm`, when confirmed.
     pub reproduced: Option<(u32, u32)>,
+    /// The smaller results confirmed before this one and set aside, each
+    /// having failed in none of its `confirm` reruns ([`walk_back`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub set_aside: Vec<SetAside>,
     pub replay: String,
     pub steps: Vec<Step>,
 }
@@ -236,6 +240,49 @@ impl Trial<'_> {
     }
 }
 
+/// A result of the search set aside: it failed once in the search, then in
+/// none of its confirmation's reruns.
+#[derive(Debug, Clone, Serialize)]
+pub struct SetAside {
+    pub candidate: String,
+    pub reproduced: (u32, u32),
+}
+
+/// How many earlier candidates [`walk_back`] confirms, at most, after the
+/// search's result reproduced in none of its reruns.
+pub const WALK_BACK_MAX: usize = 3;
+
+/// The search accepts a candidate that fails in one of a few reruns, so a
+/// rare failure (a flake of the system or of the machine) can carry it to a
+/// result that does not reproduce. When `after` fails in none of its
+/// confirmation's reruns, the candidates the search accepted before it are
+/// confirmed in turn, the newest (smallest) first, at most
+/// [`WALK_BACK_MAX`], and the first that fails again is the result.
+/// Returns the result, its reproduction, and the ones set aside; `after`
+/// itself, reported as it reproduced, when none of them fails either.
+pub async fn walk_back<'a>(
+    steps: &[Step],
+    after: Candidate,
+    mut confirm: impl FnMut(Candidate) -> BoxFuture<'a, Option<(u32, u32)>>,
+) -> (Candidate, Option<(u32, u32)>, Vec<SetAside>) {
+    let reproduced = confirm(after.clone()).await;
+    let Some((0, n)) = reproduced else { return (after, reproduced, Vec::new()) };
+    let mut set_aside = vec![SetAside { candidate: after.describe(), reproduced: (0, n) }];
+    let mut earlier: Vec<&Candidate> = Vec::new();
+    for step in steps.iter().rev().filter(|s| s.fails) {
+        if step.candidate != after && !earlier.contains(&&step.candidate) {
+            earlier.push(&step.candidate);
+        }
+    }
+    for c in earlier.into_iter().take(WALK_BACK_MAX) {
+        match confirm(c.clone()).await {
+            Some((0, n)) => set_aside.push(SetAside { candidate: c.describe(), reproduced: (0, n) }),
+            again => return (c.clone(), again, set_aside),
+        }
+    }
+    (after, reproduced, set_aside.split_off(1))
+}
+
 /// Shrinks the failing run in `options.dir`; writes `DIR/shrunk/`.
 pub async fn shrink(options: &ShrinkOptions) -> anyhow::Result<Report> {
     let dir = &options.dir;
@@ -284,12 +331,25 @@ pub async fn shrink(options: &ShrinkOptions) -> anyhow::Result<Report> {
     let first_anomaly_ms = results.anomalies.values().filter_map(|a| a.first_time_ns).min().map(|ns| ns / 1_000_000);
     let (after, finished) = search(&mut trial, before.clone(), first_anomaly_ms).await;
     let wall_s = started.elapsed().as_secs_f64();
+    let steps = std::mem::take(&mut trial.steps);
+    let (after, reproduced, set_aside) = {
+        let trial = tokio::sync::Mutex::new(&mut trial);
+        walk_back(&steps, after, |c| {
+            let trial = &trial;
+            Box::pin(async move {
+                // One confirmation at a time: the walk awaits each before the next.
+                let mut t = trial.lock().await;
+                confirm(&mut t, &c).await
+            })
+        })
+        .await
+    };
+    trial.steps = steps;
     let replay_options =
         RunOptions { store: out.join("replays"), quiet: false, ..trial.run_options(&after, trial.base.seed) };
     write_json(&out.join("options.json"), &replay_options)?;
     write_json(&out.join(SCHEDULE_FILE), &ScheduleFile::new(after.windows.clone()))?;
     let replay = format!("haunt run --options {}", out.join("options.json").display());
-    let reproduced = confirm(&mut trial, &after).await;
     if let Some(bar) = &trial.bar {
         bar.finish_and_clear();
     }
@@ -307,6 +367,7 @@ pub async fn shrink(options: &ShrinkOptions) -> anyhow::Result<Report> {
         tries: trial.tries,
         wall_s,
         reproduced,
+        set_aside,
         replay,
         steps: trial.steps,
     };
@@ -530,6 +591,77 @@ mod tests {
         // Minimal: without its one window, or with its hold halved again, it passes.
         assert!(scripted.tries.iter().any(|c| c.windows.len() == 1 && c.windows[0].hold_ms == 500));
         assert_eq!(best.describe(), "1 window (ack-loss t, 1.0 s), 8 s, 1 client");
+    }
+
+    /// The steps of a search that accepted `accepted` in turn (the last its
+    /// result), with a passing try between each.
+    fn accepted_in_turn(accepted: &[Candidate]) -> Vec<Step> {
+        let mut steps = Vec::new();
+        for c in accepted {
+            let passing = Candidate { concurrency: 99, ..c.clone() };
+            steps.push(Step { step: "t", candidate: passing, fails: false, reruns: Vec::new() });
+            steps.push(Step { step: "t", candidate: c.clone(), fails: true, reruns: Vec::new() });
+        }
+        steps
+    }
+
+    fn clients(n: usize) -> Candidate {
+        Candidate { windows: vec![window("ack-loss", 1_000, 1_000)], time_limit_s: 8, concurrency: n }
+    }
+
+    /// A result that failed once in the search and in none of its
+    /// confirmation's reruns is set aside for the newest accepted candidate
+    /// that fails again; a result that reproduces is kept as it is.
+    #[tokio::test]
+    async fn a_result_that_never_fails_again_gives_way_to_the_last_one_that_does() {
+        let steps = accepted_in_turn(&[clients(8), clients(4), clients(2), clients(1)]);
+        // 1 and 2 clients never fail again; 4 fails 3 times in 10.
+        let rate = |c: &Candidate| if c.concurrency >= 4 { 3 } else { 0 };
+        let mut asked = Vec::new();
+        let (result, reproduced, set_aside) = walk_back(&steps, clients(1), |c| {
+            asked.push(c.concurrency);
+            let failed = rate(&c);
+            Box::pin(async move { Some((failed, 10)) })
+        })
+        .await;
+        assert_eq!(result, clients(4));
+        assert_eq!(reproduced, Some((3, 10)));
+        assert_eq!(asked, vec![1, 2, 4], "the result, then the accepted ones newest first, none twice");
+        let aside: Vec<_> = set_aside.iter().map(|a| (a.candidate.as_str(), a.reproduced)).collect();
+        assert_eq!(
+            aside,
+            vec![
+                ("1 window (ack-loss t, 1.0 s), 8 s, 1 client", (0, 10)),
+                ("1 window (ack-loss t, 1.0 s), 8 s, 2 clients", (0, 10))
+            ]
+        );
+
+        let mut asked = 0;
+        let (result, reproduced, set_aside) = walk_back(&steps, clients(1), |_| {
+            asked += 1;
+            Box::pin(async { Some((2, 10)) })
+        })
+        .await;
+        assert_eq!((result, reproduced, set_aside.len(), asked), (clients(1), Some((2, 10)), 0, 1));
+    }
+
+    /// When no earlier candidate (at most [`WALK_BACK_MAX`] of them) fails
+    /// again either, the result stands, said to reproduce in none; so does
+    /// one never confirmed.
+    #[tokio::test]
+    async fn a_walk_back_that_finds_nothing_keeps_the_result_and_says_so() {
+        let steps = accepted_in_turn(&[clients(16), clients(8), clients(4), clients(2), clients(1)]);
+        let mut asked = Vec::new();
+        let (result, reproduced, set_aside) = walk_back(&steps, clients(1), |c| {
+            asked.push(c.concurrency);
+            Box::pin(async { Some((0, 10)) })
+        })
+        .await;
+        assert_eq!((result, reproduced), (clients(1), Some((0, 10))));
+        assert_eq!(asked, vec![1, 2, 4, 8], "the result and three before it, not the fourth");
+        assert_eq!(set_aside.len(), 3, "the three tried before it: {set_aside:?}");
+        let (result, reproduced, set_aside) = walk_back(&steps, clients(1), |_| Box::pin(async { None })).await;
+        assert_eq!((result, reproduced, set_aside.len()), (clients(1), None, 0));
     }
 
     #[tokio::test]
