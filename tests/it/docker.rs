@@ -177,6 +177,35 @@ async fn host_reaches(port: u16) -> bool {
     http.get(format!("http://127.0.0.1:{port}/healthz")).send().await.is_ok_and(|r| r.status().is_success())
 }
 
+/// The way out of an engine that hangs on a paused container (an exec of
+/// its health check caught in the frozen cgroup): the cgroup thawed behind
+/// the engine's back, frozen again once the engine answers, and unpaused by
+/// the engine, which then calls it running, as the cgroup says.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_container_is_unstuck_through_its_cgroup() {
+    if !docker_ready("a_paused_container_is_unstuck_through_its_cgroup") {
+        return;
+    }
+    let run_id = format!("w{:07x}", std::process::id());
+    let pg = postgres_node();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let spec = ContainerSpec::new(pg.clone(), "haunt-postgres:latest", Vec::new(), (port, 5432));
+    let backend = DockerBackend::create(&run_id, None, vec![spec], "haunt:latest").await.unwrap();
+    backend.start(&pg).await.unwrap();
+    let never = backend.unstick(&pg).await.unwrap_err();
+    assert!(format!("{never:#}").contains("was not paused by this backend"), "{never:#}");
+    backend.pause(&pg).await.unwrap();
+    assert!(backend.state(&pg).await.unwrap().starts_with("paused"));
+    let file = backend.unstick(&pg).await.unwrap();
+    let written = std::fs::read_to_string(&file).unwrap();
+    assert!(matches!(written.trim(), "THAWED" | "0"), "{}: {written}", file.display());
+    assert!(backend.state(&pg).await.unwrap().starts_with("running"));
+    // A resume after it has nothing left to do.
+    backend.resume(&pg).await.unwrap();
+    backend.remove();
+    assert_eq!(containers_of(&run_id), Vec::<String>::new());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn partitions_and_packet_loss_really_cut_the_link_and_heal() {
     if !docker_ready("partitions_and_packet_loss_really_cut_the_link_and_heal") {
@@ -195,6 +224,8 @@ async fn partitions_and_packet_loss_really_cut_the_link_and_heal() {
             ports: vec![],
             mounts: Vec::new(),
             workdir: None,
+            // Waited healthy below, never paused.
+            health_check: true,
         },
         ContainerSpec {
             node: api.clone(),
@@ -206,6 +237,8 @@ async fn partitions_and_packet_loss_really_cut_the_link_and_heal() {
             ports: vec![(api_port, 8080)],
             mounts: Vec::new(),
             workdir: None,
+            // Waited healthy below, never paused.
+            health_check: true,
         },
     ];
     let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_haunt"));

@@ -30,8 +30,8 @@ pub use testcontainers::bollard;
 use testcontainers::bollard::Docker;
 use testcontainers::bollard::errors::Error as ApiError;
 use testcontainers::bollard::models::{
-    ContainerCreateBody, EndpointSettings, HealthStatusEnum, HostConfig, NetworkCreateRequest, NetworkingConfig,
-    PortBinding,
+    ContainerCreateBody, EndpointSettings, HealthConfig, HealthStatusEnum, HostConfig, NetworkCreateRequest,
+    NetworkingConfig, PortBinding,
 };
 use testcontainers::bollard::query_parameters::{CreateContainerOptions, KillContainerOptions, StopContainerOptions};
 use tokio::time::Instant;
@@ -158,6 +158,15 @@ pub struct ContainerSpec {
     pub mounts: Vec<PathBuf>,
     /// The working directory in the container (default: the image's).
     pub workdir: Option<PathBuf>,
+    /// Keep the image's `HEALTHCHECK`, for a node the harness waits healthy
+    /// ([`DockerBackend::wait_healthy`]) and never pauses. Off otherwise:
+    /// the engine runs a health check as an exec into the container, and an
+    /// exec that starts as the container freezes is caught in the frozen
+    /// cgroup, where it holds the engine's calls for that container
+    /// (inspect, unpause) until something thaws it; a pause fault was then
+    /// left in place and every call of the heal timed out (the suite,
+    /// 2026-12-05). The harness has readiness checks of its own.
+    pub health_check: bool,
 }
 
 impl ContainerSpec {
@@ -171,6 +180,7 @@ impl ContainerSpec {
             ports: vec![port],
             mounts: Vec::new(),
             workdir: None,
+            health_check: false,
         }
     }
 }
@@ -195,6 +205,90 @@ pub struct DockerBackend {
     members: Vec<Member>,
     tools_image: String,
     removed: AtomicBool,
+    /// The full id of each container it paused, by container: what
+    /// [`thaw`] needs when the engine no longer answers for it.
+    paused_ids: std::sync::Mutex<HashMap<String, String>>,
+}
+
+/// How long the engine may take to unpause a container before the harness
+/// helps it through the container's cgroup ([`unstick`]).
+const UNPAUSE_WAIT: Duration = Duration::from_secs(20);
+
+/// Freezes or thaws the freezer cgroup of the container `id` through the
+/// cgroup file system of this host (cgroup v1's freezer, or v2's
+/// `cgroup.freeze` under the cgroupfs or the systemd driver), behind the
+/// engine's back. Needs the engine on this host, and root. Returns the file
+/// written.
+fn set_frozen(id: &str, frozen: bool) -> anyhow::Result<PathBuf> {
+    let candidates = [
+        (PathBuf::from(format!("/sys/fs/cgroup/freezer/docker/{id}/freezer.state")), ["THAWED", "FROZEN"]),
+        (PathBuf::from(format!("/sys/fs/cgroup/docker/{id}/cgroup.freeze")), ["0", "1"]),
+        (PathBuf::from(format!("/sys/fs/cgroup/system.slice/docker-{id}.scope/cgroup.freeze")), ["0", "1"]),
+    ];
+    for (path, values) in candidates {
+        if path.exists() {
+            let value = values[usize::from(frozen)];
+            std::fs::write(&path, value).with_context(|| format!("writing {value} to {}", path.display()))?;
+            return Ok(path);
+        }
+    }
+    anyhow::bail!("no freezer cgroup of container {id} on this host (is the engine remote, or the cgroup elsewhere?)")
+}
+
+/// Unpauses `name` (not paused already is done, and so is gone or not
+/// running with `gone_is_done`); an engine that does not answer within
+/// [`UNPAUSE_WAIT`] is helped with [`unstick`] when the container's id is
+/// known.
+async fn unpause(docker: &Docker, name: &str, id: Option<&str>, gone_is_done: bool) -> anyhow::Result<()> {
+    match tokio::time::timeout(UNPAUSE_WAIT, docker.unpause_container(name)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) if said(&e).contains("is not paused") || (gone_is_done && not_running(&e)) => Ok(()),
+        Ok(Err(e)) => anyhow::bail!("{}", said(&e)),
+        Err(_) => {
+            let id = id.with_context(|| format!("the engine did not answer within {UNPAUSE_WAIT:?}"))?;
+            let path = unstick(docker, name, id).await?;
+            eprintln!(
+                "haunt: the engine did not unpause {name} within {UNPAUSE_WAIT:?}; it was helped through {}",
+                path.display()
+            );
+            Ok(())
+        }
+    }
+}
+
+/// Helps an engine that hangs on the paused container `id` (its `name`):
+/// an exec that started as the container froze (the engine's own health
+/// check) is caught in the frozen cgroup, and every call for that
+/// container, an unpause among them, waits on it (seen in the suite,
+/// 2026-12-05, Docker 20.10 with containerd 1.6: the pause was left in
+/// place). Thawed behind the engine's back, the exec ends and the engine
+/// answers again, but still calls the container paused, and refuses to
+/// unpause what runc finds running; so once it answers, the cgroup is
+/// frozen again and the engine asked to unpause it, as it would have.
+async fn unstick(docker: &Docker, name: &str, id: &str) -> anyhow::Result<PathBuf> {
+    let path = set_frozen(id, false)?;
+    let deadline = tokio::time::Instant::now() + UNPAUSE_WAIT;
+    // The engine answers again once the exec it waited on has ended.
+    while tokio::time::timeout(Duration::from_secs(2), docker.inspect_container(name, None)).await.is_err() {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "thawed ({}), but the engine still hangs",
+            path.display()
+        );
+    }
+    set_frozen(id, true)?;
+    match tokio::time::timeout(UNPAUSE_WAIT, docker.unpause_container(name)).await {
+        Ok(Ok(())) => Ok(path),
+        Ok(Err(e)) => {
+            // Thawed again, whatever the engine says: nothing stays frozen.
+            let _ = set_frozen(id, false);
+            anyhow::bail!("thawed ({}), but the engine refused the unpause: {}", path.display(), said(&e))
+        }
+        Err(_) => {
+            let _ = set_frozen(id, false);
+            anyhow::bail!("thawed ({}), but the engine does not answer the unpause", path.display())
+        }
+    }
 }
 
 impl DockerBackend {
@@ -229,6 +323,7 @@ impl DockerBackend {
             members: Vec::new(),
             tools_image: tools_image.to_owned(),
             removed: AtomicBool::new(false),
+            paused_ids: Default::default(),
         };
         LIVE.lock().unwrap_or_else(|p| p.into_inner()).push(run_id.to_owned());
         let request =
@@ -282,6 +377,7 @@ impl DockerBackend {
             members: nodes.into_iter().map(|(node, container)| Member { node, container }).collect(),
             tools_image: tools_image.to_owned(),
             removed: AtomicBool::new(false),
+            paused_ids: Default::default(),
         })
     }
 
@@ -316,6 +412,8 @@ impl DockerBackend {
             working_dir: spec.workdir.as_ref().map(|d| d.display().to_string()),
             labels: Some(self.labels(Some(&spec.node))),
             exposed_ports: Some(spec.ports.iter().map(|(_, inner)| format!("{inner}/tcp")).collect()),
+            healthcheck: (!spec.health_check)
+                .then(|| HealthConfig { test: Some(vec!["NONE".into()]), ..Default::default() }),
             host_config: Some(HostConfig {
                 network_mode: Some(network.to_owned()),
                 port_bindings: Some(port_bindings),
@@ -392,9 +490,21 @@ impl DockerBackend {
             .with_context(|| format!("network {network} has no IPv4 gateway"))
     }
 
+    /// What [`DockerBackend::resume`] does for an engine that does not
+    /// answer the unpause of `node` ([`unstick`]), asked for directly: the
+    /// node's container, which this backend paused, thawed and frozen again
+    /// behind the engine's back, then unpaused by the engine. Returns the
+    /// cgroup file written.
+    pub async fn unstick(&self, node: &Node) -> anyhow::Result<PathBuf> {
+        let name = self.container(node);
+        let id = self.paused_ids.lock().unwrap_or_else(|p| p.into_inner()).get(&name).cloned();
+        unstick(&self.docker, &name, &id.with_context(|| format!("{} was not paused by this backend", node.name))?)
+            .await
+    }
+
     /// `running/healthy`, `paused/`, `exited/`, …: the state and the health
     /// check's status, if the image has one.
-    async fn state(&self, node: &Node) -> anyhow::Result<String> {
+    pub async fn state(&self, node: &Node) -> anyhow::Result<String> {
         let state = self.inspect(node).await?.state.unwrap_or_default();
         let status = state.status.map(|s| s.to_string()).unwrap_or_default();
         let health = match state.health.and_then(|h| h.status) {
@@ -520,28 +630,28 @@ impl Backend for DockerBackend {
     fn pause<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
         Box::pin(async move {
             let name = self.container(node);
+            // Its id, while the engine still answers for it: see `resume`.
+            if let Some(id) = self.inspect(node).await.ok().and_then(|i| i.id) {
+                self.paused_ids.lock().unwrap_or_else(|p| p.into_inner()).insert(name.clone(), id);
+            }
             self.docker.pause_container(&name).await.map_err(|e| anyhow::anyhow!("pausing {}: {}", node.name, said(&e)))
         })
     }
 
+    /// An unpause the engine does not answer within [`UNPAUSE_WAIT`] is
+    /// helped through the container's cgroup ([`unstick`]).
     fn resume<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
         Box::pin(async move {
-            match self.docker.unpause_container(&self.container(node)).await {
-                Ok(()) => Ok(()),
-                Err(e) if said(&e).contains("is not paused") => Ok(()),
-                Err(e) => anyhow::bail!("resuming {}: {}", node.name, said(&e)),
-            }
+            let name = self.container(node);
+            let id = self.paused_ids.lock().unwrap_or_else(|p| p.into_inner()).get(&name).cloned();
+            unpause(&self.docker, &name, id.as_deref(), false).await.with_context(|| format!("resuming {}", node.name))
         })
     }
 
     fn resume_blocking(&self, node: &Node) -> anyhow::Result<()> {
         let name = self.container(node);
-        blocking(|docker| async move {
-            match docker.unpause_container(&name).await {
-                Err(e) if !said(&e).contains("is not paused") && !not_running(&e) => anyhow::bail!("{}", said(&e)),
-                _ => Ok(()),
-            }
-        })
+        let id = self.paused_ids.lock().unwrap_or_else(|p| p.into_inner()).get(&name).cloned();
+        blocking(|docker| async move { unpause(&docker, &name, id.as_deref(), true).await })
     }
 
     fn teardown(&self, logs: &Path) {

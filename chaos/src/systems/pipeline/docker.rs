@@ -51,7 +51,11 @@ pub(super) async fn docker_pipeline(
     let api_args =
         vec!["api".into(), "--db".into(), db_inside.clone(), "--listen".into(), format!("0.0.0.0:{DOCKER_API_PORT}")];
     let mut specs = vec![
-        ContainerSpec::new(pg.clone(), &options.docker.postgres_image, Vec::new(), (pg_port, 5432)),
+        // The one node waited healthy; the nemesis never pauses it.
+        ContainerSpec {
+            health_check: true,
+            ..ContainerSpec::new(pg.clone(), &options.docker.postgres_image, Vec::new(), (pg_port, 5432))
+        },
         ContainerSpec {
             env: common_env.clone(),
             ..ContainerSpec::new(
@@ -157,6 +161,7 @@ fn docker_broker(
         ports: vec![(host_port, DOCKER_BROKER_PORT), (host_http_port, DOCKER_BROKER_HTTP_PORT)],
         mounts: vec![dir.clone()],
         workdir: Some(dir),
+        health_check: false,
     };
     let laid = BrokerNode {
         broker: server,

@@ -520,6 +520,7 @@ impl Declared {
                     ports: host.zip(inner).into_iter().collect(),
                     mounts: Vec::new(),
                     workdir: None,
+                    health_check: false,
                 });
             } else {
                 // A program given by a relative path is the system's, not the harness's.
