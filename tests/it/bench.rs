@@ -79,7 +79,9 @@ fn the_pipeline_bench_measures_the_server_side_limits_and_baselines_on_postgres(
                 .fetch_one(&mut c)
                 .await
                 .unwrap();
-        let ledger: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM projection_ledger").fetch_one(&mut c).await.unwrap();
+        let baseline = haunt_store::Baseline::connect(&db.url, 1).await.unwrap();
+        let ledger = baseline.drain_counts().await.unwrap().ledger_rows;
+        baseline.close().await;
         (schemas, ledger)
     });
     rt.block_on(db.drop_now());
