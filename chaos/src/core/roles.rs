@@ -218,6 +218,13 @@ pub trait Nemesis: Send + Sync {
     fn hold_min(&self) -> std::time::Duration {
         HOLD_MIN_DEFAULT
     }
+    /// Whether the fault's stop waits for something that takes its own time,
+    /// beyond any plan: a restart waits until the node serves again (a Kafka
+    /// broker under load: 7 to 14 s). The first round of a schedule strikes
+    /// such faults last, so that one slow heal cannot crowd out the others.
+    fn slow_to_heal(&self) -> bool {
+        false
+    }
     /// What the last `start` aimed at, for its result op in the history
     /// (`value.aim`): the worker's answer to the hold (`{"held": true,
     /// "point": …, "messages": …}` or `{"held": false}`); `None` for a shot

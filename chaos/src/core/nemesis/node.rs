@@ -68,6 +68,9 @@ impl Nemesis for NodeNemesis {
     fn hold_min(&self) -> Duration {
         self.hold_min
     }
+    fn slow_to_heal(&self) -> bool {
+        matches!(self.fault, Fault::BrokerRestart | Fault::DbRestart)
+    }
     fn take_aim(&self) -> Option<serde_json::Value> {
         Aim::take(self.aim.as_ref())
     }
