@@ -525,6 +525,16 @@ pub trait Consumer: Send + fmt::Debug {
     fn acks_on_receipt(&self) -> bool {
         false
     }
+
+    /// Ends the consumer as a crash would (no goodbye to the broker), and
+    /// returns once its connection is closed, where dropping it returns at
+    /// once and closes it a moment later. For what must follow the close
+    /// (a test that publishes to a persistent session after its consumer
+    /// went away). Dropping is all most consumers need (the default).
+    fn crash(self: Box<Self>) -> BoxFuture<'static, ()> {
+        drop(self);
+        Box::pin(async {})
+    }
 }
 
 /// A cluster's partition leaders: node id to the partitions it leads.

@@ -166,20 +166,33 @@ fn mqtt_options(url: &str, client_id: &str, persistent: bool) -> Result<MqttOpti
 
 /// The event loop of one connection, polled by its own task until dropped.
 #[derive(Debug)]
-struct Polled(JoinHandle<()>);
+struct Polled(Option<JoinHandle<()>>);
+
+impl Polled {
+    /// Stops the event loop as [`Drop`] does, and returns once its task,
+    /// and with it the socket, is gone.
+    async fn closed(mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+}
 
 impl Drop for Polled {
     fn drop(&mut self) {
         // Closes the socket without a DISCONNECT, as a crash would: a
         // persistent session stays on the broker.
-        self.0.abort();
+        if let Some(task) = &self.0 {
+            task.abort();
+        }
     }
 }
 
 /// Polls `eventloop` forever, reconnecting after errors, and hands each
 /// event to `on_event` (an error as `Err`); stops when `on_event` says so.
 fn poll(mut eventloop: EventLoop, mut on_event: impl FnMut(Result<Event, String>) -> bool + Send + 'static) -> Polled {
-    Polled(tokio::spawn(async move {
+    Polled(Some(tokio::spawn(async move {
         loop {
             let event = eventloop.poll().await;
             let failed = event.is_err();
@@ -190,7 +203,7 @@ fn poll(mut eventloop: EventLoop, mut on_event: impl FnMut(Result<Event, String>
                 tokio::time::sleep(RECONNECT_DELAY).await;
             }
         }
-    }))
+    })))
 }
 
 pub(crate) async fn publisher(
@@ -301,7 +314,7 @@ pub(crate) async fn consumer(
     // The last subscription's answer: granted or refused.
     let (subscribed, mut answer) = watch::channel(None::<Result<(), String>>);
     let resubscribe = client.clone();
-    let polled = Polled(tokio::spawn(async move {
+    let polled = Polled(Some(tokio::spawn(async move {
         let mut eventloop = eventloop;
         // QoS 2: packet ids this session answered with PUBREC and whose
         // PUBREL the broker may still send (see `expect_release`).
@@ -353,7 +366,7 @@ pub(crate) async fn consumer(
                 }
             }
         }
-    }));
+    })));
     // The subscription must be in place before this returns: a message
     // published before it is not kept for this session.
     let answered = tokio::time::timeout(ANSWER_WAIT, answer.wait_for(Option::is_some)).await;
@@ -417,6 +430,15 @@ impl MqttConsumer {
 }
 
 impl Consumer for MqttConsumer {
+    /// Returns once the socket is closed: a publish that follows then finds
+    /// the session offline, and the broker queues it rather than sending it
+    /// to a connection about to close (which it would send again later
+    /// marked DUP: a first delivery counted as a second, in the suite).
+    fn crash(self: Box<Self>) -> BoxFuture<'static, ()> {
+        let MqttConsumer { _polled, .. } = *self;
+        Box::pin(_polled.closed())
+    }
+
     fn receive(&mut self, max: usize, wait: Duration) -> BoxFuture<'_, Result<Vec<Delivery>, TransportError>> {
         Box::pin(async move {
             // MQTT resends an unacked message only on a reconnect of its
