@@ -37,6 +37,8 @@ impl PgmqSql {
 /// The paired rounds against pgmq.
 #[derive(Debug)]
 pub(crate) struct AgainstPgmq {
+    /// The SQL's file and size, for the report.
+    pub sql: (PathBuf, usize),
     pub consumers: usize,
     pub pgmq: Vec<f64>,
     pub haunt: Vec<f64>,
@@ -48,10 +50,10 @@ impl AgainstPgmq {
         haunt_checker::stats::quantile(&mut self.ratios.clone(), 0.5).unwrap_or(f64::NAN)
     }
 
-    pub fn json(&self, sql: &PgmqSql, batch_size: u32) -> serde_json::Value {
+    pub fn json(&self, batch_size: u32) -> serde_json::Value {
         json!({
-            "sql": sql.path.display().to_string(),
-            "sql_bytes": sql.text.len(),
+            "sql": self.sql.0.display().to_string(),
+            "sql_bytes": self.sql.1,
             "consumer": "client-side: pgmq.read of a batch; inbox, projection and ledger in one transaction; pgmq.delete of the batch",
             "consumers": self.consumers,
             "batch_size": batch_size,
