@@ -13,7 +13,7 @@ pub struct GuaranteesArgs {
     /// Transports and modes, comma-separated, as `haunt run --transport`
     /// spells them (default: every one this build has, the database queue
     /// first). Each needs its broker's server (scripts/brokers installs them).
-    #[arg(long, value_delimiter = ',', value_name = "NAME[:MODE]")]
+    #[arg(long, value_delimiter = ',', value_name = "NAME[:MODE]", value_parser = TransportSpec::built)]
     pub transports: Vec<TransportSpec>,
     /// Fault runs per transport and inbox setting, seeds 1..=N.
     #[arg(long, default_value_t = 3)]
@@ -32,7 +32,19 @@ pub struct GuaranteesArgs {
 pub async fn guarantees(args: GuaranteesArgs) -> anyhow::Result<i32> {
     // Each run is a child of this very executable.
     let haunt = std::env::current_exe().context("finding the haunt executable")?;
-    let transports = if args.transports.is_empty() { TransportSpec::all() } else { args.transports };
+    let transports = if args.transports.is_empty() {
+        let (built, left_out): (Vec<_>, Vec<_>) = TransportSpec::all().into_iter().partition(TransportSpec::is_built);
+        if !left_out.is_empty() {
+            let names: Vec<String> = left_out.iter().map(ToString::to_string).collect();
+            eprintln!(
+                "guarantees: not in this build, so not measured: {} (cargo build --release --features brokers has every one)",
+                names.join(", ")
+            );
+        }
+        built
+    } else {
+        args.transports
+    };
     let options = GuaranteesOptions {
         haunt,
         store: args.store,

@@ -44,7 +44,7 @@ pub struct MatrixArgs {
     /// modes of a consumer and a relay each under the fault that exposes it,
     /// and the correct build under the broker's faults; for an at-most-once
     /// mode, its claim: with its only consumer killed, it loses.
-    #[arg(long, value_name = "NAME[:MODE]")]
+    #[arg(long, value_name = "NAME[:MODE]", value_parser = haunt_transport::TransportSpec::built)]
     pub transport: Option<haunt_transport::TransportSpec>,
 }
 

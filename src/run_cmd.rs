@@ -149,7 +149,7 @@ pub struct RunArgs {
     /// kafka[:at-least-once|at-most-once|eos|acks-1]. A name alone takes its
     /// at-least-once mode. The broker, its links and the relay take faults
     /// too (see --nemesis). `haunt guarantees --help` says what each claims.
-    #[arg(long, value_name = "NAME[:MODE]", default_value = "db")]
+    #[arg(long, value_name = "NAME[:MODE]", default_value = "db", value_parser = haunt_transport::TransportSpec::built)]
     pub transport: haunt_transport::TransportSpec,
     /// Client request timeout; a request without an answer by then is indeterminate.
     #[arg(long, default_value_t = 2_000)]

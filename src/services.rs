@@ -56,7 +56,7 @@ pub struct TransportArgs {
     /// sqs[:standard|fifo]. A broker name alone takes its at-least-once mode.
     /// With a broker the database queue is the outbox that `haunt relay`
     /// publishes from.
-    #[arg(long, value_name = "NAME[:MODE]", default_value = "db")]
+    #[arg(long, value_name = "NAME[:MODE]", default_value = "db", value_parser = haunt_transport::TransportSpec::built)]
     pub transport: haunt_transport::TransportSpec,
     /// The broker's URL (amqp://…, redis://…, nats://…, mqtt://…, http://…
     /// for SQS); required with a broker transport.

@@ -3,8 +3,9 @@
 //!
 //! Spans always get OpenTelemetry ids, so the API can store a `traceparent` with
 //! every message and exemplars can name a trace; they are exported over OTLP only
-//! when `OTEL_EXPORTER_OTLP_ENDPOINT` is set (gRPC unless
-//! `OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf`).
+//! when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, over HTTP (`http/protobuf`, the
+//! collector's port 4318). gRPC is not built in: it brought tonic and its
+//! stack into every build for a second way to say the same.
 
 use std::io::IsTerminal;
 
@@ -55,17 +56,20 @@ fn exporter() -> anyhow::Result<Option<opentelemetry_otlp::SpanExporter>> {
     if std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").is_none_or(|v| v.is_empty()) {
         return Ok(None);
     }
-    let protocol = std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL").unwrap_or_else(|_| "grpc".into());
+    let protocol = std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL").unwrap_or_else(|_| "http/protobuf".into());
     let exporter = match protocol.as_str() {
-        "grpc" => opentelemetry_otlp::SpanExporter::builder().with_tonic().build()?,
         "http/protobuf" => opentelemetry_otlp::SpanExporter::builder().with_http().build()?,
-        other => anyhow::bail!("OTEL_EXPORTER_OTLP_PROTOCOL={other} is not supported; use grpc or http/protobuf"),
+        "grpc" => anyhow::bail!(
+            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc: haunt exports OTLP over HTTP only; \
+             set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf (or leave it unset) and point \
+             OTEL_EXPORTER_OTLP_ENDPOINT at the collector's HTTP port (4318)"
+        ),
+        other => anyhow::bail!("OTEL_EXPORTER_OTLP_PROTOCOL={other} is not supported; use http/protobuf"),
     };
     Ok(Some(exporter))
 }
 
-/// Installs the global subscriber for `service`. Must run inside a Tokio
-/// runtime (the gRPC exporter needs one). Logs go to stderr so stdout stays free
+/// Installs the global subscriber for `service`. Logs go to stderr so stdout stays free
 /// for command output.
 pub fn init(service: &'static str, format: LogFormat) -> anyhow::Result<TelemetryGuard> {
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());

@@ -322,6 +322,42 @@ impl TransportSpec {
         !matches!(self.kind, Kind::Sqs | Kind::PubSub)
     }
 
+    /// The cargo feature that compiles this transport's client in (`None`
+    /// for the database queue, which needs none).
+    pub fn feature(&self) -> Option<&'static str> {
+        match self.kind {
+            Kind::Db => None,
+            Kind::RabbitMq => Some("rabbitmq"),
+            Kind::RedisStreams | Kind::RedisPubSub => Some("redis"),
+            Kind::Nats => Some("nats"),
+            Kind::Mqtt => Some("mqtt"),
+            Kind::Sqs => Some("sqs"),
+            Kind::PubSub => Some("pubsub"),
+            Kind::Kafka => Some("kafka"),
+        }
+    }
+
+    /// Whether this build has the transport's client.
+    pub fn is_built(&self) -> bool {
+        match self.kind {
+            Kind::Db => true,
+            Kind::RabbitMq => cfg!(feature = "rabbitmq"),
+            Kind::RedisStreams | Kind::RedisPubSub => cfg!(feature = "redis"),
+            Kind::Nats => cfg!(feature = "nats"),
+            Kind::Mqtt => cfg!(feature = "mqtt"),
+            Kind::Sqs => cfg!(feature = "sqs"),
+            Kind::PubSub => cfg!(feature = "pubsub"),
+            Kind::Kafka => cfg!(feature = "kafka"),
+        }
+    }
+
+    /// Parses `NAME[:MODE]` as `--transport` takes it: a transport this build
+    /// has, or an error that says how to build one with it.
+    pub fn built(s: &str) -> Result<TransportSpec, String> {
+        let spec: TransportSpec = s.parse().map_err(|e: SpecError| e.to_string())?;
+        if spec.is_built() { Ok(spec) } else { Err(TransportError::NotBuilt(s.to_owned()).to_string()) }
+    }
+
     /// Whether the relay can publish without waiting for a confirmation
     /// (`no-publisher-confirms` then changes something): RabbitMQ's
     /// publisher confirms, JetStream's publish acks, MQTT's PUBACK/PUBCOMP,
@@ -345,6 +381,17 @@ pub enum SpecError {
     Transport(String),
     #[error("transport {transport} has no mode {mode:?}; its modes: {modes}")]
     Mode { transport: String, mode: String, modes: String },
+}
+
+/// What a build without the transport `spec` says: the feature, and the
+/// command that builds haunt with it.
+fn not_built(spec: &str) -> String {
+    let feature = spec.parse::<TransportSpec>().ok().and_then(|s| s.feature()).unwrap_or("brokers");
+    format!(
+        "transport {spec} is not in this build: its cargo feature `{feature}` is off. \
+         Build haunt with it: `cargo build --release --features {feature}` \
+         (or `--features brokers` for every broker; `cargo run --release --features {feature} -- ...`)"
+    )
 }
 
 fn known_names() -> String {
@@ -455,7 +502,7 @@ pub enum TransportError {
     #[error("unreadable message body: {0}")]
     Body(String),
     /// The transport's feature is not compiled into this build.
-    #[error("transport {0} is not in this build (its cargo feature is off)")]
+    #[error("{}", not_built(.0))]
     NotBuilt(String),
     /// The database queue is not a broker: it has no publisher or consumer.
     #[error("the database queue has no broker client")]
@@ -746,6 +793,40 @@ mod tests {
         let bare: TransportSpec = "redis-streams".parse().unwrap();
         assert_eq!((bare.kind, bare.claim()), (Kind::RedisStreams, Guarantee::AtLeastOnce));
         assert_eq!(TransportSpec::default().kind, Kind::Db);
+    }
+
+    /// The suite runs this twice: with every broker (the workspace's build)
+    /// and with none (`--no-default-features`, as the first command builds).
+    #[test]
+    fn a_transport_is_taken_when_built_and_refused_naming_its_feature_when_not() {
+        for spec in TransportSpec::all() {
+            let spelled = spec.to_string();
+            match (spec.is_built(), TransportSpec::built(&spelled)) {
+                (true, Ok(taken)) => assert_eq!(taken, spec),
+                (false, Err(why)) => {
+                    let feature = spec.feature().expect("only a broker can be left out");
+                    assert!(why.contains(&format!("transport {spelled} is not in this build")), "{why}");
+                    assert!(why.contains(&format!("cargo build --release --features {feature}")), "{why}");
+                }
+                (built, answer) => panic!("{spelled}: built {built}, answered {answer:?}"),
+            }
+        }
+        assert!(TransportSpec::default().is_built(), "the database queue is in every build");
+        let features = [
+            cfg!(feature = "redis"),
+            cfg!(feature = "rabbitmq"),
+            cfg!(feature = "nats"),
+            cfg!(feature = "mqtt"),
+            cfg!(feature = "sqs"),
+            cfg!(feature = "pubsub"),
+            cfg!(feature = "kafka"),
+        ];
+        let (all_features, any_feature) = (features.iter().all(|f| *f), features.iter().any(|f| *f));
+        let brokers: Vec<TransportSpec> = TransportSpec::all().into_iter().filter(TransportSpec::is_broker).collect();
+        let built = brokers.iter().filter(|s| s.is_built()).count();
+        assert_eq!(built == brokers.len(), all_features, "{built} of {} brokers built", brokers.len());
+        assert_eq!(built > 0, any_feature, "{built} of {} brokers built", brokers.len());
+        assert!(TransportSpec::built("kafka:nope").unwrap_err().contains("has no mode"));
     }
 
     #[test]

@@ -4,14 +4,14 @@
 
 use std::collections::HashMap;
 
-use futures_util::StreamExt;
-use testcontainers::bollard::Docker;
-use testcontainers::bollard::errors::Error as ApiError;
-use testcontainers::bollard::models::{ContainerCreateBody, HostConfig};
-use testcontainers::bollard::query_parameters::{
+use bollard::Docker;
+use bollard::errors::Error as ApiError;
+use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::query_parameters::{
     CreateContainerOptions, ListContainersOptions, ListNetworksOptions, LogsOptions, RemoveContainerOptions,
     WaitContainerOptions,
 };
+use futures_util::StreamExt;
 
 use super::{RUN_LABEL, blocking, not_running, said};
 

@@ -26,14 +26,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-pub use testcontainers::bollard;
-use testcontainers::bollard::Docker;
-use testcontainers::bollard::errors::Error as ApiError;
-use testcontainers::bollard::models::{
+pub use bollard;
+use bollard::Docker;
+use bollard::errors::Error as ApiError;
+use bollard::models::{
     ContainerCreateBody, EndpointSettings, HealthConfig, HealthStatusEnum, HostConfig, NetworkCreateRequest,
     NetworkingConfig, PortBinding,
 };
-use testcontainers::bollard::query_parameters::{CreateContainerOptions, KillContainerOptions, StopContainerOptions};
+use bollard::query_parameters::{CreateContainerOptions, KillContainerOptions, StopContainerOptions};
 use tokio::time::Instant;
 
 use crate::core::roles::{Backend, BoxFuture, Node, Role};
@@ -441,7 +441,7 @@ impl DockerBackend {
         }
     }
 
-    async fn inspect(&self, node: &Node) -> anyhow::Result<testcontainers::bollard::models::ContainerInspectResponse> {
+    async fn inspect(&self, node: &Node) -> anyhow::Result<bollard::models::ContainerInspectResponse> {
         self.docker
             .inspect_container(&self.container(node), None)
             .await

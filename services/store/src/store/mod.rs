@@ -30,6 +30,7 @@ use crate::{
 use StoreError::{CommitUnknown, NotCommitted};
 
 mod deliver;
+mod migrations;
 mod orders;
 mod outbox;
 mod read;
@@ -38,9 +39,6 @@ mod repair;
 /// Rows per multi-row statement of SQLite's redrive: 6 binds a row stays far
 /// below SQLite's limit on bound parameters (32,766).
 const BATCH_ROWS_MAX: usize = 1000;
-
-static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
-static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
@@ -192,8 +190,8 @@ impl Store {
             .await
             .map_err(StoreError::Connect)?;
         let migrator = match kind {
-            DbKind::Sqlite => &SQLITE_MIGRATIONS,
-            DbKind::Postgres => &POSTGRES_MIGRATIONS,
+            DbKind::Sqlite => &*migrations::SQLITE,
+            DbKind::Postgres => &*migrations::POSTGRES,
         };
         migrator.run(&pool).await.map_err(StoreError::Migrate)?;
         let dialect = match kind {
