@@ -51,7 +51,9 @@ impl Ready {
         let deadline = Instant::now() + limit;
         loop {
             let last = match self.check(Duration::from_secs(1)).await {
-                Ok(()) => return Ok(()),
+                Ok(()) if alive() => return Ok(()),
+                // Something else holds the port the node was to listen on.
+                Ok(()) => return Err("its port answered, but the process exited".into()),
                 Err(e) => e,
             };
             if !alive() {

@@ -622,11 +622,30 @@ pub fn free_ports_besides(taken: &[u16]) -> anyhow::Result<(u16, u16)> {
     for _ in 0..200 {
         let port = low + (rng.next_u64() % u64::from(high - low)) as u32;
         let clear = [port, port + 1].iter().all(|p| !taken.iter().any(|t| u32::from(*t) == *p));
-        if clear && free(port) && free(port + 1) && free(port + 20000) {
+        if clear && free(port) && free(port + 1) && free(port + 20000) && hand_out(&[port as u16, port as u16 + 1]) {
             return Ok((port as u16, port as u16 + 1));
         }
     }
     anyhow::bail!("no free pair of loopback ports between {low} and {high}")
+}
+
+/// Marks `ports` as handed out by this process, if none of them was before.
+/// A port is free when it is chosen, but its node binds it a while later (a
+/// JVM's start takes seconds), and two nodes started at once by one process
+/// (tests running side by side) could each be given it: the second then
+/// cannot bind, and a check of "its" port is answered by the other's server
+/// (a paused NATS seemed to answer its health check in the suite,
+/// 2026-12-05). Ports are many and a process hands out a few hundred at
+/// most, so none is given twice.
+fn hand_out(ports: &[u16]) -> bool {
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut handed = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
+    if ports.iter().any(|p| handed.contains(p)) {
+        return false;
+    }
+    handed.extend(ports);
+    true
 }
 
 /// The first port of the kernel's ephemeral range, from which it gives
@@ -655,7 +674,9 @@ pub fn publishable_port() -> anyhow::Result<(u16, std::net::TcpListener)> {
     let mut rng = haunt_store::Rng::from_entropy();
     for _ in 0..200 {
         let port = (low + (rng.next_u64() % u64::from(high - low)) as u32) as u16;
-        if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+        if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port))
+            && hand_out(&[port])
+        {
             return Ok((port, listener));
         }
     }
@@ -755,6 +776,17 @@ mod tests {
         assert!(format.contains("kafka.tools.StorageTool format") && format.contains("--ignore-formatted"), "{launch}");
         assert!(run.contains("exec java -Xmx512m") && run.contains("kafka.Kafka server.properties"), "{launch}");
         assert!(launch.contains("-cp '/cache/libs/*'"), "{launch}");
+    }
+
+    #[test]
+    fn no_port_is_handed_out_twice_by_one_process() {
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..150 {
+            let (a, b) = free_ports().unwrap();
+            assert!(seen.insert(a) && seen.insert(b), "{a} or {b} handed out before");
+            let (p, _listener) = publishable_port().unwrap();
+            assert!(seen.insert(p), "{p} handed out before");
+        }
     }
 
     #[test]

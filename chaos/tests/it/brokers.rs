@@ -58,7 +58,13 @@ async fn lifecycle(broker: Broker) {
         backend.pause(&node).await.unwrap();
         let paused = laid.ready.check(Duration::from_millis(800)).await;
         backend.resume(&node).await.unwrap();
-        assert!(paused.is_err(), "{} answered while paused", broker.name());
+        assert!(
+            paused.is_err(),
+            "{} answered while paused (running: {})\n{}",
+            broker.name(),
+            backend.is_running(&node),
+            log()
+        );
         ready("answers after a resume").await;
     }
 
