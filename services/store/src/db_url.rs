@@ -48,6 +48,9 @@ impl DbUrl {
         } else {
             return Err(StoreError::Url(url.to_owned()));
         };
+        if kind == DbKind::Postgres && !cfg!(feature = "tls") && demands_tls(url) {
+            return Err(StoreError::NoTls(url.to_owned()));
+        }
         Ok(DbUrl { kind, url: url.to_owned() })
     }
 
@@ -67,6 +70,17 @@ impl DbUrl {
     pub fn as_str(&self) -> &str {
         &self.url
     }
+}
+
+/// Whether a PostgreSQL URL's `sslmode` refuses a connection without TLS
+/// (`require`, `verify-ca`, `verify-full`); `prefer`, the default, goes on
+/// without it.
+fn demands_tls(url: &str) -> bool {
+    let query = url.split_once('?').map_or("", |(_, q)| q);
+    query
+        .split('&')
+        .filter_map(|pair| pair.strip_prefix("sslmode="))
+        .any(|mode| mode.starts_with("require") || mode.starts_with("verify"))
 }
 
 impl FromStr for DbUrl {
@@ -106,6 +120,28 @@ impl<'de> serde::Deserialize<'de> for DbUrl {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The suite runs this with TLS (the workspace's build) and without
+    /// (`--no-default-features`, as the README's first command builds).
+    #[test]
+    fn a_url_that_demands_tls_is_refused_naming_the_feature_in_a_build_without_it() {
+        for url in [
+            "postgres://u@db.example/app?sslmode=require",
+            "postgresql://u@db.example/app?application_name=x&sslmode=verify-full",
+            "postgres://u@db.example/app?sslmode=verify-ca",
+        ] {
+            match (cfg!(feature = "tls"), DbUrl::parse(url)) {
+                (true, Ok(parsed)) => assert_eq!(parsed.as_str(), url),
+                (false, Err(e)) => assert!(e.to_string().contains("--features postgres-tls"), "{e}"),
+                (tls, answer) => panic!("{url}: tls {tls}, answered {answer:?}"),
+            }
+        }
+        for url in
+            ["postgres://u@127.0.0.1/app", "postgres://u@h/app?sslmode=prefer", "postgres://u@h/app?sslmode=disable"]
+        {
+            assert!(DbUrl::parse(url).is_ok(), "{url}: taken with or without TLS");
+        }
+    }
 
     #[test]
     fn kinds_by_scheme() {

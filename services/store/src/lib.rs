@@ -41,6 +41,12 @@ pub use store::{Store, StoreOptions};
 pub enum StoreError {
     #[error("unsupported database URL {0:?}: expected sqlite://PATH or postgres://USER@HOST/DB")]
     Url(String),
+    /// A PostgreSQL URL whose `sslmode` demands TLS, in a build without it.
+    #[error(
+        "{0}: its sslmode asks for TLS, which this build of haunt does not have; \
+         build haunt with `--features postgres-tls` (`cargo build --release --features postgres-tls`)"
+    )]
+    NoTls(String),
     #[error("connecting to the database")]
     Connect(#[source] sqlx::Error),
     #[error("running migrations")]
