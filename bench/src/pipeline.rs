@@ -48,7 +48,7 @@ use haunt_telemetry::metrics::{OutcomeLabels, WorkerMetrics};
 use serde_json::json;
 
 use crate::pgmq::{AgainstPgmq, PgmqSql, pgmq_phase};
-use crate::worker_process::{WorkerCommand, WorkerProcess, cpu_seconds, worker_process};
+use crate::worker_process::{WorkerCommand, WorkerProcess, cpu_seconds, worker_process, worker_processes};
 
 /// What the pipeline bench runs.
 #[derive(Debug, Clone)]
@@ -528,8 +528,9 @@ impl<'a> Bench<'a> {
             haunt: &self.options.haunt,
             db: &self.options.db,
             rust_log: self.options.worker_rust_log.as_str(),
-            spans: &self.options.worker_spans,
+            spans: Some(&self.options.worker_spans),
             batch_size: self.options.batch_size,
+            metrics: false,
             wrapper: None,
         }
     }
@@ -714,7 +715,38 @@ impl<'a> Bench<'a> {
             ));
             pairs.push(p);
         }
+        if o.paired_rounds > 0 {
+            pairs.push(self.paired_processes(setup, limits, protocols[0]).await?);
+        }
         Ok(pairs)
+    }
+
+    /// The default paired once more, drained by `haunt worker` processes as
+    /// `haunt run` starts them (as many as the in-process drain has workers):
+    /// the worker's default log level (`info`) and spans, its metrics served.
+    async fn paired_processes(
+        &mut self,
+        setup: LimitSetup<'_>,
+        limits: &Limits,
+        default: Protocol,
+    ) -> anyhow::Result<Paired> {
+        let o = self.options;
+        let tasks =
+            limits.best_at.get(default.name).and_then(|t| t.as_u64()).context("the protocol's best count")? as usize;
+        let command = WorkerCommand { rust_log: "info", spans: None, metrics: true, ..self.command() };
+        let store = self.store;
+        let drain = || worker_processes(command, o.workers, o.events, store);
+        let p = paired(setup, default, tasks, drain, o.paired_rounds).await?;
+        (self.progress)(&format!(
+            "paired, {} haunt worker processes as haunt run starts them (RUST_LOG=info, metrics served) {:.2} of the \
+             limit of {} (median of {}: {})",
+            o.workers,
+            p.median_ratio(),
+            default.name,
+            p.ratios.len(),
+            p.ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", ")
+        ));
+        Ok(p)
     }
 
     /// haunt's default drain paired with the consumer over pgmq (when given
@@ -950,11 +982,17 @@ impl Figures {
         ] {
             ratios.insert(key.into(), json!(value));
         }
-        if let [p, in_txn] = &pairs[..] {
+        if let [p, in_txn, processes] = &pairs[..] {
             ratios.insert("haunt_vs_own_limit_paired".into(), json!(p.median_ratio()));
             ratios.insert("haunt_ack_in_txn_vs_own_limit_paired".into(), json!(in_txn.median_ratio()));
+            ratios.insert("worker_processes_vs_own_limit_paired".into(), json!(processes.median_ratio()));
             report.insert("paired".into(), p.json());
             report.insert("paired_ack_in_txn".into(), in_txn.json());
+            let mut processes = processes.json();
+            processes["workers"] = json!(options.workers);
+            processes["rust_log"] = json!("info");
+            processes["metrics_served"] = json!(true);
+            report.insert("paired_worker_processes".into(), processes);
         }
         ratios.insert("haunt_vs_pgmq_client_side_paired".into(), json!(pgmq.as_ref().map(AgainstPgmq::median_ratio)));
         report.insert("pgmq".into(), pgmq.map_or(serde_json::Value::Null, |p| p.json(options.batch_size)));

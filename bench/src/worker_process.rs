@@ -33,9 +33,12 @@ pub(crate) struct WorkerCommand<'a> {
     pub db: &'a haunt_store::DbUrl,
     /// Its RUST_LOG.
     pub rust_log: &'a str,
-    /// Its --spans.
-    pub spans: &'a str,
+    /// Its --spans; `None` leaves the worker's default.
+    pub spans: Option<&'a str>,
     pub batch_size: u32,
+    /// Whether it serves its metrics (`--metrics-listen` on a port of its
+    /// own), as every worker of `haunt run` does.
+    pub metrics: bool,
     /// A command (split at spaces) the worker runs under, such as a profiler.
     pub wrapper: Option<&'a str>,
 }
@@ -60,7 +63,8 @@ impl WorkerProcess {
             "events_per_s": self.events_per_s,
             "peak_rss_mib": self.peak_rss_mib,
             "rust_log": command.rust_log,
-            "spans": command.spans,
+            "spans": command.spans.unwrap_or("the worker's default"),
+            "metrics_served": command.metrics,
             "cpu_s": self.cpu_s,
             "cpu_us_per_event": self.cpu_s.map(|c| c * 1e6 / n as f64),
             "postgres_backends_cpu_s": self.backends_cpu_s,
@@ -115,22 +119,8 @@ pub(crate) async fn worker_process(
     watcher: &Store,
 ) -> anyhow::Result<WorkerProcess> {
     let wrapper = command.wrapper;
-    let mut words: Vec<String> = wrapper.map(|w| w.split_whitespace().map(String::from).collect()).unwrap_or_default();
-    words.push(command.haunt.display().to_string());
-    // Its connections are named, so that their server backends can be found.
-    let url = named(command.db, WORKER_APPLICATION_NAME);
     let started = Instant::now();
-    let mut child = tokio::process::Command::new(&words[0])
-        .args(&words[1..])
-        .args(["worker", "--db", url.as_str(), "--worker-id", "bench-process", "--poll-interval-ms", "5"])
-        .args(["--batch-size-max", &command.batch_size.to_string(), "--spans", command.spans])
-        .env("RUST_LOG", command.rust_log)
-        .stdout(std::process::Stdio::null())
-        // Its logs (one line per delivery at info) would drown the bench's.
-        .stderr(if wrapper.is_some() { std::process::Stdio::inherit() } else { std::process::Stdio::null() })
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("starting {}", words.join(" ")))?;
+    let mut child = spawn(&command, "bench-process")?;
     let pid = child.id().context("the worker has no pid")?;
     wait_drained(watcher, started, || match child.try_wait()? {
         Some(status) => anyhow::bail!("the worker exited with {status} before draining"),
@@ -163,6 +153,56 @@ pub(crate) async fn worker_process(
         child.kill().await?;
     }
     Ok(WorkerProcess { events_per_s, peak_rss_mib, cpu_s, backends_cpu_s })
+}
+
+/// Starts a `haunt worker` process named `id` as `command` says.
+fn spawn(command: &WorkerCommand<'_>, id: &str) -> anyhow::Result<tokio::process::Child> {
+    let wrapper = command.wrapper;
+    let mut words: Vec<String> = wrapper.map(|w| w.split_whitespace().map(String::from).collect()).unwrap_or_default();
+    words.push(command.haunt.display().to_string());
+    // Its connections are named, so that their server backends can be found.
+    let url = named(command.db, WORKER_APPLICATION_NAME);
+    tokio::process::Command::new(&words[0])
+        .args(&words[1..])
+        .args(["worker", "--db", url.as_str(), "--worker-id", id, "--poll-interval-ms", "5"])
+        .args(["--batch-size-max", &command.batch_size.to_string()])
+        .args(command.spans.map(|s| ["--spans", s]).into_iter().flatten())
+        .args(if command.metrics { &["--metrics-listen", "127.0.0.1:0"][..] } else { &[] })
+        .env("RUST_LOG", command.rust_log)
+        .stdout(std::process::Stdio::null())
+        // Its logs (one line per delivery at info) would drown the bench's.
+        .stderr(if wrapper.is_some() { std::process::Stdio::inherit() } else { std::process::Stdio::null() })
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", words.join(" ")))
+}
+
+/// `count` `haunt worker` processes, as `haunt run` starts its workers, drain
+/// `n` pre-enqueued events together: their rate, events/s.
+pub(crate) async fn worker_processes(
+    command: WorkerCommand<'_>,
+    count: usize,
+    n: usize,
+    watcher: &Store,
+) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let mut children =
+        (1..=count).map(|i| spawn(&command, &format!("bench-process-{i}"))).collect::<anyhow::Result<Vec<_>>>()?;
+    wait_drained(watcher, started, || {
+        for child in &mut children {
+            if let Some(status) = child.try_wait()? {
+                anyhow::bail!("a worker exited with {status} before draining");
+            }
+        }
+        Ok(())
+    })
+    .await
+    .with_context(|| format!("{count} worker processes, {n} events"))?;
+    let events_per_s = n as f64 / started.elapsed().as_secs_f64();
+    for child in &mut children {
+        child.kill().await?;
+    }
+    Ok(events_per_s)
 }
 
 #[cfg(test)]

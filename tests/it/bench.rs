@@ -193,14 +193,23 @@ fn the_pipeline_bench_refuses_pgmq_sql_it_cannot_run() {
 /// The default's limit and haunt's default drain, measured alternately (3
 /// rounds by default): a limit on either side of every drain, each drain's
 /// ratio against their mean, and the median of those in the ratios; the
-/// same for `--ack-in-txn` and its protocol.
+/// same for `--ack-in-txn` and its protocol; and the default once more,
+/// drained by `haunt worker` processes as `haunt run` starts them.
 fn paired_by_default(report: &serde_json::Value, (default, in_txn): (&str, &str)) {
     for (key, protocol, ratio) in [
         ("paired", default, "haunt_vs_own_limit_paired"),
         ("paired_ack_in_txn", in_txn, "haunt_ack_in_txn_vs_own_limit_paired"),
+        ("paired_worker_processes", default, "worker_processes_vs_own_limit_paired"),
     ] {
         paired_series(report, key, protocol, ratio);
     }
+    let processes = &report["paired_worker_processes"];
+    assert_eq!(processes["workers"], report["workers"], "{report:#}");
+    assert_eq!(
+        (processes["rust_log"].as_str(), processes["metrics_served"].as_bool()),
+        (Some("info"), Some(true)),
+        "{report:#}"
+    );
 }
 
 /// Three rounds of haunt's drains alternated with a baseline (`baseline`'s
