@@ -18,6 +18,40 @@ pub enum BenchCommand {
     /// batched SQL, the per-message design (3 transactions per event), haunt's
     /// workers; API ingest against the raw insert transaction.
     Pipeline(PipelineBench),
+    /// A broker transport's own speed: haunt's relay publishing a filled
+    /// outbox and haunt's workers draining a filled broker (inbox, projection
+    /// and ledger in one transaction, then the mode's ack), each paired with
+    /// the transport's client doing the same without the database. The
+    /// broker is started as a local process; PostgreSQL only.
+    Transport(TransportBench),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct TransportBench {
+    /// The transport and mode, as `haunt run --transport` spells it.
+    #[arg(long, value_parser = haunt_transport::TransportSpec::built)]
+    pub transport: haunt_transport::TransportSpec,
+    /// An empty PostgreSQL database (postgres://…).
+    #[arg(long)]
+    pub db: haunt_store::DbUrl,
+    /// Events of each phase.
+    #[arg(long, default_value_t = 20_000)]
+    pub events: usize,
+    /// Messages per batch: the relay's and the workers' batch, and the bare client's.
+    #[arg(long, default_value_t = 500)]
+    pub batch_size: u32,
+    /// haunt's consume loops, and the bare client's consumers.
+    #[arg(long, default_value_t = 4)]
+    pub consumers: usize,
+    /// haunt's rounds, each between two of the bare client's.
+    #[arg(long, default_value_t = 2)]
+    pub rounds: usize,
+    /// haunt's workers without the inbox (`--bug no-inbox`).
+    #[arg(long)]
+    pub no_inbox: bool,
+    /// Write the results as JSON here too.
+    #[arg(long)]
+    pub out: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -72,9 +106,10 @@ pub struct PipelineBench {
     /// nothing per delivery; `info` (the worker's default) logs each one.
     #[arg(long, default_value = "warn")]
     pub worker_rust_log: String,
-    /// --spans of that `haunt worker` process: `delivery` (a span and a line
-    /// per delivery) or `batch` (one span per batch; see `haunt worker --help`).
-    #[arg(long, default_value = "delivery", value_parser = ["delivery", "batch"])]
+    /// --spans of that `haunt worker` process: `batch` (one span per batch,
+    /// the worker's default) or `delivery` (a span and a line per delivery;
+    /// see `haunt worker --help`).
+    #[arg(long, default_value = "batch", value_parser = ["delivery", "batch"])]
     pub worker_spans: String,
     /// Run only one phase: --events pre-enqueued, drained by a `haunt worker`
     /// process started under this command (split at spaces, the worker's own
@@ -135,6 +170,24 @@ pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
         pgmq_sql: args.pgmq_sql,
     };
     let report = haunt_bench::pipeline(options, |line| eprintln!("{line}")).await?;
+    print_report(&report, args.out.as_deref())
+}
+
+pub async fn transport(args: TransportBench) -> anyhow::Result<()> {
+    anyhow::ensure!(args.events > 0, "--events: at least 1");
+    anyhow::ensure!(args.batch_size > 0, "--batch-size: at least 1");
+    anyhow::ensure!(args.consumers > 0, "--consumers: at least 1");
+    anyhow::ensure!(args.rounds > 0, "--rounds: at least 1");
+    let options = haunt_bench::TransportOptions {
+        spec: args.transport,
+        db: args.db,
+        events: args.events,
+        batch_size: args.batch_size,
+        consumers: args.consumers,
+        rounds: args.rounds,
+        no_inbox: args.no_inbox,
+    };
+    let report = haunt_bench::transport(options, |line| eprintln!("{line}")).await?;
     print_report(&report, args.out.as_deref())
 }
 

@@ -124,6 +124,9 @@ pub fn main() -> i32 {
         Command::Bench(crate::bench::BenchCommand::Pipeline(args)) => {
             run_async_code("haunt bench", async { crate::bench::pipeline(args).await.map(|()| 0) })
         }
+        Command::Bench(crate::bench::BenchCommand::Transport(args)) => {
+            run_async_code("haunt bench", async { crate::bench::transport(args).await.map(|()| 0) })
+        }
         Command::Bench(crate::bench::BenchCommand::Check(args)) => match crate::bench::check(args) {
             Ok(()) => 0,
             Err(e) => {

@@ -108,11 +108,12 @@ pub struct WorkerArgs {
     /// a broker's, and its loss is what the inbox is there to absorb.
     #[arg(long)]
     pub ack_in_txn: bool,
-    /// How deliveries are traced: `delivery`, a span and an info line per
-    /// delivery; or `batch`, one span per batch linked to each message's
-    /// producer, each delivery's span sent only when exporting (OTLP) and its
-    /// line at debug. Either way every delivery is in its order's trace.
-    #[arg(long, default_value = "delivery")]
+    /// How deliveries are traced: `batch` (the default), one span per batch
+    /// linked to each message's producer, each delivery's span sent only when
+    /// exporting (OTLP) and its line at debug; or `delivery`, a span and an
+    /// info line per delivery, to read a worker's log one order at a time.
+    /// Either way every delivery is in its order's trace.
+    #[arg(long, default_value = "batch")]
     pub spans: haunt_worker::Spans,
     /// Serve /metrics, /healthz, /readyz (and /admin/faults and /admin/hold with HAUNT_ADMIN_TOKEN; see docs/admin.md) here.
     #[arg(long)]

@@ -11,6 +11,9 @@
 //! - [`pipeline()`] (`pipeline.rs`): the worker and the API against what the
 //!   database can do (the server-side limit, the client-side SQL baseline, the
 //!   per-message design, raw ingest), all in one run on one database.
+//! - [`transport()`] (`transport.rs`): haunt's relay and workers over a
+//!   broker against the transport's own client without the database,
+//!   publish and drain, paired.
 //! - `worker_process.rs`: the `haunt worker` process the pipeline bench starts
 //!   and measures from outside (its rate, peak memory and CPU time from /proc).
 
@@ -18,11 +21,13 @@ mod check;
 mod harness;
 mod pgmq;
 mod pipeline;
+mod transport;
 mod worker_process;
 
 pub use check::{CheckOptions, check};
 pub use harness::{HarnessOptions, harness};
 pub use pipeline::{PipelineOptions, pipeline};
+pub use transport::{TransportOptions, transport};
 
 /// The machine the figures were measured on: CPU model and core count.
 fn machine() -> String {

@@ -294,3 +294,78 @@ fn the_pipeline_bench_refuses_a_database_with_data() {
         assert!(store.get_order("keep-me").await.unwrap().is_some(), "nothing was deleted");
     });
 }
+
+/// `haunt bench transport` over one broker: the relay and the workers each
+/// paired with the bare client, every event published and applied once
+/// (the bench verifies the ledger itself), the figures in the report.
+fn transport_bench(db: &str, transport: &str) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_haunt"))
+        .args(["bench", "transport", "--transport", transport, "--db", db])
+        .args(["--events", "400", "--rounds", "1", "--consumers", "2", "--batch-size", "100"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{transport}: {stderr}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn the_transport_bench_pairs_the_relay_and_the_workers_with_the_bare_client() {
+    let Some(admin) = haunt_testkit::postgres_admin_url() else { return };
+    if std::env::var("HAUNT_SKIP_BROKERS").as_deref() == Ok("1") {
+        eprintln!("SKIPPED: the transport bench over Redis (HAUNT_SKIP_BROKERS=1)");
+        return;
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let name = format!("haunt_bench_transport_{}", std::process::id());
+    let db = rt.block_on(haunt_chaos::suites::matrix::ScratchDb::create(&admin, &name)).unwrap();
+    let positive = |v: &serde_json::Value| v.as_f64().is_some_and(|x| x.is_finite() && x > 0.0);
+
+    // A broker that holds what is published: filled, then drained.
+    let report = transport_bench(db.url.as_str(), "redis-streams");
+    assert_eq!(report["transport"], "redis-streams", "{report:#}");
+    assert_eq!(report["live"], false, "{report:#}");
+    assert_eq!(report["haunt"]["applied"], serde_json::json!([400]), "{report:#}");
+    assert_eq!(report["bare"]["received"], serde_json::json!([400, 400]), "{report:#}");
+    for figure in [
+        &report["ratios"]["relay_vs_bare_publish"],
+        &report["ratios"]["workers_vs_bare_drain"],
+        &report["bare_publish_events_per_s"],
+        &report["bare_drain_events_per_s"],
+        &report["haunt"]["relay_events_per_s"][0],
+        &report["haunt"]["workers_events_per_s"][0],
+    ] {
+        assert!(positive(figure), "{figure} in {report:#}");
+    }
+    // The ratio is haunt's rate over the mean of the bare rates around it.
+    let bare: Vec<f64> =
+        report["bare"]["drain_events_per_s"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let workers = report["haunt"]["workers_events_per_s"][0].as_f64().unwrap();
+    let ratio = report["ratios"]["workers_vs_bare_drain"].as_f64().unwrap();
+    assert!((ratio - workers / ((bare[0] + bare[1]) / 2.0)).abs() < 1e-9, "{report:#}");
+
+    // Fire-and-forget: the consumers first, and what arrived is counted.
+    let report = transport_bench(db.url.as_str(), "redis-pubsub");
+    assert_eq!(report["live"], true, "{report:#}");
+    let applied = report["haunt"]["applied"][0].as_u64().unwrap();
+    assert!(applied > 0 && applied <= 400, "{report:#}");
+    assert!(positive(&report["ratios"]["workers_vs_bare_drain"]), "{report:#}");
+}
+
+#[test]
+fn the_transport_bench_refuses_the_database_queue_and_sqlite_before_starting_anything() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sqlite = format!("sqlite://{}", tmp.path().join("t.db").display());
+    for (transport, db, says) in [
+        ("db", "postgres://127.0.0.1:1/none", "needs a broker"),
+        ("redis-streams", sqlite.as_str(), "runs on PostgreSQL"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_haunt"))
+            .args(["bench", "transport", "--transport", transport, "--db", db])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(says), "{transport} {db}: {stderr}");
+    }
+    assert!(!tmp.path().join("t.db").exists(), "nothing was created");
+}

@@ -38,13 +38,17 @@ pub struct QueueLabels {
 
 /// Latency buckets in seconds, from a fast commit to a request that waited out a
 /// lock or a pause.
+const SECONDS_BUCKETS: [f64; 14] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
 fn seconds_buckets() -> impl Iterator<Item = f64> {
-    [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0].into_iter()
+    SECONDS_BUCKETS.into_iter()
 }
 
 /// Delivery counts: every attempt up to the usual dead-letter limits.
+const ATTEMPT_BUCKETS: [f64; 10] = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0];
+
 fn attempt_buckets() -> impl Iterator<Item = f64> {
-    [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0].into_iter()
+    ATTEMPT_BUCKETS.into_iter()
 }
 
 /// The API's metrics.
@@ -134,6 +138,102 @@ impl Default for WorkerMetrics {
     }
 }
 
+/// One batch's deliveries, tallied as each is settled and added to the
+/// worker's metrics once the batch is done ([`WorkerMetrics::record_batch`]).
+/// Each entry names its delivery by its place in the batch, so that an
+/// exemplar is made only for the deliveries whose exemplar is kept.
+#[derive(Debug, Default)]
+pub struct BatchTally {
+    /// Each delivery's count.
+    attempts: Vec<(f64, usize)>,
+    /// Each delivery's outcome, in the order they were settled.
+    outcomes: Vec<(&'static str, usize)>,
+    /// Each application's lag from enqueue, in seconds.
+    lags: Vec<(f64, usize)>,
+}
+
+impl BatchTally {
+    pub fn with_capacity(n: usize) -> BatchTally {
+        BatchTally { attempts: Vec::with_capacity(n), outcomes: Vec::with_capacity(n), lags: Vec::with_capacity(n) }
+    }
+
+    /// Delivery `i` of the batch, delivered for the `delivery_count`th time,
+    /// settled as `outcome`; `lag_s` for an application.
+    pub fn settled(&mut self, i: usize, delivery_count: i64, outcome: &'static str, lag_s: Option<f64>) {
+        self.attempts.push((delivery_count as f64, i));
+        self.outcomes.push((outcome, i));
+        if let Some(lag) = lag_s {
+            self.lags.push((lag, i));
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.outcomes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.outcomes.is_empty()
+    }
+}
+
+impl WorkerMetrics {
+    /// Adds a batch: each delivery's attempt, outcome and lag, and
+    /// `processing_s` as each one's processing time. What the registry holds
+    /// after it is what observing each delivery in turn would leave, the
+    /// exemplars included (each bucket and each outcome keeps its last
+    /// delivery's); the difference is the cost: `exemplar(i)` is called only
+    /// for the deliveries whose exemplar is kept, and each counter is added
+    /// to once or twice a batch.
+    pub fn record_batch(&self, tally: &BatchTally, processing_s: f64, exemplar: impl Fn(usize) -> TraceExemplar) {
+        observe_all(&self.delivery_attempt, &ATTEMPT_BUCKETS, &tally.attempts, &exemplar);
+        let redeliveries = tally.attempts.iter().filter(|(count, _)| *count > 1.0).count() as u64;
+        if redeliveries > 0 {
+            self.redeliveries.inc_by(redeliveries);
+        }
+        let mut done: Vec<&'static str> = Vec::new();
+        for &(outcome, _) in &tally.outcomes {
+            if done.contains(&outcome) {
+                continue;
+            }
+            done.push(outcome);
+            let of_it = || tally.outcomes.iter().filter(|(o, _)| *o == outcome);
+            let n = of_it().count() as u64;
+            let last = of_it().next_back().map(|&(_, i)| i).expect("this outcome was seen");
+            let counter = self.deliveries.get_or_create(&OutcomeLabels { outcome });
+            // As n increments of one: the first n - 1 leave no exemplar, the
+            // last sets it (an increment without one clears it).
+            if n > 1 {
+                counter.inc_by(n - 1, None, None);
+            }
+            counter.inc_by(1, Some(exemplar(last)), None);
+        }
+        observe_all(&self.effect_lag, &SECONDS_BUCKETS, &tally.lags, &exemplar);
+        let processing: Vec<(f64, usize)> = tally.outcomes.iter().map(|&(_, i)| (processing_s, i)).collect();
+        observe_all(&self.processing_duration, &SECONDS_BUCKETS, &processing, &exemplar);
+    }
+}
+
+/// Observes each value in turn; the last value of each bucket carries its
+/// exemplar, which is the one an observation per value would leave.
+fn observe_all(
+    histogram: &HistogramWithExemplars<TraceExemplar>,
+    bounds: &[f64],
+    values: &[(f64, usize)],
+    exemplar: &impl Fn(usize) -> TraceExemplar,
+) {
+    // The bucket prometheus-client puts a value in: the first bound at or
+    // above it, else the last (+Inf).
+    let bucket = |v: f64| bounds.iter().position(|b| v <= *b).unwrap_or(bounds.len());
+    let mut last = vec![usize::MAX; bounds.len() + 1];
+    for (k, &(v, _)) in values.iter().enumerate() {
+        last[bucket(v)] = k;
+    }
+    for (k, &(v, i)) in values.iter().enumerate() {
+        let kept = last[bucket(v)] == k;
+        histogram.observe(v, kept.then(|| exemplar(i)), None);
+    }
+}
+
 /// Renders a registry in OpenMetrics text.
 pub fn encode(registry: &Registry) -> String {
     let mut out = String::new();
@@ -160,6 +260,62 @@ mod tests {
         );
         assert!(text.contains("haunt_deliveries_total{outcome=\"applied\"} 1 # {correlation_id=\"c-1\""), "{text}");
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    /// A batch recorded at once leaves the registry as a delivery at a time
+    /// would: counts, sums, and which exemplar each bucket and outcome keeps.
+    #[test]
+    fn a_batch_recorded_at_once_reads_as_its_deliveries_one_by_one() {
+        let deliveries: [(i64, &str, Option<f64>); 7] = [
+            (1, "applied", Some(0.004)),
+            (2, "duplicate", None),
+            (1, "applied", Some(0.004)),
+            (1, "applied", Some(0.3)),
+            (3, "lease_lost", None),
+            (25, "duplicate", None),
+            (1, "applied", Some(42.0)),
+        ];
+        let exemplar = |i: usize| TraceExemplar { correlation_id: format!("c-{i}"), trace_id: format!("t{i}") };
+        let processing = 0.012;
+        let one_by_one = WorkerMetrics::default();
+        for (i, &(count, outcome, lag)) in deliveries.iter().enumerate() {
+            let m = &one_by_one;
+            m.delivery_attempt.observe(count as f64, Some(exemplar(i)), None);
+            if count > 1 {
+                m.redeliveries.inc();
+            }
+            m.deliveries.get_or_create(&OutcomeLabels { outcome }).inc_by(1, Some(exemplar(i)), None);
+            if let Some(lag) = lag {
+                m.effect_lag.observe(lag, Some(exemplar(i)), None);
+            }
+        }
+        for i in 0..deliveries.len() {
+            one_by_one.processing_duration.observe(processing, Some(exemplar(i)), None);
+        }
+        let at_once = WorkerMetrics::default();
+        let mut tally = BatchTally::with_capacity(deliveries.len());
+        for (i, &(count, outcome, lag)) in deliveries.iter().enumerate() {
+            tally.settled(i, count, outcome, lag);
+        }
+        let made = std::cell::Cell::new(0);
+        at_once.record_batch(&tally, processing, |i| {
+            made.set(made.get() + 1);
+            exemplar(i)
+        });
+        // Families list their labels in hash order: compare the lines as sets.
+        let lines = |m: &WorkerMetrics| {
+            let mut l: Vec<String> = encode(&m.registry).lines().map(str::to_owned).collect();
+            l.sort();
+            l
+        };
+        assert_eq!(lines(&at_once), lines(&one_by_one));
+        assert!(
+            encode(&at_once.registry)
+                .contains("haunt_deliveries_total{outcome=\"applied\"} 4 # {correlation_id=\"c-6\"")
+        );
+        // Attempts in 4 buckets (1, 2, 3, +Inf), 3 outcomes, lags in 3
+        // buckets, processing in 1.
+        assert_eq!(made.get(), 11, "an exemplar only where one is kept");
     }
 }
 

@@ -293,6 +293,14 @@ impl TransportSpec {
         self.kind == Kind::Kafka
     }
 
+    /// Whether the broker keeps a message for a consumer that is not
+    /// connected when it is published. Redis Pub/Sub and core NATS send it
+    /// to whoever is subscribed at that moment, and MQTT at QoS 0 runs
+    /// clean sessions: there a message published with no consumer is gone.
+    pub fn keeps_for_absent_consumers(&self) -> bool {
+        !matches!((self.kind, self.mode), (Kind::RedisPubSub, _) | (Kind::Nats, "core") | (Kind::Mqtt, "qos0"))
+    }
+
     /// Whether a broker (and a relay in front of it) is in the pipeline.
     pub fn is_broker(&self) -> bool {
         self.kind != Kind::Db
@@ -782,6 +790,18 @@ mod tests {
         links.connected();
         assert!(!links.ready(), "a drop too many does not count below zero");
         assert!(Links::new(0).ready());
+    }
+
+    /// The three modes whose broker drops what no consumer is there for;
+    /// every other keeps it (the transport bench fills those first).
+    #[test]
+    fn only_fire_and_forget_modes_keep_nothing_for_an_absent_consumer() {
+        let kept_nothing: Vec<String> = TransportSpec::all()
+            .into_iter()
+            .filter(|s| s.is_broker() && !s.keeps_for_absent_consumers())
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(kept_nothing, ["redis-pubsub", "nats:core", "mqtt:qos0"]);
     }
 
     #[test]

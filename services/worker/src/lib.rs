@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use haunt_store::{AckMode, Applied, Backoff, Bug, ErrorWait, Failed, Leased, OrderEvent, Rng, Store, StoreError};
-use haunt_telemetry::metrics::{OutcomeLabels, TraceExemplar, WorkerMetrics};
+use haunt_telemetry::metrics::{BatchTally, OutcomeLabels, TraceExemplar, WorkerMetrics};
 use haunt_telemetry::tracing_context;
 use haunt_transport::{Links, TransportSpec};
 use source::{Polled, Received, Source};
@@ -78,8 +78,9 @@ pub struct WorkerConfig {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Spans {
     /// A `tracing` span per delivery (a child of its order's span) and a log
-    /// line per delivery at `info`: every delivery in the logs too.
-    #[default]
+    /// line per delivery at `info`: every delivery in the logs too, for
+    /// reading a run one order at a time (its cost is in
+    /// docs/performance.md).
     Delivery,
     /// One span per batch with a link to each message's producer, as the
     /// OpenTelemetry messaging conventions allow; each delivery's own span
@@ -88,7 +89,8 @@ pub enum Spans {
     /// line is at `debug`. Lost leases, dropped acks and dead letters are
     /// still logged at `warn` with the delivery's ids; a failed batch at
     /// `warn` once, before each of its deliveries is tried alone. Its
-    /// exemplars carry the order's trace id at any level.
+    /// exemplars carry the order's trace id at any level. The default.
+    #[default]
     Batch,
 }
 
@@ -131,7 +133,7 @@ impl Default for WorkerConfig {
             ack: AckMode::Separate,
             bug: None,
             broker: None,
-            spans: Spans::Delivery,
+            spans: Spans::Batch,
         }
     }
 }
@@ -331,9 +333,10 @@ impl Worker {
                 return Err(e);
             }
         };
-        let (settled, exemplars) = self.record(ready.batch.iter().map(|(l, _)| *l), outcomes, &trace);
+        let (settled, tally) = self.record(ready.batch.iter().map(|(l, _)| *l), outcomes, &trace);
         // From the batch's start to its apply's commit (its ack is in flight after).
         let elapsed = started.elapsed().as_secs_f64();
+        self.metrics.record_batch(&tally, elapsed, |i| exemplar(ready.batch[i].0, trace.trace_id(i)));
         if !auto_ack && !source.acked_in_apply(self) {
             // The effect committed and the ack is not sent: a crash here
             // makes the queue or the broker deliver the batch again. Not
@@ -348,46 +351,40 @@ impl Worker {
             source.ack(self, &kept).await;
         }
         trace.finish(ready.batch.iter().map(|(l, _)| *l), self.system());
-        for exemplar in exemplars {
-            self.metrics.processing_duration.observe(elapsed, Some(exemplar), None);
-        }
         Ok(())
     }
 
-    /// Counts each delivery's outcome in its trace and in the metrics;
-    /// returns the indices of those to ack (all but lost leases) and the
-    /// exemplars.
+    /// Counts each delivery's outcome in its trace and in the batch's tally
+    /// (added to the metrics once the batch is acked); returns the indices
+    /// of those to ack (all but lost leases) and the tally.
     fn record<'a>(
         &self,
         leased: impl Iterator<Item = &'a Leased>,
         outcomes: Vec<Applied>,
         trace: &BatchTrace,
-    ) -> (Vec<usize>, Vec<TraceExemplar>) {
-        let m = &self.metrics;
+    ) -> (Vec<usize>, BatchTally) {
         let mut settled = Vec::with_capacity(outcomes.len());
-        let mut exemplars = Vec::with_capacity(outcomes.len());
+        let mut tally = BatchTally::with_capacity(outcomes.len());
         for (i, (leased, outcome)) in leased.zip(outcomes).enumerate() {
-            let exemplar = self.observe_delivery(leased, trace.trace_id(i));
             trace.settled(i, leased, &outcome);
+            let count = leased.delivery_count;
             match outcome {
                 Applied::Applied { applied_at_ms } => {
-                    self.count("applied", &exemplar);
                     let lag = (applied_at_ms - leased.enqueued_at_ms).max(0) as f64 / 1000.0;
-                    m.effect_lag.observe(lag, Some(exemplar.clone()), None);
+                    tally.settled(i, count, "applied", Some(lag));
                 }
-                Applied::Duplicate => self.count("duplicate", &exemplar),
+                Applied::Duplicate => tally.settled(i, count, "duplicate", None),
                 Applied::LeaseLost => {
-                    self.count("lease_lost", &exemplar);
+                    tally.settled(i, count, "lease_lost", None);
                     trace.warn(i, leased, "lease lost before the apply committed: the message's new holder applies it");
                 }
             }
             if outcome != Applied::LeaseLost {
                 settled.push(i);
             }
-            exemplars.push(exemplar);
         }
-        assert_eq!(exemplars.len(), trace.len(), "one outcome per delivery");
-        (settled, exemplars)
+        assert_eq!(tally.len(), trace.len(), "one outcome per delivery");
+        (settled, tally)
     }
 
     /// The deliveries to ack (with their place in the batch), less those
@@ -465,7 +462,7 @@ impl Worker {
     /// Counts one delivery in the attempt histogram (and as a redelivery after
     /// the first); returns the exemplar, with `trace_id`, for its other metrics.
     fn observe_delivery(&self, leased: &Leased, trace_id: String) -> TraceExemplar {
-        let exemplar = TraceExemplar { correlation_id: leased.headers.correlation_id.clone(), trace_id };
+        let exemplar = exemplar(leased, trace_id);
         self.metrics.delivery_attempt.observe(leased.delivery_count as f64, Some(exemplar.clone()), None);
         if leased.delivery_count > 1 {
             self.metrics.redeliveries.inc();
@@ -534,6 +531,11 @@ impl Worker {
         }
         again
     }
+}
+
+/// A delivery's exemplar: its order's correlation id and trace.
+fn exemplar(leased: &Leased, trace_id: String) -> TraceExemplar {
+    TraceExemplar { correlation_id: leased.headers.correlation_id.clone(), trace_id }
 }
 
 /// The deliveries of a batch that go to the apply, with the receipts they

@@ -1,8 +1,8 @@
 //! How the batch path traces its deliveries, in either [`Spans`] form.
 //!
-//! Per delivery (the default), each delivery has a `tracing` span, a child of
-//! its order's span, and its lines are written within it. Per batch, the
-//! batch has one span linked to every message's producer; each delivery's
+//! Per delivery, each delivery has a `tracing` span, a child of
+//! its order's span, and its lines are written within it. Per batch (the
+//! default), the batch has one span linked to every message's producer; each delivery's
 //! lines carry its ids instead, and its span in the order's trace is sent
 //! straight to the OpenTelemetry SDK when the batch's span is recorded and
 //! spans are exported ([`tracing_context::record_delivery`]), once its

@@ -1,0 +1,493 @@
+//! `haunt bench transport`: what haunt's relay and consumers make of a
+//! broker, against a client of the same broker doing the same work without
+//! the database.
+//!
+//! One transport and mode, on PostgreSQL, its broker started as a local
+//! process of its own. Each of haunt's phases is paired with a bare one:
+//!
+//! - **publish**: haunt's relay publishing `events` outbox rows (lease a
+//!   batch, publish it, wait for the broker's confirmation, delete the rows)
+//!   until the outbox is empty, against the transport's publisher sending the
+//!   same number of envelopes from memory, a batch at a time, each batch
+//!   confirmed;
+//! - **drain**: haunt's workers (`consumers` consume loops, each applying a
+//!   batch through the inbox, the projection and the ledger in one
+//!   transaction, then acking it in the row's mode) until every event is
+//!   applied, against as many of the transport's consumers receiving the same
+//!   number of messages a batch at a time and acking each batch (not at all
+//!   where the mode settles on receipt).
+//!
+//! The bare client is haunt's transport module without the relay, the
+//! worker or the database: the broker's own client library and haunt's
+//! envelope, so what is left in the ratio is what the database and the
+//! pipeline's protocol cost. Phases alternate, bare, haunt, bare, … bare,
+//! and each haunt phase is divided by the mean of the bare phases on either
+//! side of it, as the pipeline bench pairs its drains.
+//!
+//! A broker that keeps nothing for a consumer that is not there (Redis
+//! Pub/Sub, core NATS, MQTT at QoS 0) cannot be filled first: there the
+//! consumers start first, and the drain is the time from the first publish
+//! to the last message in, with what arrived counted (an at-most-once mode
+//! may lose some).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use haunt_chaos::backends::local::LocalBackend;
+use haunt_chaos::core::roles::Backend;
+use haunt_chaos::systems::brokers::{Broker, BrokerNode, free_ports};
+use haunt_store::{Baseline, Bug, DbUrl, Store, StoreOptions};
+use haunt_telemetry::metrics::{OutcomeLabels, WorkerMetrics};
+use haunt_transport::{Envelope, Options, TransportSpec};
+use serde_json::json;
+
+use crate::pipeline::verify_drained;
+
+/// What the transport bench runs.
+#[derive(Debug, Clone)]
+pub struct TransportOptions {
+    pub spec: TransportSpec,
+    /// An empty PostgreSQL database.
+    pub db: DbUrl,
+    /// Events of each phase.
+    pub events: usize,
+    /// Messages per batch: the relay's and the workers' `--batch-size-max`,
+    /// and the bare client's batch.
+    pub batch_size: u32,
+    /// Consume loops (haunt's) and consumers (the bare client's).
+    pub consumers: usize,
+    /// haunt's phases; the bare ones are one more.
+    pub rounds: usize,
+    /// haunt's drain without the inbox (`--bug no-inbox`): the row of
+    /// `haunt guarantees` that leaves it out.
+    pub no_inbox: bool,
+}
+
+/// Distinct items of the events (the projection's rows).
+const ITEMS: usize = 100;
+
+/// A phase that takes longer than this has failed.
+const PHASE_LIMIT: Duration = Duration::from_secs(600);
+
+/// How long a live drain waits after the last message before it counts what
+/// arrived (an at-most-once mode may have lost the rest).
+const LIVE_QUIET: Duration = Duration::from_secs(3);
+
+/// One phase's rates, in events per second (for a live drain, of what
+/// arrived).
+#[derive(Debug, Clone, Copy)]
+struct Rates {
+    publish: f64,
+    drain: f64,
+    /// Messages the drain got, of the events published.
+    received: usize,
+}
+
+pub async fn transport(options: TransportOptions, mut progress: impl FnMut(&str)) -> anyhow::Result<serde_json::Value> {
+    let spec = options.spec;
+    anyhow::ensure!(
+        spec.is_broker(),
+        "the transport bench needs a broker; the database queue is `haunt bench pipeline`"
+    );
+    anyhow::ensure!(options.db.is_postgres(), "the transport bench runs on PostgreSQL: --db postgres://…");
+    anyhow::ensure!(options.events > 0 && options.batch_size > 0 && options.consumers > 0 && options.rounds > 0);
+    let dir = tempfile::tempdir()?;
+    let server = Server::start(spec, dir.path()).await?;
+    let url = haunt_transport::local_url(spec, server.laid.addr);
+    let baseline = Baseline::connect(&options.db, 4).await?;
+    haunt_store::Store::connect(&options.db, StoreOptions::default()).await?.close().await;
+    baseline.reset().await?;
+    let live = !spec.keeps_for_absent_consumers();
+    let mut bare = Vec::new();
+    let mut haunt = Vec::new();
+    for round in 0..=options.rounds {
+        let r = bare_phase(&options, &url, round, live).await.with_context(|| format!("bare round {}", round + 1))?;
+        progress(&format!(
+            "bare {spec} {}: publish {:.0} events/s, drain {:.0} events/s ({} of {})",
+            round + 1,
+            r.publish,
+            r.drain,
+            r.received,
+            options.events
+        ));
+        bare.push(r);
+        if round == options.rounds {
+            break;
+        }
+        let h = haunt_phase(&options, &baseline, &url, round, live)
+            .await
+            .with_context(|| format!("haunt round {}", round + 1))?;
+        progress(&format!(
+            "haunt {spec} {}: relay {:.0} events/s, workers {:.0} events/s ({} of {})",
+            round + 1,
+            h.publish,
+            h.drain,
+            h.received,
+            options.events
+        ));
+        haunt.push(h);
+    }
+    drop(server);
+    let paired = |of: fn(&Rates) -> f64| -> Vec<f64> {
+        haunt.iter().enumerate().map(|(i, h)| of(h) / ((of(&bare[i]) + of(&bare[i + 1])) / 2.0)).collect()
+    };
+    let publish_ratios = paired(|r| r.publish);
+    let drain_ratios = paired(|r| r.drain);
+    let rates = |rs: &[Rates], of: fn(&Rates) -> f64| rs.iter().map(of).collect::<Vec<_>>();
+    Ok(json!({
+        "bench": "transport",
+        "machine": crate::machine(),
+        "transport": spec.to_string(),
+        "claim": spec.claim().name(),
+        "live": live,
+        "inbox": !options.no_inbox,
+        "events": options.events,
+        "batch_size": options.batch_size,
+        "consumers": options.consumers,
+        "rounds": options.rounds,
+        "bare": {
+            "publish_events_per_s": rates(&bare, |r| r.publish),
+            "drain_events_per_s": rates(&bare, |r| r.drain),
+            "received": bare.iter().map(|r| r.received).collect::<Vec<_>>(),
+        },
+        "haunt": {
+            "relay_events_per_s": rates(&haunt, |r| r.publish),
+            "workers_events_per_s": rates(&haunt, |r| r.drain),
+            "applied": haunt.iter().map(|r| r.received).collect::<Vec<_>>(),
+        },
+        "ratios": {
+            "relay_vs_bare_publish_paired": publish_ratios,
+            "workers_vs_bare_drain_paired": drain_ratios,
+            "relay_vs_bare_publish": median(&publish_ratios),
+            "workers_vs_bare_drain": median(&drain_ratios),
+        },
+        "bare_publish_events_per_s": median(&rates(&bare, |r| r.publish)),
+        "bare_drain_events_per_s": median(&rates(&bare, |r| r.drain)),
+    }))
+}
+
+pub(crate) fn median(values: &[f64]) -> Option<f64> {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    Some(if v.len() % 2 == 1 { v[mid] } else { (v[mid - 1] + v[mid]) / 2.0 })
+}
+
+/// The broker, a local process in a directory of the bench's own, stopped
+/// when dropped.
+struct Server {
+    laid: BrokerNode,
+    backend: LocalBackend,
+}
+
+impl Server {
+    async fn start(spec: TransportSpec, dir: &Path) -> anyhow::Result<Server> {
+        let name = spec.server().context("no broker server")?;
+        let broker = Broker::from_name(name).with_context(|| format!("no broker server for {spec}"))?;
+        let (port, http_port) = free_ports()?;
+        let laid = broker.layout(port, http_port, &dir.join("data"), None, &[])?;
+        let program = laid.spec.program.clone().context("a local broker has a program")?;
+        let backend = LocalBackend::new(program, dir.to_owned(), Vec::new(), vec![laid.spec.clone()]);
+        let server = Server { laid, backend };
+        let node = &server.laid.spec.node;
+        server.backend.start(node).await?;
+        if let Err(e) = server.laid.ready.wait(broker.start_limit(), || server.backend.is_running(node)).await {
+            let log = std::fs::read_to_string(server.backend.log_path(node)).unwrap_or_default();
+            anyhow::bail!("{} did not answer: {e}\n{log}", broker.name());
+        }
+        Ok(server)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = futures_util::FutureExt::now_or_never(self.backend.stop(&self.laid.spec.node));
+    }
+}
+
+/// The envelopes of a bare phase, like the outbox's rows of a haunt phase.
+fn envelopes(round: usize, n: usize) -> Vec<Envelope> {
+    (0..n)
+        .map(|i| {
+            let (order_id, event_id, item_id) = (format!("bare-{round}-{i}"), format!("eb-{round}-{i}"), i % ITEMS);
+            Envelope {
+                message_id: format!("mb-{round}-{i}"),
+                payload:
+                    json!({"event_id": event_id, "order_id": order_id, "item_id": format!("item-{item_id}"), "qty": 1})
+                        .to_string(),
+                event_id,
+                headers: json!({"correlation_id": order_id}).to_string(),
+                enqueued_at_ms: 0,
+                key: Some(format!("item-{item_id}")),
+            }
+        })
+        .collect()
+}
+
+fn transport_options(client_id: String) -> Options {
+    Options { client_id, visibility_timeout: Duration::from_secs(30), ..Options::default() }
+}
+
+/// The bare phase's consumers, connected.
+async fn bare_consumers(
+    options: &TransportOptions,
+    url: &str,
+    round: usize,
+) -> anyhow::Result<Vec<Box<dyn haunt_transport::Consumer>>> {
+    let mut consumers = Vec::new();
+    for c in 0..options.consumers {
+        let o = transport_options(format!("bare-{round}-{c}"));
+        consumers.push(haunt_transport::consumer(options.spec, url, &o).await?);
+    }
+    Ok(consumers)
+}
+
+/// The transport's own client: publish from memory, then drain (or, live,
+/// drain while publishing). Before a drain of what the broker holds, its
+/// consumers connect once and close, so that every subscription, session
+/// and group is in place; the drain then connects them again, on the clock,
+/// as haunt's workers do.
+async fn bare_phase(options: &TransportOptions, url: &str, round: usize, live: bool) -> anyhow::Result<Rates> {
+    let spec = options.spec;
+    let n = options.events;
+    let batch = options.batch_size as usize;
+    let received = Arc::new(AtomicUsize::new(0));
+    let drain = |consumers: Vec<Box<dyn haunt_transport::Consumer>>| {
+        let mut tasks = tokio::task::JoinSet::new();
+        for mut consumer in consumers {
+            let received = received.clone();
+            tasks.spawn(async move {
+                let mut last = Instant::now();
+                while received.load(Ordering::Relaxed) < n {
+                    let got = consumer.receive(batch, Duration::from_millis(100)).await?;
+                    if got.is_empty() {
+                        if live && last.elapsed() > LIVE_QUIET {
+                            break;
+                        }
+                        continue;
+                    }
+                    if !consumer.acks_on_receipt() {
+                        let receipts: Vec<_> = got.iter().map(|d| d.receipt.clone()).collect();
+                        consumer.ack(&receipts).await?;
+                    }
+                    last = Instant::now();
+                    received.fetch_add(got.len(), Ordering::Relaxed);
+                }
+                anyhow::Ok(last)
+            });
+        }
+        tasks
+    };
+    let mut publisher = haunt_transport::publisher(spec, url, &transport_options(format!("bare-pub-{round}"))).await?;
+    let all = envelopes(round, n);
+    let (published, started, last) = if live {
+        let consumers = bare_consumers(options, url, round).await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let started = Instant::now();
+        let mut tasks = drain(consumers);
+        let published = publish_all(&mut *publisher, &all, batch).await?;
+        (published, started, join_last(&mut tasks).await?)
+    } else {
+        for consumer in bare_consumers(options, url, round).await? {
+            consumer.crash().await;
+        }
+        let published = publish_all(&mut *publisher, &all, batch).await?;
+        let started = Instant::now();
+        let mut tasks = drain(bare_consumers(options, url, round).await?);
+        (published, started, join_last(&mut tasks).await?)
+    };
+    let got = received.load(Ordering::Relaxed).min(n);
+    anyhow::ensure!(live || got >= n, "the bare drain got {got} of {n} messages");
+    let drain = got as f64 / last.saturating_duration_since(started).as_secs_f64().max(1e-6);
+    Ok(Rates { publish: n as f64 / published, drain, received: got })
+}
+
+/// Publishes `all` a batch at a time, each batch confirmed; its seconds.
+async fn publish_all(
+    publisher: &mut dyn haunt_transport::Publisher,
+    all: &[Envelope],
+    batch: usize,
+) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    for chunk in all.chunks(batch) {
+        publisher.publish(chunk).await.context("publishing")?;
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// Waits for every consumer task; the latest moment one of them got a message.
+async fn join_last(tasks: &mut tokio::task::JoinSet<anyhow::Result<Instant>>) -> anyhow::Result<Instant> {
+    let deadline = Instant::now() + PHASE_LIMIT;
+    let mut last: Option<Instant> = None;
+    while let Some(done) = tokio::time::timeout_at(deadline.into(), tasks.join_next())
+        .await
+        .map_err(|_| anyhow::anyhow!("not drained in {PHASE_LIMIT:?}"))?
+    {
+        let at = done.context("a consumer panicked")??;
+        last = Some(last.map_or(at, |l| l.max(at)));
+    }
+    last.context("no consumer")
+}
+
+/// haunt's relay and workers over the same broker: the outbox filled, the
+/// relay publishing it, then the workers applying it (live: the workers
+/// first). Before a drain of what the broker holds, the workers connect
+/// once and stop, as the bare consumers do.
+async fn haunt_phase(
+    options: &TransportOptions,
+    baseline: &Baseline,
+    url: &str,
+    round: usize,
+    live: bool,
+) -> anyhow::Result<Rates> {
+    let n = options.events;
+    baseline.enqueue(n, ITEMS).await?;
+    if !baseline.settle().await? {
+        eprintln!("warning: no checkpoint before the relay (CHECKPOINT needs a superuser or pg_checkpoint)");
+    }
+    let workers = Workers::new(options, url, round).await?;
+    let watcher = Store::connect(&options.db, StoreOptions::default()).await?;
+    let (published, started, (applied, last)) = if live {
+        let running = workers.start();
+        running.connected().await?;
+        let started = Instant::now();
+        let published = relay_all(options, url, &watcher).await?;
+        (published, started, running.until_applied(n, Some(LIVE_QUIET)).await?)
+    } else {
+        let running = workers.start();
+        running.connected().await?;
+        let workers = running.stop().await?;
+        let published = relay_all(options, url, &watcher).await?;
+        let started = Instant::now();
+        (published, started, workers.start().until_applied(n, None).await?)
+    };
+    watcher.close().await;
+    if !live && !options.no_inbox {
+        verify_drained(baseline, n, "haunt's drain").await?;
+    }
+    baseline.reset().await?;
+    let drain = applied as f64 / last.saturating_duration_since(started).as_secs_f64().max(1e-6);
+    Ok(Rates { publish: n as f64 / published, drain, received: applied })
+}
+
+/// Runs haunt's relay until the outbox is empty; its seconds.
+async fn relay_all(options: &TransportOptions, url: &str, watcher: &Store) -> anyhow::Result<f64> {
+    let store = Store::connect(&options.db, StoreOptions::default()).await?;
+    store.warm(2).await?;
+    let config = haunt_relay::RelayConfig {
+        batch_size_max: options.batch_size,
+        visibility_timeout: Duration::from_secs(30),
+        poll_interval: Duration::from_millis(5),
+        ..haunt_relay::RelayConfig::new(options.spec, url.to_owned())
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let started = Instant::now();
+    let relay = tokio::spawn(haunt_relay::run(None, store, config, async move {
+        let _ = stopped.await;
+    }));
+    let result = async {
+        loop {
+            if watcher.queue_is_empty().await? {
+                return anyhow::Ok(started.elapsed().as_secs_f64());
+            }
+            anyhow::ensure!(!relay.is_finished(), "the relay stopped before the outbox was empty");
+            anyhow::ensure!(started.elapsed() < PHASE_LIMIT, "the outbox not empty in {PHASE_LIMIT:?}");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    .await;
+    let _ = stop.send(());
+    relay.await.context("the relay panicked")?.context("the relay")?;
+    result
+}
+
+/// haunt's workers of one phase: one worker with `consumers` consume loops.
+struct Workers {
+    worker: haunt_worker::Worker,
+    metrics: Arc<WorkerMetrics>,
+}
+
+struct Running {
+    workers: Workers,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Workers {
+    async fn new(options: &TransportOptions, url: &str, round: usize) -> anyhow::Result<Workers> {
+        let store = Store::connect(&options.db, StoreOptions::default()).await?;
+        store.warm(2 * options.consumers as u32).await?;
+        let config = haunt_worker::WorkerConfig {
+            worker_id: format!("bench-{round}"),
+            batch_size_max: options.batch_size,
+            concurrency: options.consumers,
+            poll_interval: Duration::from_millis(5),
+            visibility_timeout: Duration::from_secs(30),
+            bug: options.no_inbox.then_some(Bug::NoInbox),
+            broker: Some(haunt_worker::BrokerSource { spec: options.spec, url: url.to_owned() }),
+            ..haunt_worker::WorkerConfig::default()
+        };
+        let metrics = Arc::new(WorkerMetrics::default());
+        let worker = haunt_worker::Worker::new(store, config, Arc::default(), metrics.clone());
+        Ok(Workers { worker, metrics })
+    }
+
+    fn start(self) -> Running {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let worker = self.worker.clone();
+        let task = tokio::spawn(async move { worker.run(stopped).await });
+        Running { workers: self, stop, task }
+    }
+}
+
+impl Running {
+    fn applied(&self) -> usize {
+        self.workers.metrics.deliveries.get_or_create(&OutcomeLabels { outcome: "applied" }).get().0 as usize
+    }
+
+    /// Waits until every consume loop is connected to the broker.
+    async fn connected(&self) -> anyhow::Result<()> {
+        let started = Instant::now();
+        while !self.workers.worker.links().ready() {
+            anyhow::ensure!(started.elapsed() < Duration::from_secs(60), "the workers did not connect in 60 s");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // A subscription is in place a moment after its connection.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        Ok(())
+    }
+
+    /// Stops the workers (each loop finishes its batch); they may start again.
+    async fn stop(self) -> anyhow::Result<Workers> {
+        let _ = self.stop.send(true);
+        self.task.await.context("a worker panicked")?;
+        Ok(self.workers)
+    }
+
+    /// Until `n` are applied (or, live, nothing more for `quiet`); how many
+    /// were, and when the last was. Stops the workers.
+    async fn until_applied(self, n: usize, quiet: Option<Duration>) -> anyhow::Result<(usize, Instant)> {
+        let started = Instant::now();
+        let (mut seen, mut last) = (0, Instant::now());
+        loop {
+            let applied = self.applied();
+            if applied != seen {
+                (seen, last) = (applied, Instant::now());
+            }
+            if applied >= n || quiet.is_some_and(|q| last.elapsed() > q) {
+                break;
+            }
+            anyhow::ensure!(!self.task.is_finished(), "the workers stopped before the drain ended");
+            anyhow::ensure!(started.elapsed() < PHASE_LIMIT, "{applied} of {n} applied in {PHASE_LIMIT:?}");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        self.stop().await?;
+        Ok((seen, last))
+    }
+}
