@@ -395,6 +395,12 @@ fn a_system_file_link_between_containers_takes_a_delay_and_loss() {
 /// what it confirmed across a restart, a kill of the broker's container:
 /// valid, with redeliveries, every container's log kept, nothing left.
 fn a_docker_run_over_a_broker_container_is_valid(transport: &str, restart: bool) {
+    a_docker_run_over_a_broker_container_is_valid_in(transport, restart, None);
+}
+
+/// [`a_docker_run_over_a_broker_container_is_valid`], its run `time_limit_s`
+/// long instead of [`crate::transport::BROKER_FAULTS`]' 24 s.
+fn a_docker_run_over_a_broker_container_is_valid_in(transport: &str, restart: bool, time_limit_s: Option<&str>) {
     let test = format!("a docker run over a {transport} container");
     if !docker_ready(&test) {
         return;
@@ -404,7 +410,11 @@ fn a_docker_run_over_a_broker_container_is_valid(transport: &str, restart: bool)
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let faults = crate::transport::broker_faults(restart);
+    let mut faults = crate::transport::broker_faults(restart);
+    if let Some(limit) = time_limit_s {
+        let at = faults.iter().position(|a| *a == "--time-limit-s").expect("the faults set a time limit") + 1;
+        faults[at] = limit;
+    }
     let out = docker_run(tmp.path(), &[&["--transport", transport, "--seed", "5"][..], &faults].concat());
     let stderr = String::from_utf8_lossy(&out.stderr);
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -470,14 +480,19 @@ fn a_docker_run_over_a_moto_sqs_container_is_valid_under_consumer_faults() {
 
 /// Apache Kafka alone in a container of the brokers' image: its harness
 /// listener advertised at the published port, another at the container's
-/// name for the run's containers, whose links to it iptables cuts.
+/// name for the run's containers, whose links to it iptables cuts. 32 s,
+/// not 24: the first round strikes the broker's restart last, after a
+/// partition whose heal goes over every link of the run in turn (4.8 s for
+/// the containers' rules), and on a quiet machine (2026-12-06, seed 5) the
+/// restart started at 19.9 s; in the suite, under load, it once did not
+/// start within 24 s.
 #[test]
 fn a_docker_run_over_a_kafka_container_is_valid_under_broker_faults() {
     if std::env::var("HAUNT_SKIP_KAFKA").as_deref() == Ok("1") {
         eprintln!("SKIPPED: a docker run over a kafka container (HAUNT_SKIP_KAFKA=1)");
         return;
     }
-    a_docker_run_over_a_broker_container_is_valid("kafka", true);
+    a_docker_run_over_a_broker_container_is_valid_in("kafka", true, Some("32"));
 }
 
 /// Google's Pub/Sub emulator in the brokers' image (copied from the host,
