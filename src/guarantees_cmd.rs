@@ -24,6 +24,15 @@ pub struct GuaranteesArgs {
     /// Length of each fault-free run's workload, in seconds.
     #[arg(long, default_value_t = 10)]
     pub throughput_time_limit_s: u64,
+    /// An empty PostgreSQL database (postgres://…) for the speed columns:
+    /// for each row over a broker, `haunt bench transport` measures haunt's
+    /// relay and workers against the transport's own client without the
+    /// database. Without it the speed columns are left out.
+    #[arg(long, value_name = "URL")]
+    pub speed_db: Option<haunt_store::DbUrl>,
+    /// Events of each phase of those benches.
+    #[arg(long, default_value_t = 10_000)]
+    pub speed_events: usize,
     /// Where the runs, the table, guarantees.json and guarantees.html go.
     #[arg(long, default_value = "store")]
     pub store: PathBuf,
@@ -45,6 +54,13 @@ pub async fn guarantees(args: GuaranteesArgs) -> anyhow::Result<i32> {
     } else {
         args.transports
     };
+    if let Some(db) = &args.speed_db {
+        anyhow::ensure!(
+            db.is_postgres(),
+            "--speed-db: the transport bench runs on PostgreSQL (postgres://…), not {db}"
+        );
+    }
+    anyhow::ensure!(args.speed_events > 0, "--speed-events: at least 1");
     let options = GuaranteesOptions {
         haunt,
         store: args.store,
@@ -52,6 +68,8 @@ pub async fn guarantees(args: GuaranteesArgs) -> anyhow::Result<i32> {
         seeds: args.seeds,
         time_limit_s: args.time_limit_s,
         throughput_time_limit_s: args.throughput_time_limit_s,
+        speed_db: args.speed_db,
+        speed_events: args.speed_events,
     };
     let outcome = haunt_chaos::suites::guarantees::run(&options, |line| eprintln!("{line}")).await?;
     println!("{}", outcome.table);

@@ -82,6 +82,9 @@ const LIVE_QUIET: Duration = Duration::from_secs(3);
 struct Rates {
     publish: f64,
     drain: f64,
+    /// Events over the time to publish and drain them (live: the drain's,
+    /// which spans the publish): the mode's rate, end to end.
+    both: f64,
     /// Messages the drain got, of the events published.
     received: usize,
 }
@@ -94,12 +97,16 @@ pub async fn transport(options: TransportOptions, mut progress: impl FnMut(&str)
     );
     anyhow::ensure!(options.db.is_postgres(), "the transport bench runs on PostgreSQL: --db postgres://…");
     anyhow::ensure!(options.events > 0 && options.batch_size > 0 && options.consumers > 0 && options.rounds > 0);
+    // Migrated, and refused unless empty, before anything starts: the bench
+    // empties its tables after each phase.
+    let store = Store::connect(&options.db, StoreOptions::default()).await?;
+    let empty = store.is_empty().await?;
+    store.close().await;
+    anyhow::ensure!(empty, "{} is not empty; the bench needs a database of its own", options.db);
+    let baseline = Baseline::connect(&options.db, 4).await?;
     let dir = tempfile::tempdir()?;
     let server = Server::start(spec, dir.path()).await?;
     let url = haunt_transport::local_url(spec, server.laid.addr);
-    let baseline = Baseline::connect(&options.db, 4).await?;
-    haunt_store::Store::connect(&options.db, StoreOptions::default()).await?.close().await;
-    baseline.reset().await?;
     let live = !spec.keeps_for_absent_consumers();
     let mut bare = Vec::new();
     let mut haunt = Vec::new();
@@ -166,6 +173,8 @@ pub async fn transport(options: TransportOptions, mut progress: impl FnMut(&str)
         },
         "bare_publish_events_per_s": median(&rates(&bare, |r| r.publish)),
         "bare_drain_events_per_s": median(&rates(&bare, |r| r.drain)),
+        "bare_events_per_s": median(&rates(&bare, |r| r.both)),
+        "haunt_events_per_s": median(&rates(&haunt, |r| r.both)),
     }))
 }
 
@@ -304,8 +313,9 @@ async fn bare_phase(options: &TransportOptions, url: &str, round: usize, live: b
     };
     let got = received.load(Ordering::Relaxed).min(n);
     anyhow::ensure!(live || got >= n, "the bare drain got {got} of {n} messages");
-    let drain = got as f64 / last.saturating_duration_since(started).as_secs_f64().max(1e-6);
-    Ok(Rates { publish: n as f64 / published, drain, received: got })
+    let drained = last.saturating_duration_since(started).as_secs_f64().max(1e-6);
+    let both = if live { got as f64 / drained } else { got as f64 / (published + drained) };
+    Ok(Rates { publish: n as f64 / published, drain: got as f64 / drained, both, received: got })
 }
 
 /// Publishes `all` a batch at a time, each batch confirmed; its seconds.
@@ -372,8 +382,9 @@ async fn haunt_phase(
         verify_drained(baseline, n, "haunt's drain").await?;
     }
     baseline.reset().await?;
-    let drain = applied as f64 / last.saturating_duration_since(started).as_secs_f64().max(1e-6);
-    Ok(Rates { publish: n as f64 / published, drain, received: applied })
+    let drained = last.saturating_duration_since(started).as_secs_f64().max(1e-6);
+    let both = if live { applied as f64 / drained } else { applied as f64 / (published + drained) };
+    Ok(Rates { publish: n as f64 / published, drain: applied as f64 / drained, both, received: applied })
 }
 
 /// Runs haunt's relay until the outbox is empty; its seconds.

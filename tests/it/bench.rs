@@ -350,6 +350,31 @@ fn the_transport_bench_pairs_the_relay_and_the_workers_with_the_bare_client() {
     let applied = report["haunt"]["applied"][0].as_u64().unwrap();
     assert!(applied > 0 && applied <= 400, "{report:#}");
     assert!(positive(&report["ratios"]["workers_vs_bare_drain"]), "{report:#}");
+
+    // A database with data of its own is refused, and kept.
+    rt.block_on(async {
+        let store = haunt_store::Store::connect(&db.url, haunt_store::StoreOptions::default()).await.unwrap();
+        let order = haunt_store::NewOrder {
+            order_id: "keep-me".into(),
+            item_id: "i".into(),
+            qty: 1,
+            correlation_id: "c".into(),
+            traceparent: None,
+        };
+        store.place_order(&order).await.unwrap();
+        store.close().await;
+    });
+    let out = Command::new(env!("CARGO_BIN_EXE_haunt"))
+        .args(["bench", "transport", "--transport", "redis-streams", "--db", db.url.as_str()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("not empty"), "{stderr}");
+    rt.block_on(async {
+        let store = haunt_store::Store::connect(&db.url, haunt_store::StoreOptions::default()).await.unwrap();
+        assert!(store.get_order("keep-me").await.unwrap().is_some(), "nothing was deleted");
+        store.close().await;
+    });
 }
 
 #[test]

@@ -15,7 +15,13 @@
 //!    worker then drains what it re-enqueued, and the checker judges the
 //!    repaired state again (`after-reconcile/` in the run directory);
 //! 3. one fault-free run at a rate above what the pipeline absorbs: events/s
-//!    from the first order to the last application, and the p99 effect lag.
+//!    from the first order to the last application, and the p99 effect lag;
+//! 4. with `--speed-db`, over a broker: `haunt bench transport`, haunt's
+//!    relay and workers against the transport's own client without the
+//!    database ([`TransportSpeed`]): the row's speed is the lower of the
+//!    two ratios, and the bare client's rate in the row's mode against its
+//!    rate in the broker's first mode is the tutorial's "fast, normal,
+//!    slow", measured.
 //!
 //! Each row then says whether what was measured matches what the transport
 //! claims ([`Guarantee`]): at-most-once may lose and must not deliver twice;
@@ -56,6 +62,11 @@ pub struct GuaranteesOptions {
     pub time_limit_s: u64,
     /// The fault-free run's workload, in seconds.
     pub throughput_time_limit_s: u64,
+    /// An empty PostgreSQL database for `haunt bench transport`, row after
+    /// row; `None` leaves the speed columns out.
+    pub speed_db: Option<haunt_store::DbUrl>,
+    /// Events of each of the transport bench's phases.
+    pub speed_events: usize,
 }
 
 /// The visibility timeout of every run: short, so that a run of a few
@@ -130,6 +141,26 @@ pub struct Throughput {
     pub error: Option<String>,
 }
 
+/// What `haunt bench transport` measured for a row: haunt's relay and
+/// workers, each against the transport's own client doing the same without
+/// the database, paired (medians of the rounds).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TransportSpeed {
+    /// Its JSON report.
+    pub report: Option<String>,
+    /// The relay's publish rate over the bare client's.
+    pub relay_vs_bare: Option<f64>,
+    /// The workers' drain rate (inbox or not, as the row) over the bare
+    /// client's.
+    pub workers_vs_bare: Option<f64>,
+    pub bare_publish_events_per_s: Option<f64>,
+    pub bare_drain_events_per_s: Option<f64>,
+    /// The bare client's events over the time to publish and drain them:
+    /// the mode's own rate, end to end.
+    pub bare_events_per_s: Option<f64>,
+    pub error: Option<String>,
+}
+
 /// One transport, mode and inbox setting.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
@@ -145,8 +176,15 @@ pub struct Row {
     pub delivered_more_than_once: Option<u64>,
     pub applied_more_than_once: u64,
     pub events_per_s: Option<f64>,
-    /// `events_per_s` over the fastest row's.
+    /// The transport's own speed: the lower of haunt's relay and workers
+    /// each over the transport's bare client ([`TransportSpeed`]); `None`
+    /// where not measured (no `--speed-db`, or the database queue).
     pub speed: Option<f64>,
+    /// The bare client's rate in this row's mode over its rate in the
+    /// broker's first mode (its at-least-once one), as measured in this
+    /// table: above 1 faster, below 1 slower.
+    pub mode_speed: Option<f64>,
+    pub transport_speed: Option<TransportSpeed>,
     pub effect_lag_ms_p99: Option<f64>,
     /// Summed over the runs; `None` without an inbox, where reconcile cannot
     /// tell an applied order from a lost one (it reads the inbox).
@@ -457,6 +495,8 @@ impl Row {
             applied_more_than_once,
             events_per_s: throughput.events_per_s,
             speed: None,
+            mode_speed: None,
+            transport_speed: None,
             effect_lag_ms_p99: throughput.effect_lag_ms_p99,
             repaired_by_reconcile,
             order_claim: order_claim.name(),
@@ -470,12 +510,81 @@ impl Row {
     }
 }
 
-/// Fills each row's speed: its events/s over the fastest row's.
+/// Fills each row's speed (the lower of its transport bench's two ratios)
+/// and its mode's speed: the mode's bare rate over the bare rate of its
+/// broker's first mode, each the mean over the rows of that mode (the rows
+/// with and without the inbox measure the same bare client), where that
+/// mode has one.
 fn set_speeds(rows: &mut [Row]) {
-    let fastest = rows.iter().filter_map(|r| r.events_per_s).fold(0.0_f64, f64::max);
+    let bare = |r: &Row| r.transport_speed.as_ref().and_then(|s| s.bare_events_per_s);
+    let measured: Vec<(TransportSpec, f64)> =
+        rows.iter().filter_map(|r| Some((r.transport.parse::<TransportSpec>().ok()?, bare(r)?))).collect();
+    let mode_rate = |spec: TransportSpec| {
+        let rates: Vec<f64> = measured.iter().filter(|(s, _)| *s == spec).map(|(_, r)| *r).collect();
+        (!rates.is_empty()).then(|| rates.iter().sum::<f64>() / rates.len() as f64)
+    };
     for row in rows.iter_mut() {
-        row.speed = row.events_per_s.filter(|_| fastest > 0.0).map(|e| e / fastest);
+        row.speed = row.transport_speed.as_ref().and_then(|s| match (s.relay_vs_bare, s.workers_vs_bare) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            _ => None,
+        });
+        row.mode_speed = row.transport.parse::<TransportSpec>().ok().and_then(|spec| {
+            let (rate, base) = (mode_rate(spec)?, mode_rate(first_mode(spec))?);
+            (base > 0.0).then(|| rate / base)
+        });
     }
+}
+
+/// The transport's first mode: what its bare name means.
+fn first_mode(spec: TransportSpec) -> TransportSpec {
+    spec.name().parse().expect("a transport's bare name parses")
+}
+
+/// `haunt bench transport` for a row, a child of this executable, when
+/// `--speed-db` names a database and the row has a broker.
+async fn speed_run(
+    options: &GuaranteesOptions,
+    runs_dir: &Path,
+    spec: TransportSpec,
+    inbox: bool,
+) -> Option<TransportSpeed> {
+    let db = options.speed_db.as_ref()?;
+    if !spec.is_broker() {
+        return None;
+    }
+    let name = format!("speed-{}-{}", spec.to_string().replace(':', "-"), if inbox { "inbox" } else { "no-inbox" });
+    let report = runs_dir.join(format!("{name}.json"));
+    let log = runs_dir.join(format!("{name}.log"));
+    let mut speed = TransportSpeed { report: Some(report.display().to_string()), ..TransportSpeed::default() };
+    let result = async {
+        let stderr = std::fs::File::create(&log)?;
+        let mut command = tokio::process::Command::new(&options.haunt);
+        command
+            .args(["bench", "transport", "--transport", &spec.to_string(), "--db", db.as_str()])
+            .args(["--events", &options.speed_events.to_string(), "--out"])
+            .arg(&report)
+            .args(if inbox { &[][..] } else { &["--no-inbox"][..] })
+            .stdout(std::process::Stdio::null())
+            .stderr(stderr)
+            .kill_on_drop(true);
+        crate::backends::local::interrupt_when_parent_dies(command.as_std_mut());
+        let status = command.status().await.context("starting haunt bench transport")?;
+        anyhow::ensure!(status.success(), "haunt bench transport failed ({status}); its log: {}", log.display());
+        read_json(&report).with_context(|| format!("reading {}", report.display()))
+    }
+    .await;
+    match result {
+        Ok(json) => {
+            let f = |v: &serde_json::Value| v.as_f64();
+            speed.relay_vs_bare = f(&json["ratios"]["relay_vs_bare_publish"]);
+            speed.workers_vs_bare = f(&json["ratios"]["workers_vs_bare_drain"]);
+            speed.bare_publish_events_per_s = f(&json["bare_publish_events_per_s"]);
+            speed.bare_drain_events_per_s = f(&json["bare_drain_events_per_s"]);
+            speed.bare_events_per_s = f(&json["bare_events_per_s"]);
+        }
+        Err(e) => speed.error = Some(format!("{e:#}")),
+    }
+    Some(speed)
 }
 
 /// How `haunt guarantees` ended.
@@ -510,6 +619,12 @@ pub async fn run(options: &GuaranteesOptions, mut progress: impl FnMut(&str)) ->
             let broker = crate::systems::brokers::Broker::from_name(server).context("a broker server")?;
             broker.program().with_context(|| format!("{spec}"))?;
         }
+    }
+    if let Some(db) = &options.speed_db {
+        let store = Store::connect(db, StoreOptions::default()).await.with_context(|| format!("--speed-db {db}"))?;
+        let empty = store.is_empty().await?;
+        store.close().await;
+        anyhow::ensure!(empty, "--speed-db {db} is not empty; the transport bench needs a database of its own");
     }
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
     let dir = options.store.join("guarantees").join(stamp.to_string());
@@ -553,7 +668,19 @@ pub async fn run(options: &GuaranteesOptions, mut progress: impl FnMut(&str)) ->
                     format!("{name:<32} no faults  {} events/s", events.map_or("-".into(), |e| format!("{e:.0}")))
                 }
             });
-            rows.push(Row::new(spec, inbox, runs, throughput));
+            let mut row = Row::new(spec, inbox, runs, throughput);
+            row.transport_speed = speed_run(options, &runs_dir, spec, inbox).await;
+            if let Some(s) = &row.transport_speed {
+                progress(&match (&s.error, s.relay_vs_bare, s.workers_vs_bare) {
+                    (Some(e), _, _) => format!("{name:<32} speed  ERROR {e}"),
+                    (None, relay, workers) => format!(
+                        "{name:<32} speed  relay {} of the bare client's publish, workers {} of its drain",
+                        relay.map_or("-".into(), |r| format!("{r:.2}")),
+                        workers.map_or("-".into(), |w| format!("{w:.2}"))
+                    ),
+                });
+            }
+            rows.push(row);
             // After every row, so that a guarantees run stopped half way
             // leaves what it measured.
             write_outputs(&dir, &mut rows, options, false)?;

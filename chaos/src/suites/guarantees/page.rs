@@ -197,7 +197,7 @@ fn worst_run(rows: &[Row]) -> String {
 fn table(rows: &[Row]) -> String {
     let mut h = String::from(
         "<table><tr><th>transport</th><th>inbox</th><th>claim</th><th>lost</th><th>delivered &gt;1</th>\
-         <th>applied twice</th><th>order kept?</th><th>events/s</th><th>speed</th><th>p99 lag ms</th><th>reconcile</th><th>matches claim</th></tr>",
+         <th>applied twice</th><th>order kept?</th><th>events/s</th><th>speed</th><th>bare events/s</th><th>p99 lag ms</th><th>reconcile</th><th>matches claim</th></tr>",
     );
     for r in rows {
         let reconcile = match &r.repaired_by_reconcile {
@@ -215,7 +215,7 @@ fn table(rows: &[Row]) -> String {
         };
         let _ = write!(
             h,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>{matches}</tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>{matches}</tr>",
             esc(&r.transport),
             if r.inbox { "yes" } else { "no" },
             r.claim,
@@ -225,6 +225,7 @@ fn table(rows: &[Row]) -> String {
             esc(&super::table::order_kept(r)),
             r.events_per_s.map_or("–".into(), |e| format!("{e:.0}")),
             r.speed.map_or("–".into(), |s| format!("{s:.2}")),
+            super::table::bare_rate(r),
             r.effect_lag_ms_p99.map_or("–".into(), |l| format!("{l:.0}")),
             esc(&reconcile)
         );
@@ -255,7 +256,10 @@ pub fn render(rows: &[Row], command: &str) -> String {
         "<p>Every fault run of a row had the same seeded schedule: a consumer kill, a broker restart (where the \
          broker keeps data through one), a consumer&lt;-&gt;broker partition, ack loss, and a kill of the relay. \
          Lost: acknowledged orders whose effect never happened, after the queue drained and before any \
-         reconciliation. Speed: events/s of a fault-free run over the fastest row's.</p>",
+         reconciliation. Events/s: a fault-free run end to end, through the API. Speed (with <code>--speed-db</code>): \
+         haunt's relay and workers over the transport's own client doing the same without the database \
+         (<code>haunt bench transport</code>), the lower of the two; bare events/s: that client's rate in the \
+         row's mode, published and drained.</p>",
     );
     h.push_str(&table(rows));
     h.push_str("<h2>Lost, delivered twice, applied twice</h2>");

@@ -8,8 +8,8 @@ use std::path::Path;
 use super::{GuaranteesOptions, Row, page, set_speeds};
 
 /// Writes `guarantees.txt`, `guarantees.json` (with `"complete"`: whether
-/// every row has run) and `guarantees.html` for the rows so far, their speeds
-/// against the fastest of them; returns the table.
+/// every row has run) and `guarantees.html` for the rows so far, with their
+/// speeds; returns the table.
 pub(super) fn write_outputs(
     dir: &Path,
     rows: &mut [Row],
@@ -17,13 +17,16 @@ pub(super) fn write_outputs(
     complete: bool,
 ) -> anyhow::Result<String> {
     set_speeds(rows);
-    let command = format!(
+    let mut command = format!(
         "haunt guarantees --transports {} --seeds {} --time-limit-s {} --throughput-time-limit-s {}",
         options.transports.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(","),
         options.seeds,
         options.time_limit_s,
         options.throughput_time_limit_s
     );
+    if options.speed_db.is_some() {
+        let _ = write!(command, " --speed-db URL --speed-events {}", options.speed_events);
+    }
     let table = table(rows, &command);
     std::fs::write(dir.join("guarantees.txt"), &table)?;
     let json = serde_json::json!({
@@ -71,7 +74,7 @@ fn claims(t: &mut String, rows: &[Row]) {
     let _ = writeln!(
         t,
         "{:<24} {:<24} {:<26} {:<34} rows",
-        "guarantee", "lost: claim / measured", "duplicated: claim / measured", "speed: claim / measured (fastest 1)"
+        "guarantee", "lost: claim / measured", "duplicated: claim / measured", "speed: claim / vs its first mode"
     );
     let classes: [(&str, &str, bool); 4] = [
         ("at-most-once", "at-most-once", false),
@@ -92,7 +95,7 @@ fn claims(t: &mut String, rows: &[Row]) {
         let dup_measured = done
             .iter()
             .any(|r| r.applied_more_than_once > 0 || (!inbox && r.delivered_more_than_once.unwrap_or(0) > 0));
-        let speeds: Vec<f64> = done.iter().filter_map(|r| r.speed).collect();
+        let speeds: Vec<f64> = done.iter().filter_map(|r| r.mode_speed).collect();
         let speed_range = match (speeds.iter().copied().reduce(f64::min), speeds.iter().copied().reduce(f64::max)) {
             (Some(lo), Some(hi)) if hi - lo < 0.005 => format!("{lo:.2}"),
             (Some(lo), Some(hi)) => format!("{lo:.2}-{hi:.2}"),
@@ -114,7 +117,7 @@ fn claims(t: &mut String, rows: &[Row]) {
 fn every_row(t: &mut String, rows: &[Row]) {
     let _ = writeln!(
         t,
-        "{:<22} {:<6} {:<14} {:>6} {:>11} {:>13} {:<24} {:>9} {:>6} {:>11} {:<26} matches",
+        "{:<22} {:<6} {:<14} {:>6} {:>11} {:>13} {:<24} {:>9} {:>6} {:>10} {:>11} {:<26} matches",
         "transport",
         "inbox",
         "claim",
@@ -124,6 +127,7 @@ fn every_row(t: &mut String, rows: &[Row]) {
         "order kept?",
         "events/s",
         "speed",
+        "bare ev/s",
         "p99 lag ms",
         "reconcile"
     );
@@ -140,7 +144,7 @@ fn every_row(t: &mut String, rows: &[Row]) {
         };
         let _ = writeln!(
             t,
-            "{:<22} {:<6} {:<14} {:>6} {:>11} {:>13} {:<24} {:>9} {:>6} {:>11} {:<26} {}",
+            "{:<22} {:<6} {:<14} {:>6} {:>11} {:>13} {:<24} {:>9} {:>6} {:>10} {:>11} {:<26} {}",
             if r.brokers > 1 { format!("{} ×{}", r.transport, r.brokers) } else { r.transport.clone() },
             yes_no(r.inbox),
             r.claim,
@@ -150,6 +154,7 @@ fn every_row(t: &mut String, rows: &[Row]) {
             order_kept(r),
             r.events_per_s.map_or("-".into(), |e| format!("{e:.0}")),
             r.speed.map_or("-".into(), |s| format!("{s:.2}")),
+            bare_rate(r),
             r.effect_lag_ms_p99.map_or("-".into(), |l| format!("{l:.0}")),
             reconcile,
             match r.matches_claim {
@@ -159,6 +164,12 @@ fn every_row(t: &mut String, rows: &[Row]) {
             }
         );
     }
+}
+
+/// The bare client's rate in the row's mode, end to end, from its
+/// transport bench.
+pub(super) fn bare_rate(r: &Row) -> String {
+    r.transport_speed.as_ref().and_then(|s| s.bare_events_per_s).map_or("-".into(), |e| format!("{e:.0}"))
 }
 
 /// The order column: the claim, then what was measured. Under `per-key`,
@@ -210,9 +221,11 @@ fn not_measured(t: &mut String, rows: &[Row]) {
         .flat_map(|r| {
             let name = format!("{} {}", r.transport, if r.inbox { "inbox" } else { "no-inbox" });
             let runs = r.runs.iter().filter_map(move |run| run.error.as_ref().map(|e| (run.seed, e.clone())));
-            let n = name.clone();
+            let (n, t) = (name.clone(), name.clone());
+            let speed = r.transport_speed.as_ref().and_then(|s| s.error.as_ref());
             runs.map(move |(seed, e)| format!("  {n} seed {seed}: {e}"))
-                .chain(r.throughput.error.iter().map(move |e| format!("  {name} no faults: {e}")))
+                .chain(r.throughput.error.iter().map(move |e| format!("  {t} no faults: {e}")))
+                .chain(speed.map(move |e| format!("  {name} speed: {e}")))
         })
         .collect();
     if !errors.is_empty() {

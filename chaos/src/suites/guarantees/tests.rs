@@ -90,18 +90,38 @@ fn a_key_order_claim_is_judged_by_the_orders_overtaken() {
     assert_eq!(table::order_kept(&figures), "none: 7 overtaken");
 }
 
+/// A row's speed is the lower of its transport bench's two ratios; a mode's
+/// speed is its bare rate over the bare rate of its broker's first mode,
+/// and nothing where that mode has no row.
 #[test]
-fn speed_is_a_ratio_to_the_fastest_row() {
+fn speed_is_the_transports_own_ratio_and_a_modes_is_against_its_first_mode() {
     let t = |e| Throughput { run_dir: None, events_per_s: e, effect_lag_ms_p99: None, error: None };
-    let spec: TransportSpec = "db".parse().unwrap();
+    let measured = |relay, workers, bare| TransportSpeed {
+        relay_vs_bare: Some(relay),
+        workers_vs_bare: Some(workers),
+        bare_events_per_s: Some(bare),
+        ..TransportSpeed::default()
+    };
+    let row = |spec: &str, speed: Option<TransportSpeed>| {
+        // The at-most-once row without the inbox, as the tutorial's line reads it.
+        let inbox = spec != "rabbitmq:auto-ack";
+        let mut r = Row::new(spec.parse().unwrap(), inbox, vec![run(1, 0, Some(1), 0)], t(Some(100.0)));
+        r.transport_speed = speed;
+        r
+    };
     let mut rows = vec![
-        Row::new(spec, true, vec![run(1, 0, Some(1), 0)], t(Some(200.0))),
-        Row::new(spec, false, vec![run(1, 0, None, 1)], t(Some(400.0))),
-        Row::new(spec, true, vec![], t(None)),
+        row("rabbitmq:auto-ack", Some(measured(0.9, 0.5, 3000.0))),
+        row("rabbitmq", Some(measured(0.7, 0.8, 2000.0))),
+        row("mqtt:qos2", Some(measured(0.6, 0.9, 500.0))),
+        row("db", None),
+        row("nats", Some(TransportSpeed { error: Some("failed".into()), ..TransportSpeed::default() })),
     ];
     set_speeds(&mut rows);
-    assert_eq!(rows.iter().map(|r| r.speed).collect::<Vec<_>>(), [Some(0.5), Some(1.0), None]);
-    assert_eq!(rows[2].matches_claim, None, "a row with no finished run is not judged");
+    assert_eq!(rows.iter().map(|r| r.speed).collect::<Vec<_>>(), [Some(0.5), Some(0.7), Some(0.6), None, None]);
+    assert_eq!(rows.iter().map(|r| r.mode_speed).collect::<Vec<_>>(), [Some(1.5), Some(1.0), None, None, None]);
+    let text = table::table(&rows, "haunt guarantees");
+    assert!(text.contains("at-most-once") && text.contains(" / 1.50 "), "{text}");
+    assert!(text.contains("nats:jetstream inbox speed: failed"), "an error is listed as not measured: {text}");
 }
 
 #[test]
