@@ -107,6 +107,9 @@ pub async fn transport(options: TransportOptions, mut progress: impl FnMut(&str)
     let dir = tempfile::tempdir()?;
     let server = Server::start(spec, dir.path()).await?;
     let url = haunt_transport::local_url(spec, server.laid.addr);
+    // The queue, stream or topic and its group, as a run declares them
+    // before its relay and workers start (Kafka creates no topic on use).
+    haunt_transport::inspector(spec, &url).await?.declare().await.context("declaring the broker's queue")?;
     let live = !spec.keeps_for_absent_consumers();
     let mut bare = Vec::new();
     let mut haunt = Vec::new();
@@ -357,7 +360,9 @@ async fn haunt_phase(
     live: bool,
 ) -> anyhow::Result<Rates> {
     let n = options.events;
-    baseline.enqueue(n, ITEMS).await?;
+    // Ids of their own: a broker that deduplicates by message id would
+    // drop a round's messages under an earlier round's ids.
+    baseline.enqueue_from(round * n, n, ITEMS).await?;
     if !baseline.settle().await? {
         eprintln!("warning: no checkpoint before the relay (CHECKPOINT needs a superuser or pg_checkpoint)");
     }

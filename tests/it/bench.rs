@@ -272,9 +272,18 @@ fn the_pipeline_bench_refuses_a_database_with_data() {
     let tmp = tempfile::tempdir().unwrap();
     let db = format!("sqlite://{}", tmp.path().join("busy.db").display());
     let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let store =
-            haunt_store::Store::connect(&db.parse().unwrap(), haunt_store::StoreOptions::default()).await.unwrap();
+    let url: haunt_store::DbUrl = db.parse().unwrap();
+    rt.block_on(keep_me(&url, true));
+    let out = bench(&db);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not empty"), "{}", String::from_utf8_lossy(&out.stderr));
+    rt.block_on(keep_me(&url, false));
+}
+
+/// Places the order `keep-me` (`place`), or checks that it is still there.
+async fn keep_me(db: &haunt_store::DbUrl, place: bool) {
+    let store = haunt_store::Store::connect(db, haunt_store::StoreOptions::default()).await.unwrap();
+    if place {
         let order = haunt_store::NewOrder {
             order_id: "keep-me".into(),
             item_id: "i".into(),
@@ -283,25 +292,19 @@ fn the_pipeline_bench_refuses_a_database_with_data() {
             traceparent: None,
         };
         store.place_order(&order).await.unwrap();
-        store.close().await;
-    });
-    let out = bench(&db);
-    assert_eq!(out.status.code(), Some(3));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not empty"), "{}", String::from_utf8_lossy(&out.stderr));
-    rt.block_on(async {
-        let store =
-            haunt_store::Store::connect(&db.parse().unwrap(), haunt_store::StoreOptions::default()).await.unwrap();
+    } else {
         assert!(store.get_order("keep-me").await.unwrap().is_some(), "nothing was deleted");
-    });
+    }
+    store.close().await;
 }
 
 /// `haunt bench transport` over one broker: the relay and the workers each
 /// paired with the bare client, every event published and applied once
 /// (the bench verifies the ledger itself), the figures in the report.
-fn transport_bench(db: &str, transport: &str) -> serde_json::Value {
+fn transport_bench(db: &str, transport: &str, rounds: &str) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_haunt"))
         .args(["bench", "transport", "--transport", transport, "--db", db])
-        .args(["--events", "400", "--rounds", "1", "--consumers", "2", "--batch-size", "100"])
+        .args(["--events", "400", "--rounds", rounds, "--consumers", "2", "--batch-size", "100"])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -313,7 +316,7 @@ fn transport_bench(db: &str, transport: &str) -> serde_json::Value {
 fn the_transport_bench_pairs_the_relay_and_the_workers_with_the_bare_client() {
     let Some(admin) = haunt_testkit::postgres_admin_url() else { return };
     if std::env::var("HAUNT_SKIP_BROKERS").as_deref() == Ok("1") {
-        eprintln!("SKIPPED: the transport bench over Redis (HAUNT_SKIP_BROKERS=1)");
+        eprintln!("SKIPPED: the transport bench over Redis and NATS (HAUNT_SKIP_BROKERS=1)");
         return;
     }
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -322,7 +325,7 @@ fn the_transport_bench_pairs_the_relay_and_the_workers_with_the_bare_client() {
     let positive = |v: &serde_json::Value| v.as_f64().is_some_and(|x| x.is_finite() && x > 0.0);
 
     // A broker that holds what is published: filled, then drained.
-    let report = transport_bench(db.url.as_str(), "redis-streams");
+    let report = transport_bench(db.url.as_str(), "redis-streams", "1");
     assert_eq!(report["transport"], "redis-streams", "{report:#}");
     assert_eq!(report["live"], false, "{report:#}");
     assert_eq!(report["haunt"]["applied"], serde_json::json!([400]), "{report:#}");
@@ -345,36 +348,26 @@ fn the_transport_bench_pairs_the_relay_and_the_workers_with_the_bare_client() {
     assert!((ratio - workers / ((bare[0] + bare[1]) / 2.0)).abs() < 1e-9, "{report:#}");
 
     // Fire-and-forget: the consumers first, and what arrived is counted.
-    let report = transport_bench(db.url.as_str(), "redis-pubsub");
+    let report = transport_bench(db.url.as_str(), "redis-pubsub", "1");
     assert_eq!(report["live"], true, "{report:#}");
     let applied = report["haunt"]["applied"][0].as_u64().unwrap();
     assert!(applied > 0 && applied <= 400, "{report:#}");
     assert!(positive(&report["ratios"]["workers_vs_bare_drain"]), "{report:#}");
 
+    // A broker that deduplicates by message id (JetStream's Nats-Msg-Id):
+    // each round's messages are new to it, so every round applies them all.
+    let report = transport_bench(db.url.as_str(), "nats", "2");
+    assert_eq!(report["haunt"]["applied"], serde_json::json!([400, 400]), "{report:#}");
+
     // A database with data of its own is refused, and kept.
-    rt.block_on(async {
-        let store = haunt_store::Store::connect(&db.url, haunt_store::StoreOptions::default()).await.unwrap();
-        let order = haunt_store::NewOrder {
-            order_id: "keep-me".into(),
-            item_id: "i".into(),
-            qty: 1,
-            correlation_id: "c".into(),
-            traceparent: None,
-        };
-        store.place_order(&order).await.unwrap();
-        store.close().await;
-    });
+    rt.block_on(keep_me(&db.url, true));
     let out = Command::new(env!("CARGO_BIN_EXE_haunt"))
         .args(["bench", "transport", "--transport", "redis-streams", "--db", db.url.as_str()])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("not empty"), "{stderr}");
-    rt.block_on(async {
-        let store = haunt_store::Store::connect(&db.url, haunt_store::StoreOptions::default()).await.unwrap();
-        assert!(store.get_order("keep-me").await.unwrap().is_some(), "nothing was deleted");
-        store.close().await;
-    });
+    rt.block_on(keep_me(&db.url, false));
 }
 
 #[test]

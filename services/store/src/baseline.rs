@@ -164,10 +164,18 @@ impl Baseline {
     /// Writes `n` orders (`b-I`, over `items` items, one each) and their
     /// messages, visible at once, as the API would have.
     pub async fn enqueue(&self, n: usize, items: usize) -> Result<(), StoreError> {
+        self.enqueue_from(0, n, items).await
+    }
+
+    /// [`Baseline::enqueue`] with the orders, events and messages numbered
+    /// from `first`: a broker that deduplicates by message id (JetStream's
+    /// `Nats-Msg-Id`, an SQS FIFO queue) would drop a second phase's
+    /// messages under the first one's ids.
+    pub async fn enqueue_from(&self, first: usize, n: usize, items: usize) -> Result<(), StoreError> {
         // A second in the past: visible whatever the small skew between clocks.
         let at = now_ms() - 1_000;
-        for start in (0..n).step_by(ENQUEUE_CHUNK) {
-            let rows = ENQUEUE_CHUNK.min(n - start);
+        for start in (first..first + n).step_by(ENQUEUE_CHUNK) {
+            let rows = ENQUEUE_CHUNK.min(first + n - start);
             let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
             let orders = format!(
                 "INSERT INTO orders (order_id, item_id, qty, event_id, correlation_id, created_at_ms) VALUES {}",
