@@ -30,9 +30,9 @@
 //! to the last message in, with what arrived counted (an at-most-once mode
 //! may lose some).
 
+use std::collections::HashSet;
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -71,6 +71,13 @@ const ITEMS: usize = 100;
 
 /// A phase that takes longer than this has failed.
 const PHASE_LIMIT: Duration = Duration::from_secs(600);
+
+/// A client that does not connect (or stop) within this has failed.
+const CONNECT_LIMIT: Duration = Duration::from_secs(60);
+
+/// haunt's worker in every phase: its consume loops are `WORKER_ID-SLOT`,
+/// the names the bare consumers take too.
+const WORKER_ID: &str = "bench";
 
 /// How long a live drain waits after the last message before it counts what
 /// arrived (an at-most-once mode may have lost the rest).
@@ -111,10 +118,33 @@ pub async fn transport(options: TransportOptions, mut progress: impl FnMut(&str)
     // before its relay and workers start (Kafka creates no topic on use).
     haunt_transport::inspector(spec, &url).await?.declare().await.context("declaring the broker's queue")?;
     let live = !spec.keeps_for_absent_consumers();
+    let measured = rounds(&options, &baseline, &url, live, &mut progress).await;
+    // Whatever happened, the database is left empty, its housekeeping on
+    // (a failed phase must not leave rows that refuse the next bench).
+    let cleaned = async {
+        baseline.reset().await?;
+        baseline.housekeeping_back_on().await
+    }
+    .await;
+    drop(server);
+    let (bare, haunt) = measured?;
+    cleaned?;
+    report(&options, live, &bare, &haunt)
+}
+
+/// The rounds: bare, haunt, bare, … bare.
+async fn rounds(
+    options: &TransportOptions,
+    baseline: &Baseline,
+    url: &str,
+    live: bool,
+    progress: &mut impl FnMut(&str),
+) -> anyhow::Result<(Vec<Rates>, Vec<Rates>)> {
+    let spec = options.spec;
     let mut bare = Vec::new();
     let mut haunt = Vec::new();
     for round in 0..=options.rounds {
-        let r = bare_phase(&options, &url, round, live).await.with_context(|| format!("bare round {}", round + 1))?;
+        let r = bare_phase(options, url, round, live).await.with_context(|| format!("bare round {}", round + 1))?;
         progress(&format!(
             "bare {spec} {}: publish {:.0} events/s, drain {:.0} events/s ({} of {})",
             round + 1,
@@ -127,7 +157,7 @@ pub async fn transport(options: TransportOptions, mut progress: impl FnMut(&str)
         if round == options.rounds {
             break;
         }
-        let h = haunt_phase(&options, &baseline, &url, round, live)
+        let h = haunt_phase(options, baseline, url, round, live)
             .await
             .with_context(|| format!("haunt round {}", round + 1))?;
         progress(&format!(
@@ -140,7 +170,16 @@ pub async fn transport(options: TransportOptions, mut progress: impl FnMut(&str)
         ));
         haunt.push(h);
     }
-    drop(server);
+    Ok((bare, haunt))
+}
+
+fn report(
+    options: &TransportOptions,
+    live: bool,
+    bare: &[Rates],
+    haunt: &[Rates],
+) -> anyhow::Result<serde_json::Value> {
+    let spec = options.spec;
     let paired = |of: fn(&Rates) -> f64| -> Vec<f64> {
         haunt.iter().enumerate().map(|(i, h)| of(h) / ((of(&bare[i]) + of(&bare[i + 1])) / 2.0)).collect()
     };
@@ -159,13 +198,13 @@ pub async fn transport(options: TransportOptions, mut progress: impl FnMut(&str)
         "consumers": options.consumers,
         "rounds": options.rounds,
         "bare": {
-            "publish_events_per_s": rates(&bare, |r| r.publish),
-            "drain_events_per_s": rates(&bare, |r| r.drain),
+            "publish_events_per_s": rates(bare, |r| r.publish),
+            "drain_events_per_s": rates(bare, |r| r.drain),
             "received": bare.iter().map(|r| r.received).collect::<Vec<_>>(),
         },
         "haunt": {
-            "relay_events_per_s": rates(&haunt, |r| r.publish),
-            "workers_events_per_s": rates(&haunt, |r| r.drain),
+            "relay_events_per_s": rates(haunt, |r| r.publish),
+            "workers_events_per_s": rates(haunt, |r| r.drain),
             "applied": haunt.iter().map(|r| r.received).collect::<Vec<_>>(),
         },
         "ratios": {
@@ -174,10 +213,10 @@ pub async fn transport(options: TransportOptions, mut progress: impl FnMut(&str)
             "relay_vs_bare_publish": median(&publish_ratios),
             "workers_vs_bare_drain": median(&drain_ratios),
         },
-        "bare_publish_events_per_s": median(&rates(&bare, |r| r.publish)),
-        "bare_drain_events_per_s": median(&rates(&bare, |r| r.drain)),
-        "bare_events_per_s": median(&rates(&bare, |r| r.both)),
-        "haunt_events_per_s": median(&rates(&haunt, |r| r.both)),
+        "bare_publish_events_per_s": median(&rates(bare, |r| r.publish)),
+        "bare_drain_events_per_s": median(&rates(bare, |r| r.drain)),
+        "bare_events_per_s": median(&rates(bare, |r| r.both)),
+        "haunt_events_per_s": median(&rates(haunt, |r| r.both)),
     }))
 }
 
@@ -250,87 +289,116 @@ fn transport_options(client_id: String) -> Options {
 async fn bare_consumers(
     options: &TransportOptions,
     url: &str,
-    round: usize,
 ) -> anyhow::Result<Vec<Box<dyn haunt_transport::Consumer>>> {
     let mut consumers = Vec::new();
     for c in 0..options.consumers {
-        let o = transport_options(format!("bare-{round}-{c}"));
-        consumers.push(haunt_transport::consumer(options.spec, url, &o).await?);
+        // The names of haunt's consume loops (`WORKER_ID-SLOT`): a broker
+        // that keeps a session per name (MQTT) then has no session that
+        // outlives its phase and takes a share of the next one's messages.
+        let o = transport_options(format!("{WORKER_ID}-{c}"));
+        let connect = haunt_transport::consumer(options.spec, url, &o);
+        consumers.push(tokio::time::timeout(CONNECT_LIMIT, connect).await.context("connecting a consumer")??);
     }
     Ok(consumers)
 }
 
 /// The transport's own client: publish from memory, then drain (or, live,
 /// drain while publishing). Before a drain of what the broker holds, its
-/// consumers connect once and close, so that every subscription, session
-/// and group is in place; the drain then connects them again, on the clock,
-/// as haunt's workers do.
+/// consumers connect once and end as a crash would, so that every
+/// subscription, session and group is in place; the drain then connects
+/// them again, on the clock, as haunt's workers do. What the drain got is
+/// counted by message id: a fan-out (Redis Pub/Sub) gives every consumer
+/// every message.
 async fn bare_phase(options: &TransportOptions, url: &str, round: usize, live: bool) -> anyhow::Result<Rates> {
-    let spec = options.spec;
     let n = options.events;
     let batch = options.batch_size as usize;
-    let received = Arc::new(AtomicUsize::new(0));
+    let received: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let count = |received: &Mutex<HashSet<String>>| received.lock().unwrap_or_else(|p| p.into_inner()).len();
+    let ours = format!("mb-{round}-");
     let drain = |consumers: Vec<Box<dyn haunt_transport::Consumer>>| {
         let mut tasks = tokio::task::JoinSet::new();
         for mut consumer in consumers {
-            let received = received.clone();
+            let (received, ours) = (received.clone(), ours.clone());
             tasks.spawn(async move {
                 let mut last = Instant::now();
-                while received.load(Ordering::Relaxed) < n {
-                    let got = consumer.receive(batch, Duration::from_millis(100)).await?;
+                while count(&received) < n {
+                    let got = receive_and_ack(&mut *consumer, batch, Duration::from_millis(100)).await?;
                     if got.is_empty() {
                         if live && last.elapsed() > LIVE_QUIET {
                             break;
                         }
                         continue;
                     }
-                    if !consumer.acks_on_receipt() {
-                        let receipts: Vec<_> = got.iter().map(|d| d.receipt.clone()).collect();
-                        consumer.ack(&receipts).await?;
-                    }
                     last = Instant::now();
-                    received.fetch_add(got.len(), Ordering::Relaxed);
+                    // Only this round's: a redelivery of an earlier phase's
+                    // message is acked and not counted.
+                    let mut seen = received.lock().unwrap_or_else(|p| p.into_inner());
+                    seen.extend(got.into_iter().filter(|id| id.starts_with(&ours)));
                 }
+                // Off the clock: what is still on its way to this consumer
+                // (a session's in-flight window) is taken and acked, so that
+                // the next phase, under the same names, starts with nothing.
+                while !receive_and_ack(&mut *consumer, batch, Duration::from_millis(300)).await?.is_empty() {}
                 anyhow::Ok(last)
             });
         }
         tasks
     };
-    let mut publisher = haunt_transport::publisher(spec, url, &transport_options(format!("bare-pub-{round}"))).await?;
     let all = envelopes(round, n);
     let (published, started, last) = if live {
-        let consumers = bare_consumers(options, url, round).await?;
+        let consumers = bare_consumers(options, url).await?;
         tokio::time::sleep(Duration::from_millis(500)).await;
         let started = Instant::now();
         let mut tasks = drain(consumers);
-        let published = publish_all(&mut *publisher, &all, batch).await?;
+        let published = publish_all(options, url, round, &all).await?;
         (published, started, join_last(&mut tasks).await?)
     } else {
-        for consumer in bare_consumers(options, url, round).await? {
+        for consumer in bare_consumers(options, url).await? {
             consumer.crash().await;
         }
-        let published = publish_all(&mut *publisher, &all, batch).await?;
+        let published = publish_all(options, url, round, &all).await?;
         let started = Instant::now();
-        let mut tasks = drain(bare_consumers(options, url, round).await?);
+        let mut tasks = drain(bare_consumers(options, url).await?);
         (published, started, join_last(&mut tasks).await?)
     };
-    let got = received.load(Ordering::Relaxed).min(n);
+    let got = count(&received).min(n);
     anyhow::ensure!(live || got >= n, "the bare drain got {got} of {n} messages");
     let drained = last.saturating_duration_since(started).as_secs_f64().max(1e-6);
     let both = if live { got as f64 / drained } else { got as f64 / (published + drained) };
     Ok(Rates { publish: n as f64 / published, drain: got as f64 / drained, both, received: got })
 }
 
-/// Publishes `all` a batch at a time, each batch confirmed; its seconds.
-async fn publish_all(
-    publisher: &mut dyn haunt_transport::Publisher,
-    all: &[Envelope],
-    batch: usize,
-) -> anyhow::Result<f64> {
-    let started = Instant::now();
-    for chunk in all.chunks(batch) {
-        publisher.publish(chunk).await.context("publishing")?;
+/// Receives up to `max` and acks them (where the mode does not settle on
+/// receipt); their message ids.
+async fn receive_and_ack(
+    consumer: &mut dyn haunt_transport::Consumer,
+    max: usize,
+    wait: Duration,
+) -> anyhow::Result<Vec<String>> {
+    let got = consumer.receive(max, wait).await?;
+    if !got.is_empty() && !consumer.acks_on_receipt() {
+        let receipts: Vec<_> = got.iter().map(|d| d.receipt.clone()).collect();
+        consumer.ack(&receipts).await?;
     }
+    Ok(got.into_iter().map(|d| d.envelope.message_id).collect())
+}
+
+/// Connects the transport's publisher and publishes `all` a batch at a
+/// time, each batch confirmed; its seconds, the connection included (as the
+/// relay's are).
+async fn publish_all(options: &TransportOptions, url: &str, round: usize, all: &[Envelope]) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let publish = async {
+        let o = transport_options(format!("bare-pub-{round}"));
+        let mut publisher = haunt_transport::publisher(options.spec, url, &o).await?;
+        for chunk in all.chunks(options.batch_size as usize) {
+            publisher.publish(chunk).await.context("publishing")?;
+        }
+        anyhow::Ok(())
+    };
+    tokio::time::timeout(PHASE_LIMIT, publish)
+        .await
+        .map_err(|_| anyhow::anyhow!("not published in {PHASE_LIMIT:?}"))??;
     Ok(started.elapsed().as_secs_f64())
 }
 
@@ -366,14 +434,16 @@ async fn haunt_phase(
     if !baseline.settle().await? {
         eprintln!("warning: no checkpoint before the relay (CHECKPOINT needs a superuser or pg_checkpoint)");
     }
-    let workers = Workers::new(options, url, round).await?;
+    let workers = Workers::new(options, url).await?;
     let watcher = Store::connect(&options.db, StoreOptions::default()).await?;
     let (published, started, (applied, last)) = if live {
         let running = workers.start();
         running.connected().await?;
         let started = Instant::now();
-        let published = relay_all(options, url, &watcher).await?;
-        (published, started, running.until_applied(n, Some(LIVE_QUIET)).await?)
+        // The applications are watched while the relay publishes.
+        let (published, drained) =
+            tokio::join!(relay_all(options, url, &watcher), running.until_applied(n, Some(LIVE_QUIET)));
+        (published?, started, drained?)
     } else {
         let running = workers.start();
         running.connected().await?;
@@ -419,7 +489,8 @@ async fn relay_all(options: &TransportOptions, url: &str, watcher: &Store) -> an
     }
     .await;
     let _ = stop.send(());
-    relay.await.context("the relay panicked")?.context("the relay")?;
+    let stopped = tokio::time::timeout(CONNECT_LIMIT, relay).await.context("the relay did not stop")?;
+    stopped.context("the relay panicked")?.context("the relay")?;
     result
 }
 
@@ -436,11 +507,11 @@ struct Running {
 }
 
 impl Workers {
-    async fn new(options: &TransportOptions, url: &str, round: usize) -> anyhow::Result<Workers> {
+    async fn new(options: &TransportOptions, url: &str) -> anyhow::Result<Workers> {
         let store = Store::connect(&options.db, StoreOptions::default()).await?;
         store.warm(2 * options.consumers as u32).await?;
         let config = haunt_worker::WorkerConfig {
-            worker_id: format!("bench-{round}"),
+            worker_id: WORKER_ID.into(),
             batch_size_max: options.batch_size,
             concurrency: options.consumers,
             poll_interval: Duration::from_millis(5),
@@ -482,11 +553,13 @@ impl Running {
     /// Stops the workers (each loop finishes its batch); they may start again.
     async fn stop(self) -> anyhow::Result<Workers> {
         let _ = self.stop.send(true);
-        self.task.await.context("a worker panicked")?;
+        let stopped = tokio::time::timeout(CONNECT_LIMIT, self.task).await.context("the workers did not stop")?;
+        stopped.context("a worker panicked")?;
         Ok(self.workers)
     }
 
-    /// Until `n` are applied (or, live, nothing more for `quiet`); how many
+    /// Until `n` are applied (or, live, nothing more for `quiet` once
+    /// something was, or for ten times `quiet` if nothing ever is); how many
     /// were, and when the last was. Stops the workers.
     async fn until_applied(self, n: usize, quiet: Option<Duration>) -> anyhow::Result<(usize, Instant)> {
         let started = Instant::now();
@@ -496,7 +569,8 @@ impl Running {
             if applied != seen {
                 (seen, last) = (applied, Instant::now());
             }
-            if applied >= n || quiet.is_some_and(|q| last.elapsed() > q) {
+            let quiet_now = quiet.is_some_and(|q| last.elapsed() > if seen > 0 { q } else { 10 * q });
+            if applied >= n || quiet_now {
                 break;
             }
             anyhow::ensure!(!self.task.is_finished(), "the workers stopped before the drain ended");

@@ -355,7 +355,8 @@ impl Worker {
     }
 
     /// Counts each delivery's outcome in its trace and in the batch's tally
-    /// (added to the metrics once the batch is acked); returns the indices
+    /// (added to the metrics once the batch's transaction has committed,
+    /// before its ack); returns the indices
     /// of those to ack (all but lost leases) and the tally.
     fn record<'a>(
         &self,

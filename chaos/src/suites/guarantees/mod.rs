@@ -86,6 +86,9 @@ const ORDERED_KEYS: usize = 4;
 /// [`THROUGHPUT_RATE`] leaves a backlog that takes a slow transport a while.
 const QUIESCE_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// How long a row's `haunt bench transport` may take (it is killed after).
+const SPEED_LIMIT: Duration = Duration::from_secs(1800);
+
 /// How long the worker that drains what reconcile re-enqueued may take.
 const REPAIR_DRAIN_MAX: Duration = Duration::from_secs(60);
 
@@ -535,9 +538,10 @@ fn set_speeds(rows: &mut [Row]) {
     }
 }
 
-/// The transport's first mode: what its bare name means.
+/// The first mode on the transport's broker server: its at-least-once mode
+/// (Redis Pub/Sub's is Redis Streams', on the same `redis-server`).
 fn first_mode(spec: TransportSpec) -> TransportSpec {
-    spec.name().parse().expect("a transport's bare name parses")
+    TransportSpec::all().into_iter().find(|s| s.server() == spec.server()).unwrap_or(spec)
 }
 
 /// `haunt bench transport` for a row, a child of this executable, when
@@ -568,7 +572,10 @@ async fn speed_run(
             .stderr(stderr)
             .kill_on_drop(true);
         crate::backends::local::interrupt_when_parent_dies(command.as_std_mut());
-        let status = command.status().await.context("starting haunt bench transport")?;
+        let status = tokio::time::timeout(SPEED_LIMIT, command.status())
+            .await
+            .map_err(|_| anyhow::anyhow!("haunt bench transport took longer than {SPEED_LIMIT:?}: stopped"))?
+            .context("starting haunt bench transport")?;
         anyhow::ensure!(status.success(), "haunt bench transport failed ({status}); its log: {}", log.display());
         read_json(&report).with_context(|| format!("reading {}", report.display()))
     }

@@ -122,6 +122,9 @@ fn speed_is_the_transports_own_ratio_and_a_modes_is_against_its_first_mode() {
     let text = table::table(&rows, "haunt guarantees");
     assert!(text.contains("at-most-once") && text.contains(" / 1.50 "), "{text}");
     assert!(text.contains("nats:jetstream inbox speed: failed"), "an error is listed as not measured: {text}");
+    // A mode's base is the first mode on its broker's server.
+    assert_eq!(first_mode("redis-pubsub".parse().unwrap()).to_string(), "redis-streams");
+    assert_eq!(first_mode("kafka:eos".parse().unwrap()), "kafka".parse::<TransportSpec>().unwrap());
 }
 
 #[test]
