@@ -184,6 +184,7 @@ fn at_most_once_loses_under_a_consumer_kill(transport: &str) {
     let args = ["--time-limit-s", time_limit, "--nemesis", "kill", "--nemesis-interval-s", interval, "--workers", "1"];
     let args = [&args[..], &["--rate", "500", "--fault-targets", "worker-1"]].concat();
     let (out, results, _) = run(tmp.path(), transport, &args);
+    assert!(!results.is_null(), "the run was checked: {}", why(&out, &results));
     // An aimed kill holds the batch where the consumer has settled it and
     // not applied it, never after its effect, where it has nothing to lose.
     let history = std::fs::read_to_string(latest(tmp.path()).join("history.jsonl")).unwrap();
@@ -222,6 +223,7 @@ fn unconfirmed_publishes_are_lost_when_the_relay_is_cut_off(transport: &str) {
         "no-publisher-confirms",
     ];
     let (out, results, _) = run(tmp.path(), transport, &args);
+    assert!(!results.is_null(), "the run was checked: {}", why(&out, &results));
     // An aimed kill holds the batch where the consumer has settled it and
     // not applied it, never after its effect, where it has nothing to lose.
     let history = std::fs::read_to_string(latest(tmp.path()).join("history.jsonl")).unwrap();

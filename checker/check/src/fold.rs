@@ -11,11 +11,14 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
+use std::ops::ControlFlow;
 use std::path::Path;
 
 use hashbrown::HashTable;
+use haunt_format::chunks::{Chunks, Item};
+use haunt_format::fast::{FinalSpans, OrderOpSpans};
 use haunt_format::jsonl::is_cut_off;
-use haunt_format::{FinalRef, FormatError, JsonlReader, OpRef, OpType, OrderRef, Process};
+use haunt_format::{FinalRef, FormatError, OpRef, OpType, OrderRef, Process, RawLine};
 
 use crate::key::{Key, Keys};
 pub use crate::orders::{Applications, OptCount, Order, Orders, Row};
@@ -814,64 +817,100 @@ impl<'de> serde::Deserialize<'de> for ParsedOp<'de> {
     }
 }
 
-/// Folds `history.jsonl`.
-pub fn fold_history<R: std::io::BufRead>(
+/// Folds `history.jsonl`, given as chunks of lines whose client order ops
+/// are already read ([`haunt_format::chunks`]).
+pub fn fold_history<R: std::io::Read>(
     fold: &mut Fold,
     file: &Path,
-    mut reader: JsonlReader<R, ()>,
+    mut chunks: Chunks<R, OrderOpSpans>,
 ) -> Result<(), FormatError> {
-    while let Some(raw) = reader.next_raw() {
-        let raw = raw?;
-        let (line, complete) = (raw.line, raw.complete);
-        // The common line straight from the fast path, where it lies: a
-        // parsed op moved through a Result and a wrapper cost a tenth of
-        // the fold in copies.
-        if let Ok(text) = std::str::from_utf8(raw.bytes)
-            && let Some((op, order)) = haunt_format::fast::client_order_op(text)
-        {
-            fold.push_op(file, line, &op, Some(&order))?;
-            continue;
-        }
-        match parse::<ParsedOp<'_>>(raw.bytes) {
-            Ok(ParsedOp(ref op, ref order)) => fold.push_op(file, line, op, order.as_ref())?,
-            Err(_) if !complete && is_cut_off(raw.bytes) => {
-                fold.history_truncated = true;
-                break;
+    'chunks: while let Some(chunk) = chunks.next_chunk() {
+        let chunk = chunk.map_err(|source| FormatError::Io { file: file.to_owned(), source })?;
+        for item in chunk.items() {
+            match item {
+                Item::Parsed { line, text, parsed } => {
+                    let (op, order) = parsed.get(text);
+                    fold.push_op(file, line, &op, Some(&order))?;
+                }
+                Item::Raw(raw) => {
+                    if fold_raw_op(fold, file, raw)?.is_break() {
+                        break 'chunks;
+                    }
+                }
             }
-            Err(e) => return Err(FormatError::line(file, line, e)),
         }
+        chunks.give_back(chunk);
     }
     fold.finish_history();
     Ok(())
 }
 
-/// Folds `final-state.jsonl`.
-pub fn fold_final<R: std::io::BufRead>(
+/// A history line the parsing thread left: anything but a plain client
+/// order op, or a line of a chunk that is not all UTF-8. `Break` at a cut
+/// last line, which ends the history.
+fn fold_raw_op(fold: &mut Fold, file: &Path, raw: RawLine<'_>) -> Result<ControlFlow<()>, FormatError> {
+    let (line, complete) = (raw.line, raw.complete);
+    if let Ok(text) = std::str::from_utf8(raw.bytes)
+        && let Some((op, order)) = haunt_format::fast::client_order_op(text)
+    {
+        fold.push_op(file, line, &op, Some(&order))?;
+        return Ok(ControlFlow::Continue(()));
+    }
+    match parse::<ParsedOp<'_>>(raw.bytes) {
+        Ok(ParsedOp(ref op, ref order)) => fold.push_op(file, line, op, order.as_ref())?,
+        Err(_) if !complete && is_cut_off(raw.bytes) => {
+            fold.history_truncated = true;
+            return Ok(ControlFlow::Break(()));
+        }
+        Err(e) => return Err(FormatError::line(file, line, e)),
+    }
+    Ok(ControlFlow::Continue(()))
+}
+
+/// Folds `final-state.jsonl`, given as chunks of lines already read where
+/// the fast path reads them.
+pub fn fold_final<R: std::io::Read>(
     fold: &mut Fold,
     file: &Path,
-    mut reader: JsonlReader<R, ()>,
+    mut chunks: Chunks<R, FinalSpans>,
 ) -> Result<(), FormatError> {
     fold.final_present = true;
-    while let Some(raw) = reader.next_raw() {
-        let raw = raw?;
-        let (line, complete) = (raw.line, raw.complete);
-        if let Ok(text) = std::str::from_utf8(raw.bytes)
-            && let Some(l) = haunt_format::fast::final_line(text)
-        {
-            fold.push_final(file, line, &l)?;
-            continue;
-        }
-        match parse::<FinalRef<'_>>(raw.bytes) {
-            // A line that parses is whole, newline or not: what it lacks is an error.
-            Ok(ref l) => fold.push_final(file, line, l)?,
-            Err(_) if !complete && is_cut_off(raw.bytes) => {
-                fold.final_truncated = true;
-                fold.final_truncated_line = line;
-                break;
+    'chunks: while let Some(chunk) = chunks.next_chunk() {
+        let chunk = chunk.map_err(|source| FormatError::Io { file: file.to_owned(), source })?;
+        for item in chunk.items() {
+            match item {
+                Item::Parsed { line, text, parsed } => fold.push_final(file, line, &parsed.get(text))?,
+                Item::Raw(raw) => {
+                    if fold_raw_final(fold, file, raw)?.is_break() {
+                        break 'chunks;
+                    }
+                }
             }
-            Err(e) => return Err(FormatError::line(file, line, e)),
         }
+        chunks.give_back(chunk);
     }
     fold.finish_final();
     Ok(())
+}
+
+/// A final-state line the parsing thread left; `Break` at a cut last line.
+fn fold_raw_final(fold: &mut Fold, file: &Path, raw: RawLine<'_>) -> Result<ControlFlow<()>, FormatError> {
+    let (line, complete) = (raw.line, raw.complete);
+    if let Ok(text) = std::str::from_utf8(raw.bytes)
+        && let Some(l) = haunt_format::fast::final_line(text)
+    {
+        fold.push_final(file, line, &l)?;
+        return Ok(ControlFlow::Continue(()));
+    }
+    match parse::<FinalRef<'_>>(raw.bytes) {
+        // A line that parses is whole, newline or not: what it lacks is an error.
+        Ok(ref l) => fold.push_final(file, line, l)?,
+        Err(_) if !complete && is_cut_off(raw.bytes) => {
+            fold.final_truncated = true;
+            fold.final_truncated_line = line;
+            return Ok(ControlFlow::Break(()));
+        }
+        Err(e) => return Err(FormatError::line(file, line, e)),
+    }
+    Ok(ControlFlow::Continue(()))
 }

@@ -33,7 +33,9 @@ pub mod windows;
 
 use std::path::{Path, PathBuf};
 
-use haunt_format::{FINAL_STATE_FILE, FormatError, HISTORY_FILE, JsonlReader, RUN_FILE};
+use haunt_format::chunks::{Chunks, ParseAhead, Splitter};
+use haunt_format::fast::{FinalSpans, OrderOpSpans};
+use haunt_format::{FINAL_STATE_FILE, FormatError, HISTORY_FILE, RUN_FILE};
 
 pub use results::{ANOMALIES, AnomalyReport, Example, Results, Verdict};
 
@@ -81,12 +83,21 @@ pub fn check_dir_claiming(dir: &Path, claim: Option<order::Claim>) -> Result<Res
     if let Ok(meta) = std::fs::metadata(&history_path) {
         fold.reserve((meta.len() / BYTES_PER_ORDER).min(RESERVE_ORDERS_MAX) as usize);
     }
-    fold::fold_history(&mut fold, &history_path, JsonlReader::open_ahead(&history_path)?)?;
+    fold::fold_history(&mut fold, &history_path, parse_ahead(&history_path, OrderOpSpans::read)?)?;
     let final_path = dir.join(FINAL_STATE_FILE);
     if final_path.exists() {
-        fold::fold_final(&mut fold, &final_path, JsonlReader::open_ahead(&final_path)?)?;
+        fold::fold_final(&mut fold, &final_path, parse_ahead(&final_path, FinalSpans::read)?)?;
     }
     Ok(rules::check(&mut fold, claim))
+}
+
+/// `path`'s lines, read and parsed by a thread of their own ahead of the fold.
+fn parse_ahead<P: Send + 'static>(
+    path: &Path,
+    parse: fn(&str) -> Option<P>,
+) -> Result<Chunks<std::io::Empty, P>, FormatError> {
+    let ahead = ParseAhead::open(path, parse).map_err(|source| FormatError::Io { file: path.to_owned(), source })?;
+    Ok(Chunks::Ahead(ahead))
 }
 
 /// `run.json`'s `order_claim`: none when the file or the field is absent (a
@@ -117,10 +128,10 @@ pub fn check_readers(
 ) -> Result<Results, FormatError> {
     let mut fold = fold::Fold::default();
     let history_path = Path::new(HISTORY_FILE);
-    fold::fold_history(&mut fold, history_path, JsonlReader::new(history, history_path))?;
+    fold::fold_history(&mut fold, history_path, Chunks::Inline(Splitter::new(history, OrderOpSpans::read), None))?;
     if let Some(r) = final_state {
         let final_path = Path::new(FINAL_STATE_FILE);
-        fold::fold_final(&mut fold, final_path, JsonlReader::new(r, final_path))?;
+        fold::fold_final(&mut fold, final_path, Chunks::Inline(Splitter::new(r, FinalSpans::read), None))?;
     }
     Ok(rules::check(&mut fold, order::Claim::None))
 }

@@ -9,6 +9,7 @@
 
 use std::borrow::Cow;
 
+use crate::chunks::Span;
 use crate::final_state::FinalRef;
 use crate::history::{OpRef, OpType, OrderRef, Process};
 
@@ -500,6 +501,153 @@ fn final_line_any_key_order(line: &str) -> Option<FinalRef<'_>> {
     Some(l)
 }
 
+/// A client `order` op as the fast path read it, as offsets into its line:
+/// what a thread that parses ahead hands to the fold ([`crate::chunks`]).
+#[derive(Debug, Clone)]
+pub struct OrderOpSpans {
+    index: u64,
+    time_ns: u64,
+    process: u64,
+    kind: OpType,
+    value: Span,
+    correlation_id: Option<Span>,
+    error: Option<Span>,
+    order_id: Option<Span>,
+    item_id: Option<Span>,
+    qty: Option<i64>,
+    event_id: Option<Span>,
+}
+
+/// Where an optional string lies in `line`: `None` when it is there but not
+/// a slice of the line (never, from the fast path, which borrows them all).
+fn span_of(line: &str, s: &Option<Cow<'_, str>>) -> Option<Option<Span>> {
+    match s {
+        None => Some(None),
+        Some(s) => Span::of(line, s).map(Some),
+    }
+}
+
+impl OrderOpSpans {
+    /// [`client_order_op`], kept as offsets.
+    #[inline]
+    pub fn read(line: &str) -> Option<Self> {
+        let (op, order) = client_order_op(line)?;
+        let Process::Client(process) = op.process else { return None };
+        Some(OrderOpSpans {
+            index: op.index,
+            time_ns: op.time_ns,
+            process,
+            kind: op.kind,
+            value: Span::of(line, op.value)?,
+            correlation_id: span_of(line, &op.correlation_id)?,
+            error: span_of(line, &op.error)?,
+            order_id: span_of(line, &order.order_id)?,
+            item_id: span_of(line, &order.item_id)?,
+            qty: order.qty,
+            event_id: span_of(line, &order.event_id)?,
+        })
+    }
+
+    /// The op and its value again, borrowed from `line`, the line it was read from.
+    #[inline]
+    pub fn get<'a>(&self, line: &'a str) -> (OpRef<'a>, OrderRef<'a>) {
+        let s = |span: Option<Span>| span.map(|s| borrowed(s.get(line)));
+        let op = OpRef {
+            index: self.index,
+            time_ns: self.time_ns,
+            process: Process::Client(self.process),
+            kind: self.kind,
+            f: borrowed("order"),
+            value: self.value.get(line),
+            correlation_id: s(self.correlation_id),
+            error: s(self.error),
+        };
+        let order = OrderRef {
+            order_id: s(self.order_id),
+            item_id: s(self.item_id),
+            qty: self.qty,
+            event_id: s(self.event_id),
+        };
+        (op, order)
+    }
+}
+
+/// An `order` or `applied` line of the final state (nearly all of a long
+/// run's) as the fast path read it, as offsets into its line; see
+/// [`OrderOpSpans`]. The few other lines are left to the fold to read.
+#[derive(Debug, Clone)]
+pub struct FinalSpans {
+    applied: bool,
+    order_id: Span,
+    item_id: Span,
+    event_id: Span,
+    worker_id: Option<Span>,
+    qty: i64,
+    delivery_attempt: Option<u32>,
+    applied_at_ms: Option<i64>,
+    key_seq: Option<u64>,
+    publish_seq: Option<i64>,
+    deliveries: Option<u32>,
+    duplicates_absorbed: Option<u32>,
+}
+
+impl FinalSpans {
+    /// [`final_line`] for an `order` or `applied` line with the fields every
+    /// such line has and no field of the other kinds, kept as offsets;
+    /// `None` for any other line.
+    #[inline]
+    pub fn read(line: &str) -> Option<Self> {
+        let l = final_line(line)?;
+        let applied = match &*l.kind {
+            "order" => false,
+            "applied" => true,
+            _ => return None,
+        };
+        let others = (l.reserved_qty, l.delivery_count, l.read_at_ns, l.run_started_at_ms, l.unlisted);
+        if others != (None, None, None, None, None)
+            || (l.message_id.is_some() || l.last_error.is_some() || l.quiesced.is_some() || l.ledger.is_some())
+        {
+            return None;
+        }
+        let span = |s: &Option<Cow<'_, str>>| Span::of(line, s.as_deref()?);
+        Some(FinalSpans {
+            applied,
+            order_id: span(&l.order_id)?,
+            item_id: span(&l.item_id)?,
+            event_id: span(&l.event_id)?,
+            worker_id: span_of(line, &l.worker_id)?,
+            qty: l.qty?,
+            delivery_attempt: l.delivery_attempt,
+            applied_at_ms: l.applied_at_ms,
+            key_seq: l.key_seq,
+            publish_seq: l.publish_seq,
+            deliveries: l.deliveries,
+            duplicates_absorbed: l.duplicates_absorbed,
+        })
+    }
+
+    /// The line again, borrowed from `line`, the line it was read from.
+    #[inline]
+    pub fn get<'a>(&self, line: &'a str) -> FinalRef<'a> {
+        let s = |span: Span| Some(borrowed(span.get(line)));
+        FinalRef {
+            kind: borrowed(if self.applied { "applied" } else { "order" }),
+            order_id: s(self.order_id),
+            item_id: s(self.item_id),
+            event_id: s(self.event_id),
+            worker_id: self.worker_id.map(|w| borrowed(w.get(line))),
+            qty: Some(self.qty),
+            delivery_attempt: self.delivery_attempt,
+            applied_at_ms: self.applied_at_ms,
+            key_seq: self.key_seq,
+            publish_seq: self.publish_seq,
+            deliveries: self.deliveries,
+            duplicates_absorbed: self.duplicates_absorbed,
+            ..FinalRef::default()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -518,6 +666,9 @@ mod tests {
             "{line}"
         );
         assert_eq!((&op.correlation_id, &op.error), (&slow.correlation_id, &slow.error), "{line}");
+        // Kept as offsets by a thread parsing ahead, and read back, it is the same op.
+        let spans = OrderOpSpans::read(line).expect("whatever the fast path reads, it reads as offsets");
+        assert_eq!(format!("{:?}", spans.get(line)), format!("{:?}", (&op, &order)), "{line}");
         assert_eq!(
             (&order.order_id, &order.item_id, order.qty, &order.event_id),
             (&slow_order.order_id, &slow_order.item_id, slow_order.qty, &slow_order.event_id),
@@ -592,6 +743,12 @@ mod tests {
             assert_eq!(format!("{fast:?}"), format!("{slow:?}"), "{line}");
             let scanned = final_line_any_key_order(line).unwrap();
             assert_eq!(format!("{fast:?}"), format!("{scanned:?}"), "{line}");
+            // The rows, nearly all of a long run's lines, kept as offsets and
+            // read back, are the same line; the others are left to the fold.
+            match FinalSpans::read(line) {
+                Some(spans) => assert_eq!(format!("{:?}", spans.get(line)), format!("{fast:?}"), "{line}"),
+                None => assert!(!matches!(&*fast.kind, "order" | "applied"), "{line}"),
+            }
         }
         for line in [
             r#"{"kind":"order","order_id":"o\u0031","item_id":"i","qty":1,"event_id":"e"}"#,
@@ -726,6 +883,11 @@ mod tests {
                 let slow: Result<FinalRef<'_>, _> = serde_json::from_str(line);
                 prop_assert!(slow.is_ok(), "the fast path accepted what serde rejects: {}", line);
                 prop_assert_eq!(format!("{fast:?}"), format!("{:?}", slow.unwrap()), "{}", line);
+                // As offsets and back: the same line, and only a kind the format
+                // does not know is left to serde.
+                if let Some(spans) = FinalSpans::read(line) {
+                    prop_assert_eq!(format!("{:?}", spans.get(line)), format!("{fast:?}"));
+                }
             }
             Ok(())
         }

@@ -125,7 +125,7 @@ mod tests {
 /// A final-state line borrowed from its text, every field optional: one pass,
 /// no buffering of the `kind` tag. [`FinalRef::check`] enforces the fields each
 /// kind requires.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 pub struct FinalRef<'a> {
     #[serde(borrow)]
     pub kind: std::borrow::Cow<'a, str>,

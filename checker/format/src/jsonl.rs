@@ -78,16 +78,6 @@ impl<R: BufRead, T> JsonlReader<R, T> {
     }
 }
 
-impl<T> JsonlReader<crate::ahead::ReadAhead, T> {
-    /// Reads `path` with a thread reading the file ahead ([`crate::ahead`]):
-    /// for a long file read once, front to back.
-    pub fn open_ahead(path: &Path) -> Result<Self, FormatError> {
-        let reader =
-            crate::ahead::ReadAhead::open(path).map_err(|source| FormatError::Io { file: path.to_owned(), source })?;
-        Ok(JsonlReader::new(reader, path))
-    }
-}
-
 impl<T> JsonlReader<std::io::BufReader<std::fs::File>, T> {
     pub fn open(path: &Path) -> Result<Self, FormatError> {
         let file = std::fs::File::open(path).map_err(|source| FormatError::Io { file: path.to_owned(), source })?;

@@ -13,8 +13,10 @@
 //! - [`final_state`]: the lines of `final-state.jsonl`.
 //! - [`jsonl`]: the streaming reader and the writer, and [`FormatError`].
 //! - [`fast`]: a fast path for the common lines, with serde behind it.
+//! - [`chunks`]: a file's lines in chunks, split, checked and read through
+//!   the fast path by a thread of their own, ahead of the fold.
 
-pub mod ahead;
+pub mod chunks;
 pub mod fast;
 pub mod faults;
 pub mod final_state;
