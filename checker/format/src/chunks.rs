@@ -133,16 +133,21 @@ pub struct Splitter<R, P> {
     /// The start of a line the last chunk cut, for the next one.
     carry: Vec<u8>,
     end: bool,
+    /// A read that failed after whole lines: they come first, then this.
+    failed: Option<std::io::Error>,
 }
 
 impl<R: Read, P> Splitter<R, P> {
     pub fn new(source: R, parse: fn(&str) -> Option<P>) -> Self {
-        Splitter { source, parse, line: 0, carry: Vec::new(), end: false }
+        Splitter { source, parse, line: 0, carry: Vec::new(), end: false, failed: None }
     }
 
     /// The next chunk, or `None` at the file's end. `spent` is a chunk the
     /// reader is done with, whose memory is reused.
     pub fn next_chunk(&mut self, spent: Option<Chunk<P>>) -> std::io::Result<Option<Chunk<P>>> {
+        if let Some(e) = self.failed.take() {
+            return Err(e);
+        }
         let (mut buf, mut entries) = match spent {
             Some(chunk) => (chunk.text.into_bytes(), chunk.entries),
             None => (Vec::with_capacity(CHUNK + CHUNK / 4), Vec::new()),
@@ -157,9 +162,19 @@ impl<R: Read, P> Splitter<R, P> {
         let whole = loop {
             if !self.end {
                 let want = size.saturating_sub(buf.len());
-                // Into the vector's spare room, without zeroing it first.
-                let read = (&mut self.source).take(want as u64).read_to_end(&mut buf)?;
-                self.end = read < want;
+                // Into the vector's spare room, without zeroing it first; what
+                // a failed read got before its error is in it too.
+                match (&mut self.source).take(want as u64).read_to_end(&mut buf) {
+                    Ok(read) => self.end = read < want,
+                    Err(e) => {
+                        // The whole lines read before the error are folded
+                        // first, as a line reader would: one of them may be
+                        // the error to report.
+                        let Some(last) = memchr::memrchr(b'\n', &buf) else { return Err(e) };
+                        self.failed = Some(e);
+                        break last + 1;
+                    }
+                }
             }
             if self.end {
                 break buf.len();
@@ -235,7 +250,20 @@ impl<P: Send + 'static> ParseAhead<P> {
 impl<P> ParseAhead<P> {
     /// The next chunk, `None` after the last.
     pub fn next_chunk(&mut self) -> Option<std::io::Result<Chunk<P>>> {
-        self.chunks.as_ref().expect("taken only on drop").recv().ok()
+        match self.chunks.as_ref().expect("taken only on drop").recv() {
+            Ok(next) => Some(next),
+            Err(_) => {
+                // The thread has ended: at the file's end, or by a panic,
+                // which is a bug of the parser and must not read as the end
+                // of the file (the fold would judge half a run).
+                if let Some(thread) = self.thread.take()
+                    && let Err(panic) = thread.join()
+                {
+                    std::panic::resume_unwind(panic);
+                }
+                None
+            }
+        }
     }
 
     /// Hands a chunk back once read, for its memory to be reused.
@@ -401,6 +429,47 @@ mod tests {
             done.send(()).unwrap();
         });
         dropped.recv_timeout(std::time::Duration::from_secs(10)).expect("the drop returned");
+    }
+
+    /// Gives `text`, then fails.
+    struct FailsAfter<'a>(&'a [u8]);
+
+    impl Read for FailsAfter<'_> {
+        fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+            if self.0.is_empty() {
+                return Err(std::io::Error::other("the disk is gone"));
+            }
+            let n = self.0.len().min(out.len());
+            out[..n].copy_from_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn the_whole_lines_read_before_a_failed_read_come_before_its_error() {
+        let mut splitter = Splitter::new(FailsAfter(b"{\"n\":1}\nnot json\n{\"n\""), number);
+        let chunk = splitter.next_chunk(None).unwrap().expect("the lines before the error");
+        let got: Vec<_> = chunk.items().map(|i| matches!(i, Item::Parsed { .. })).collect();
+        assert_eq!(got, [true, false]);
+        let err = splitter.next_chunk(Some(chunk)).expect_err("then the error");
+        assert_eq!(err.to_string(), "the disk is gone");
+        // Nothing whole before it: the error at once.
+        assert!(Splitter::new(FailsAfter(b"{\"n\""), number).next_chunk(None).is_err());
+    }
+
+    #[test]
+    fn a_panic_of_the_parsing_thread_is_not_the_end_of_the_file() {
+        fn panics(_: &str) -> Option<()> {
+            panic!("a parser's bug")
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, "{}\n").unwrap();
+        let mut ahead = ParseAhead::open(&path, panics).unwrap();
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ahead.next_chunk().is_none()));
+        let message = caught.expect_err("the panic comes to the reader");
+        assert_eq!(message.downcast_ref::<&str>(), Some(&"a parser's bug"));
     }
 
     #[test]
