@@ -597,32 +597,57 @@ impl FinalSpans {
     /// `None` for any other line.
     #[inline]
     pub fn read(line: &str) -> Option<Self> {
-        let l = final_line(line)?;
-        let applied = match &*l.kind {
+        // Every field named, none left to `..`: a field added to the format
+        // must be decided here (carried, or left to the fold) before this
+        // compiles again, so that no line loses it on the way.
+        let FinalRef {
+            kind,
+            order_id,
+            item_id,
+            qty,
+            event_id,
+            delivery_attempt,
+            worker_id,
+            applied_at_ms,
+            key_seq,
+            publish_seq,
+            reserved_qty,
+            message_id,
+            delivery_count,
+            last_error,
+            quiesced,
+            read_at_ns,
+            run_started_at_ms,
+            ledger,
+            unlisted,
+            deliveries,
+            duplicates_absorbed,
+        } = final_line(line)?;
+        let applied = match &*kind {
             "order" => false,
             "applied" => true,
             _ => return None,
         };
-        let others = (l.reserved_qty, l.delivery_count, l.read_at_ns, l.run_started_at_ms, l.unlisted);
+        let others = (reserved_qty, delivery_count, read_at_ns, run_started_at_ms, unlisted);
         if others != (None, None, None, None, None)
-            || (l.message_id.is_some() || l.last_error.is_some() || l.quiesced.is_some() || l.ledger.is_some())
+            || (message_id.is_some() || last_error.is_some() || quiesced.is_some() || ledger.is_some())
         {
             return None;
         }
         let span = |s: &Option<Cow<'_, str>>| Span::of(line, s.as_deref()?);
         Some(FinalSpans {
             applied,
-            order_id: span(&l.order_id)?,
-            item_id: span(&l.item_id)?,
-            event_id: span(&l.event_id)?,
-            worker_id: span_of(line, &l.worker_id)?,
-            qty: l.qty?,
-            delivery_attempt: l.delivery_attempt,
-            applied_at_ms: l.applied_at_ms,
-            key_seq: l.key_seq,
-            publish_seq: l.publish_seq,
-            deliveries: l.deliveries,
-            duplicates_absorbed: l.duplicates_absorbed,
+            order_id: span(&order_id)?,
+            item_id: span(&item_id)?,
+            event_id: span(&event_id)?,
+            worker_id: span_of(line, &worker_id)?,
+            qty: qty?,
+            delivery_attempt,
+            applied_at_ms,
+            key_seq,
+            publish_seq,
+            deliveries,
+            duplicates_absorbed,
         })
     }
 
