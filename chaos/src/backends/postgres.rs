@@ -56,6 +56,14 @@ impl PgServer {
         Some(Pid::from_raw(pid))
     }
 
+    /// The lock file of the server's Unix socket, from `postmaster.pid`
+    /// (its fourth line is the port, its fifth the first socket directory),
+    /// when that file names a socket directory and a server that is not alive.
+    fn socket_lock(&self) -> Option<PathBuf> {
+        let text = std::fs::read_to_string(self.data_dir.join("postmaster.pid")).ok()?;
+        socket_lock_of(&text)
+    }
+
     /// The postmaster's pid, when it runs. A killed postmaster can linger as a
     /// zombie until its parent reaps it; a zombie is not running.
     pub fn pid(&self) -> Option<Pid> {
@@ -139,8 +147,14 @@ impl PgServer {
         // Whatever of the crashed server is left holds its shared memory.
         self.kill_leftovers();
         if self.lock_pid().is_some() {
-            // The lock file of a dead server: the postmaster would take a zombie
-            // for a live owner and refuse to start.
+            // The lock files of a dead server: the postmaster would take a
+            // zombie for a live owner and refuse to start. A crashed
+            // postmaster stays a zombie until whoever adopted it reaps it
+            // (about a second here), and its socket's lock file, in the
+            // socket directory, blocked the first start after every crash.
+            if let Some(lock) = self.socket_lock() {
+                let _ = std::fs::remove_file(lock);
+            }
             let _ = std::fs::remove_file(self.data_dir.join("postmaster.pid"));
         }
         let opts = std::fs::read_to_string(self.data_dir.join("postmaster.opts")).context("reading postmaster.opts")?;
@@ -214,6 +228,18 @@ pub fn restart_crashed() {
             eprintln!("haunt: restarting PostgreSQL in {}: {e:#}", dir.display());
         }
     }
+}
+
+/// [`PgServer::socket_lock`] of the text of a `postmaster.pid`.
+fn socket_lock_of(pid_file: &str) -> Option<PathBuf> {
+    let mut lines = pid_file.lines();
+    let pid: i32 = lines.next()?.trim().parse().ok()?;
+    let port: u16 = lines.nth(2)?.trim().parse().ok()?;
+    let dir = lines.next()?.trim();
+    if dir.is_empty() || alive(Pid::from_raw(pid)) {
+        return None;
+    }
+    Some(Path::new(dir).join(format!(".s.PGSQL.{port}.lock")))
 }
 
 /// Whether `pid` is a live process: present, and neither a zombie nor dead.
@@ -298,7 +324,21 @@ impl Backend for PgServer {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_opts;
+    use std::path::PathBuf;
+
+    use super::{parse_opts, socket_lock_of};
+
+    #[test]
+    fn the_socket_lock_of_a_dead_server_is_named_from_its_pid_file() {
+        // A pid no process has (above the kernel's pid_max).
+        let dead = "4194305\n/tmp/data\n1796540024\n54400\n/tmp\n127.0.0.1\n  54400001   1\nready   \n";
+        assert_eq!(socket_lock_of(dead), Some(PathBuf::from("/tmp/.s.PGSQL.54400.lock")));
+        // A live one (this process) keeps its lock; no socket directory, no lock.
+        let live = dead.replacen("4194305", &std::process::id().to_string(), 1);
+        assert_eq!(socket_lock_of(&live), None);
+        assert_eq!(socket_lock_of("4194305\n/tmp/data\n1796540024\n54400\n\n127.0.0.1\n"), None);
+        assert_eq!(socket_lock_of("4194305\n/tmp/data\n"), None);
+    }
 
     #[test]
     fn postmaster_opts_are_split_into_arguments() {
