@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
+use haunt_checker::stats::peak_rss_mib;
 use serde_json::json;
 
 /// What the check bench runs.
@@ -17,14 +18,6 @@ pub struct CheckOptions {
     pub dir: Option<PathBuf>,
     /// Concurrent client processes simulated in the history.
     pub clients: u64,
-}
-
-/// Peak resident memory of this process so far, in MiB (Linux).
-fn peak_rss_mib() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024.0)
 }
 
 /// Reads every line of `path` into a `serde_json::Value` and drops it: the cost

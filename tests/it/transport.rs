@@ -176,12 +176,8 @@ fn at_most_once_loses_under_a_consumer_kill(transport: &str) {
     // Kafka's consumers form a group, which rebalances after each kill
     // until the dead members' sessions time out (6 s): kills a second apart
     // all landed in rebalances, with no batch in hand to lose (a CI run,
-    // 2026-12-05). So there kills 5 s apart, two of them aimed (the first and
-    // the third), so that one landing while the group moves still leaves one:
-    // 40 s fits four kills about 9 s apart (a kill lasts until its restart),
-    // 30 s only two, one aimed (2026-12-06).
-    let spec: haunt_transport::TransportSpec = transport.parse().unwrap();
-    let (time_limit, interval) = if spec.kind == haunt_transport::Kind::Kafka { ("40", "5") } else { ("10", "1") };
+    // 2026-12-05). See `consumer_kills`.
+    let (time_limit, interval) = consumer_kills(transport).unwrap_or(("10", "1"));
     let args = ["--time-limit-s", time_limit, "--nemesis", "kill", "--nemesis-interval-s", interval, "--workers", "1"];
     let args = [&args[..], &["--rate", "500", "--fault-targets", "worker-1"]].concat();
     let (out, results, _) = run(tmp.path(), transport, &args);
@@ -448,6 +444,18 @@ fn kafka_is_valid_under_broker_faults() {
     at_least_once_is_valid_under_broker_faults("kafka");
 }
 
+/// The time limit and nemesis interval of a run whose kills must find a
+/// Kafka consumer holding a batch, `None` for other transports. A group
+/// moves for seconds after its start and after each kill, so a kill may land
+/// while the consumer holds nothing: 40 s with kills 5 s apart fits four
+/// kills about 9 s apart (a kill lasts until its restart), two of them aimed
+/// (the first and the third), so that one landing while the group moves still
+/// leaves another; 30 s fits only two, one aimed (2026-12-06).
+fn consumer_kills(transport: &str) -> Option<(&'static str, &'static str)> {
+    let spec: haunt_transport::TransportSpec = transport.parse().unwrap();
+    (spec.kind == haunt_transport::Kind::Kafka).then_some(("40", "5"))
+}
+
 /// Kafka commits offsets, and a commit covers every offset below it: an ack
 /// the ack-loss fault drops is covered by the next commit, and alone brings
 /// nothing back. A consumer killed between the effect and its commit does:
@@ -461,11 +469,9 @@ fn no_inbox_double_applies_after_a_consumer_kill(transport: &str) {
     // and the ack, and only if the consumer has a batch within the aim's
     // wait. Kafka's group moves for seconds after its start and after each
     // kill: under a loaded suite (2026-12-06) its one kill in 12 s found no
-    // batch and landed blind. There the run lasts 40 s: four kills about 9 s
-    // apart, two of them aimed (seed 7: at 5.5 s and 23.4 s, both holding a
-    // batch before its ack; 30 s fits two kills, one aimed).
-    let spec: haunt_transport::TransportSpec = transport.parse().unwrap();
-    let (time_limit, interval) = if spec.kind == haunt_transport::Kind::Kafka { ("40", "5") } else { ("12", "5") };
+    // batch and landed blind (seed 7 of the run below: kills at 5.5 s and
+    // 23.4 s, both holding a batch before its ack). See `consumer_kills`.
+    let (time_limit, interval) = consumer_kills(transport).unwrap_or(("12", "5"));
     let args = ["--time-limit-s", time_limit, "--nemesis-interval-s", interval, "--nemesis", "kill"];
     let args = [&args[..], &["--fault-targets", "worker-1", "--bug", "no-inbox"]].concat();
     let (out, results, _) = run(tmp.path(), transport, &args);

@@ -25,7 +25,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The process's high-water mark of resident memory (Linux), in MiB.
+/// The process's high-water mark of resident memory (Linux), in MiB. Its own
+/// copy of `haunt_checker::stats::peak_rss_mib`: this file is copied into the
+/// build before's tree to time both on the same files, and needs only
+/// `check_dir` there.
 fn peak_rss_mib() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;

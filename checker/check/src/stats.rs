@@ -40,6 +40,16 @@ pub fn quantile(values: &mut [f64], q: f64) -> Option<f64> {
     Some(round3(*value))
 }
 
+/// The high-water mark of this process's resident memory in MiB (Linux's
+/// `VmHWM`), `None` elsewhere: what the checker's benchmarks report beside
+/// their rates.
+pub fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
 /// Nearest rank (0-based) of `q` among `n > 0` values: the smallest value with
 /// at least `q` of the values at or below it.
 fn rank(n: usize, q: f64) -> usize {
