@@ -65,7 +65,9 @@ impl LocalBackend {
         self.specs.iter().find(|s| s.node == *node).with_context(|| format!("no node {}", node.name))
     }
 
-    pub(crate) fn pid(&self, node: &Node) -> Option<Pid> {
+    /// The pid of the node's process, the leader of its process group, while
+    /// the backend holds it.
+    pub fn pid(&self, node: &Node) -> Option<Pid> {
         let children = self.children.lock().unwrap_or_else(|p| p.into_inner());
         children.get(&node.name).map(|c| Pid::from_raw(c.id() as i32))
     }
@@ -127,6 +129,37 @@ fn spawn(exe: &Path, spec: &NodeSpec, env: &[(String, String)], log: &Path) -> a
     }
     set_parent_death_signal(&mut command);
     command.spawn().with_context(|| format!("starting {} {}", exe.display(), spec.args.join(" ")))
+}
+
+/// How long a pause waits for its node's threads to stop: a stop takes a
+/// scheduling of one of them, which a loaded machine may delay.
+const STOP_WAIT_MAX: Duration = Duration::from_secs(10);
+
+/// The threads of the processes in process group `pgid` that are neither
+/// stopped nor exiting (from `/proc/*/stat` and `/proc/*/task/*/stat`).
+fn running_threads(pgid: Pid) -> usize {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return 0 };
+    let members = entries.flatten().filter(|e| {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { return false };
+        // After the command's closing parenthesis: state, ppid, pgrp.
+        stat_fields(&stat).and_then(|f| f.get(2).and_then(|g| g.parse::<i32>().ok())) == Some(pgid.as_raw())
+    });
+    members
+        .filter_map(|e| std::fs::read_dir(e.path().join("task")).ok())
+        .flat_map(|tasks| tasks.flatten())
+        .filter(|t| {
+            let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+            // A thread gone between the listing and the read is not running.
+            let state = stat_fields(&stat).and_then(|f| f.first().copied());
+            !matches!(state, None | Some("T" | "t" | "Z" | "X"))
+        })
+        .count()
+}
+
+/// The fields of a `/proc` stat line after the command's name, which is in
+/// parentheses and may hold spaces and parentheses of its own.
+fn stat_fields(stat: &str) -> Option<Vec<&str>> {
+    Some(stat.rsplit_once(')')?.1.split_whitespace().collect())
 }
 
 /// Puts the child in a process group of its own, which the faults signal as
@@ -219,8 +252,30 @@ impl Backend for LocalBackend {
         })
     }
 
+    /// Over once every thread of the node's processes has stopped. SIGSTOP
+    /// stops a process only when one of its threads, woken for it, runs and
+    /// stops the others; until then the rest run on. A JVM broker answered a
+    /// request sent right after the signal, under a loaded suite (2026-12-06),
+    /// so a pause that returned at the signal could start its window, or a
+    /// test its check, before the node stood still.
     fn pause<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {
-        Box::pin(async move { self.signal(node, Signal::SIGSTOP) })
+        Box::pin(async move {
+            self.signal(node, Signal::SIGSTOP)?;
+            let pgid = self.pid(node).with_context(|| format!("{} is not running", node.name))?;
+            let deadline = std::time::Instant::now() + STOP_WAIT_MAX;
+            loop {
+                let running = running_threads(pgid);
+                if running == 0 {
+                    return Ok(());
+                }
+                anyhow::ensure!(
+                    std::time::Instant::now() < deadline,
+                    "{}: {running} threads still running {STOP_WAIT_MAX:?} after SIGSTOP",
+                    node.name
+                );
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
     }
 
     fn resume<'a>(&'a self, node: &'a Node) -> BoxFuture<'a, anyhow::Result<()>> {

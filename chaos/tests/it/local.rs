@@ -1,5 +1,6 @@
 //! The local backend signals a node's whole process group: a node that is a
-//! script dies, stops and resumes with every process it started.
+//! script dies, stops and resumes with every process it started, and a pause
+//! returns once all of them have stopped.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -54,8 +55,11 @@ async fn kill_pause_and_resume_reach_what_a_node_started() {
     // exec'd `sleep` and blocked in it: it may still be running (`R`).
     wait_for(sleep, "asleep", |s| s == Some('S'));
 
+    // A pause is over once the node stands still, not when the signal is
+    // sent: the shell and its child are stopped as it returns.
     backend.pause(&node).await.unwrap();
-    wait_for(sleep, "stopped", |s| s == Some('T'));
+    assert_eq!(state(sleep), Some('T'), "the script's child after the pause");
+    assert_eq!(state(backend.pid(&node).unwrap().as_raw() as u32), Some('T'), "the script after the pause");
     backend.resume(&node).await.unwrap();
     wait_for(sleep, "running again", |s| s == Some('S'));
 
