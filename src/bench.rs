@@ -149,7 +149,7 @@ pub async fn harness(args: HarnessBench) -> anyhow::Result<()> {
 
 pub fn check(args: CheckBench) -> anyhow::Result<()> {
     let options = haunt_bench::CheckOptions { ops: args.ops, dir: args.dir, clients: args.clients };
-    print_report(&haunt_bench::check(options, |line| eprintln!("{line}"))?, None)
+    print_report(&haunt_bench::check(options, &mut |line| eprintln!("{line}"))?, None)
 }
 
 pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
@@ -169,7 +169,7 @@ pub async fn pipeline(args: PipelineBench) -> anyhow::Result<()> {
         paired_rounds: args.paired_rounds,
         pgmq_sql: args.pgmq_sql,
     };
-    let report = haunt_bench::pipeline(options, |line| eprintln!("{line}")).await?;
+    let report = haunt_bench::pipeline(options, &mut |line| eprintln!("{line}")).await?;
     print_report(&report, args.out.as_deref())
 }
 
@@ -187,7 +187,7 @@ pub async fn transport(args: TransportBench) -> anyhow::Result<()> {
         rounds: args.rounds,
         no_inbox: args.no_inbox,
     };
-    let report = haunt_bench::transport(options, |line| eprintln!("{line}")).await?;
+    let report = haunt_bench::transport(options, &mut |line| eprintln!("{line}")).await?;
     print_report(&report, args.out.as_deref())
 }
 

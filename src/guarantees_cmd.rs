@@ -71,7 +71,7 @@ pub async fn guarantees(args: GuaranteesArgs) -> anyhow::Result<i32> {
         speed_db: args.speed_db,
         speed_events: args.speed_events,
     };
-    let outcome = haunt_chaos::suites::guarantees::run(&options, |line| eprintln!("{line}")).await?;
+    let outcome = haunt_chaos::suites::guarantees::run(&options, &mut |line| eprintln!("{line}")).await?;
     println!("{}", outcome.table);
     println!("guarantees: {}", outcome.dir.join("guarantees.html").display());
     Ok(outcome.exit_code())

@@ -69,7 +69,7 @@ pub async fn matrix(args: MatrixArgs) -> anyhow::Result<i32> {
     // Each run is a child of this very executable.
     let haunt = std::env::current_exe().context("finding the haunt executable")?;
     let options = args.into_options(haunt);
-    let outcome = haunt_chaos::suites::matrix::run(&options, |line| eprintln!("{line}")).await?;
+    let outcome = haunt_chaos::suites::matrix::run(&options, &mut |line| eprintln!("{line}")).await?;
     println!("{}", outcome.table);
     println!("matrix: {}", outcome.dir.join("matrix.md").display());
     eprintln!("matrix: {}", outcome.verdict.summary());

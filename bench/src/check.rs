@@ -42,7 +42,7 @@ fn deserialize_only(path: &Path) -> anyhow::Result<u64> {
 /// deserializing the same files with serde_json. `progress` gets a line before
 /// the run is written. The synthetic run must check valid: if it does not, the
 /// error holds the report.
-pub fn check(options: CheckOptions, mut progress: impl FnMut(&str)) -> anyhow::Result<serde_json::Value> {
+pub fn check(options: CheckOptions, progress: &mut (dyn FnMut(&str) + Send)) -> anyhow::Result<serde_json::Value> {
     let tmp;
     let dir = match &options.dir {
         Some(d) => d.clone(),

@@ -447,7 +447,10 @@ impl Paired {
 /// Runs every phase (or, with `profile_worker`, only the profiled worker
 /// process) on `options.db`, which must be empty and is left empty, and
 /// returns the report. `progress` gets a line per phase with its figures.
-pub async fn pipeline(options: PipelineOptions, mut progress: impl FnMut(&str)) -> anyhow::Result<serde_json::Value> {
+pub async fn pipeline(
+    options: PipelineOptions,
+    progress: &mut (dyn FnMut(&str) + Send),
+) -> anyhow::Result<serde_json::Value> {
     anyhow::ensure!(
         options.events > 0 && options.workers > 0 && options.clients > 0,
         "--events, --workers, --clients > 0"
@@ -474,7 +477,7 @@ pub async fn pipeline(options: PipelineOptions, mut progress: impl FnMut(&str)) 
         baseline.pgmq_install(&sql.text).await.with_context(|| format!("installing {}", sql.path.display()))?;
         baseline.pgmq_uninstall().await?;
     }
-    let bench = Bench { options: &options, store: &store, baseline: &baseline, progress: &mut progress, pgmq };
+    let bench = Bench { options: &options, store: &store, baseline: &baseline, progress, pgmq };
     let report = match &options.profile_worker {
         Some(wrapper) => bench.profiled(wrapper).await?,
         None => bench.every_phase().await?,

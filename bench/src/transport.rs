@@ -96,7 +96,10 @@ struct Rates {
     received: usize,
 }
 
-pub async fn transport(options: TransportOptions, mut progress: impl FnMut(&str)) -> anyhow::Result<serde_json::Value> {
+pub async fn transport(
+    options: TransportOptions,
+    progress: &mut (dyn FnMut(&str) + Send),
+) -> anyhow::Result<serde_json::Value> {
     let spec = options.spec;
     anyhow::ensure!(
         spec.is_broker(),
@@ -118,7 +121,7 @@ pub async fn transport(options: TransportOptions, mut progress: impl FnMut(&str)
     // before its relay and workers start (Kafka creates no topic on use).
     haunt_transport::inspector(spec, &url).await?.declare().await.context("declaring the broker's queue")?;
     let live = !spec.keeps_for_absent_consumers();
-    let measured = rounds(&options, &baseline, &url, live, &mut progress).await;
+    let measured = rounds(&options, &baseline, &url, live, progress).await;
     // Whatever happened, the database is left empty, its housekeeping on
     // (a failed phase must not leave rows that refuse the next bench).
     let cleaned = async {
@@ -138,7 +141,7 @@ async fn rounds(
     baseline: &Baseline,
     url: &str,
     live: bool,
-    progress: &mut impl FnMut(&str),
+    progress: &mut (dyn FnMut(&str) + Send),
 ) -> anyhow::Result<(Vec<Rates>, Vec<Rates>)> {
     let spec = options.spec;
     let mut bare = Vec::new();

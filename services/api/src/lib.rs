@@ -69,11 +69,24 @@ pub fn router(store: Store, config: ApiConfig) -> Router {
 
 /// Serves the API on `listener` until `shutdown` completes, then finishes the
 /// requests in flight.
-pub async fn run(
+pub fn run(
     listener: tokio::net::TcpListener,
     store: Store,
     config: ApiConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
+) -> impl Future<Output = std::io::Result<()>> + Send {
+    // Generic over the shutdown only here: the server below is built once, in
+    // this crate, rather than again in every crate that calls it with a
+    // future of its own (the `haunt` binary's build spent most of its time
+    // on such copies; docs/performance.md, the first verdict).
+    run_until(listener, store, config, Box::pin(shutdown))
+}
+
+async fn run_until(
+    listener: tokio::net::TcpListener,
+    store: Store,
+    config: ApiConfig,
+    shutdown: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
 ) -> std::io::Result<()> {
     axum::serve(listener, router(store, config)).with_graceful_shutdown(shutdown).await
 }

@@ -15,6 +15,7 @@
 //! to the broker) on a listener.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -61,11 +62,24 @@ impl RelayConfig {
 /// Runs the relay until `shutdown` completes; the batch in hand is finished
 /// first. `/metrics`, `/healthz` and `/readyz` are served on `listener` if
 /// given.
-pub async fn run(
+pub fn run(
     listener: Option<TcpListener>,
     store: Store,
     config: RelayConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
+) -> impl Future<Output = std::io::Result<()>> + Send {
+    // Generic over the shutdown only here: the server below is built once, in
+    // this crate, rather than again in every crate that calls it with a
+    // future of its own (the `haunt` binary's build spent most of its time
+    // on such copies; docs/performance.md, the first verdict).
+    run_until(listener, store, config, Box::pin(shutdown))
+}
+
+async fn run_until(
+    listener: Option<TcpListener>,
+    store: Store,
+    config: RelayConfig,
+    shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
 ) -> std::io::Result<()> {
     let metrics = Arc::new(RelayMetrics::default());
     let links = Arc::new(Links::new(1));

@@ -5,6 +5,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use haunt_store::Store;
@@ -68,11 +69,24 @@ impl std::error::Error for RunError {
 /// and, on `listener` if given, `/metrics`, `/healthz`, `/readyz` and (with an admin
 /// token) `/admin/faults`. After the shutdown no new lease is taken, the
 /// batches in hand are finished and the server stops; then it returns.
-pub async fn run(
+pub fn run(
     listener: Option<TcpListener>,
     store: Store,
     config: RunConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
+) -> impl Future<Output = Result<(), RunError>> + Send {
+    // Generic over the shutdown only here: the server below is built once, in
+    // this crate, rather than again in every crate that calls it with a
+    // future of its own (the `haunt` binary's build spent most of its time
+    // on such copies; docs/performance.md, the first verdict).
+    run_until(listener, store, config, Box::pin(shutdown))
+}
+
+async fn run_until(
+    listener: Option<TcpListener>,
+    store: Store,
+    config: RunConfig,
+    shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
 ) -> Result<(), RunError> {
     // The worker's `db_error_rate` is the store's own switch: the `db-error`
     // fault fails the store's statements, so it must reach this store's clones.

@@ -618,7 +618,10 @@ impl GuaranteesOutcome {
 }
 
 /// Runs every row, writes the table, `guarantees.json` and `guarantees.html`.
-pub async fn run(options: &GuaranteesOptions, mut progress: impl FnMut(&str)) -> anyhow::Result<GuaranteesOutcome> {
+pub async fn run(
+    options: &GuaranteesOptions,
+    progress: &mut (dyn FnMut(&str) + Send),
+) -> anyhow::Result<GuaranteesOutcome> {
     anyhow::ensure!(options.seeds > 0, "--seeds must be positive");
     anyhow::ensure!(!options.transports.is_empty(), "--transports names no transport");
     for spec in &options.transports {

@@ -102,7 +102,7 @@ fn skip_reason(case: &Case, options: &MatrixOptions) -> Option<String> {
 /// Runs the matrix: every selected row, seed after seed, one child `haunt run`
 /// at a time; writes `matrix.md` and `matrix.json`. `progress` gets a line as
 /// the matrix starts, for each skipped row and for each finished run.
-pub async fn run(options: &MatrixOptions, mut progress: impl FnMut(&str)) -> anyhow::Result<MatrixOutcome> {
+pub async fn run(options: &MatrixOptions, progress: &mut (dyn FnMut(&str) + Send)) -> anyhow::Result<MatrixOutcome> {
     use anyhow::Context;
     anyhow::ensure!(options.seeds > 0, "--seeds must be positive");
     anyhow::ensure!(
