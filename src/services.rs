@@ -212,7 +212,7 @@ pub async fn api(args: ApiArgs) -> anyhow::Result<()> {
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(listen = %listener.local_addr()?, db = %args.service.db.db, bug = ?args.service.bug, "api ready");
     let config = haunt_api::ApiConfig { admin_token: admin_token() };
-    haunt_api::run(listener, store.clone(), config, shutdown_signal()).await.context("serving the api")?;
+    haunt_api::run(listener, store.clone(), config, Box::pin(shutdown_signal())).await.context("serving the api")?;
     store.close().await;
     telemetry.shutdown().await;
     Ok(())
@@ -258,7 +258,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     };
     tracing::info!(%worker_id, db = %args.service.db.db, transport = %args.transport.transport, bug = ?args.service.bug,
         "worker ready");
-    let ran = haunt_worker::run(listener, store.clone(), config, shutdown_signal()).await;
+    let ran = haunt_worker::run(listener, store.clone(), config, Box::pin(shutdown_signal())).await;
     store.close().await;
     telemetry.shutdown().await;
     Ok(ran?)
@@ -283,7 +283,7 @@ pub async fn relay(args: RelayArgs) -> anyhow::Result<()> {
         None => None,
     };
     tracing::info!(%relay_id, db = %args.service.db.db, transport = %args.transport.transport, "relay ready");
-    let ran = haunt_relay::run(listener, store.clone(), config, shutdown_signal()).await;
+    let ran = haunt_relay::run(listener, store.clone(), config, Box::pin(shutdown_signal())).await;
     store.close().await;
     telemetry.shutdown().await;
     ran.context("serving the relay's metrics")

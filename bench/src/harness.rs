@@ -33,7 +33,12 @@ async fn stub_api() -> anyhow::Result<std::net::SocketAddr> {
 
 /// The harness's clients and history recorder against a stub API that answers
 /// at once, against the same HTTP requests sent without recording.
-pub async fn harness(options: HarnessOptions) -> anyhow::Result<serde_json::Value> {
+pub fn harness(options: HarnessOptions) -> futures_util::future::BoxFuture<'static, anyhow::Result<serde_json::Value>> {
+    // Boxed in this crate, as `haunt_chaos::assemble::run_interruptible` says why.
+    Box::pin(harness_run(options))
+}
+
+async fn harness_run(options: HarnessOptions) -> anyhow::Result<serde_json::Value> {
     let addr = stub_api().await?;
     let duration = options.duration.max(Duration::from_secs(1));
 

@@ -447,7 +447,15 @@ impl Paired {
 /// Runs every phase (or, with `profile_worker`, only the profiled worker
 /// process) on `options.db`, which must be empty and is left empty, and
 /// returns the report. `progress` gets a line per phase with its figures.
-pub async fn pipeline(
+pub fn pipeline(
+    options: PipelineOptions,
+    progress: &mut (dyn FnMut(&str) + Send),
+) -> futures_util::future::LocalBoxFuture<'_, anyhow::Result<serde_json::Value>> {
+    // Boxed in this crate, as `haunt_chaos::assemble::run_interruptible` says why.
+    Box::pin(pipeline_run(options, progress))
+}
+
+async fn pipeline_run(
     options: PipelineOptions,
     progress: &mut (dyn FnMut(&str) + Send),
 ) -> anyhow::Result<serde_json::Value> {
@@ -837,8 +845,12 @@ impl<'a> Bench<'a> {
         let url = format!("http://{}/orders", listener.local_addr()?);
         let api_store =
             Store::connect(&self.options.db, StoreOptions { max_connections: 32, ..StoreOptions::default() }).await?;
-        let server =
-            tokio::spawn(haunt_api::run(listener, api_store, haunt_api::ApiConfig::default(), std::future::pending()));
+        let server = tokio::spawn(haunt_api::run(
+            listener,
+            api_store,
+            haunt_api::ApiConfig::default(),
+            Box::pin(std::future::pending()),
+        ));
         let http = reqwest::Client::builder().pool_max_idle_per_host(clients).build()?;
         let api = timed(n, clients, move |c| http_ingest(http.clone(), url.clone(), c, clients, n)).await?;
         server.abort();

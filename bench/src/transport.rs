@@ -96,7 +96,15 @@ struct Rates {
     received: usize,
 }
 
-pub async fn transport(
+pub fn transport(
+    options: TransportOptions,
+    progress: &mut (dyn FnMut(&str) + Send),
+) -> futures_util::future::BoxFuture<'_, anyhow::Result<serde_json::Value>> {
+    // Boxed in this crate, as `haunt_chaos::assemble::run_interruptible` says why.
+    Box::pin(transport_run(options, progress))
+}
+
+async fn transport_run(
     options: TransportOptions,
     progress: &mut (dyn FnMut(&str) + Send),
 ) -> anyhow::Result<serde_json::Value> {
@@ -474,9 +482,14 @@ async fn relay_all(options: &TransportOptions, url: &str, watcher: &Store) -> an
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let started = Instant::now();
-    let relay = tokio::spawn(haunt_relay::run(None, store, config, async move {
-        let _ = stopped.await;
-    }));
+    let relay = tokio::spawn(haunt_relay::run(
+        None,
+        store,
+        config,
+        Box::pin(async move {
+            let _ = stopped.await;
+        }),
+    ));
     let result = async {
         loop {
             if watcher.queue_is_empty().await? {

@@ -102,15 +102,29 @@ fn as_leased(d: &Delivery) -> Leased {
     }
 }
 
+/// A relay without an HTTP side, running until `stopped` fires.
+fn spawn_relay(
+    store: &Store,
+    config: RelayConfig,
+    stopped: tokio::sync::oneshot::Receiver<()>,
+) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    tokio::spawn(haunt_relay::run(
+        None,
+        store.clone(),
+        config,
+        Box::pin(async move {
+            let _ = stopped.await;
+        }),
+    ))
+}
+
 /// Runs a relay until the outbox is empty (or 10 s), then stops it.
 async fn relay_until_drained(store: &Store, url: &str, bug: Option<Bug>) {
     let spec: TransportSpec = "redis-streams".parse().unwrap();
     let config =
         RelayConfig { bug, visibility_timeout: Duration::from_millis(300), ..RelayConfig::new(spec, url.into()) };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let relay = tokio::spawn(haunt_relay::run(None, store.clone(), config, async move {
-        let _ = stopped.await;
-    }));
+    let relay = spawn_relay(store, config, stopped);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let s = store.queue_stats().await.unwrap();
@@ -172,9 +186,7 @@ async fn a_relay_that_deletes_before_publishing_loses_what_the_broker_refuses() 
     let config = RelayConfig { bug: Some(Bug::RelayMarksBeforePublish), ..RelayConfig::new(spec, redis.url.clone()) };
     // It cannot connect while Redis is down; start Redis once it tries, then
     // cut it again mid-way, so some batch is leased, deleted and refused.
-    let relay = tokio::spawn(haunt_relay::run(None, store.clone(), config, async move {
-        let _ = stopped.await;
-    }));
+    let relay = spawn_relay(&store, config, stopped);
     redis.start().await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while store.queue_stats().await.unwrap().visible > 0 && Instant::now() < deadline {
@@ -232,7 +244,7 @@ async fn a_relay_and_a_worker_are_ready_only_once_connected_to_the_broker() {
         Some(relay_listener),
         store.clone(),
         RelayConfig::new(spec, redis.url.clone()),
-        until(stopped.clone()),
+        Box::pin(until(stopped.clone())),
     ));
     let worker_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let worker_addr = worker_listener.local_addr().unwrap();
@@ -244,7 +256,8 @@ async fn a_relay_and_a_worker_are_ready_only_once_connected_to_the_broker() {
         faults: Default::default(),
         admin_token: None,
     };
-    let worker = tokio::spawn(haunt_worker::run(Some(worker_listener), store.clone(), config, until(stopped)));
+    let worker =
+        tokio::spawn(haunt_worker::run(Some(worker_listener), store.clone(), config, Box::pin(until(stopped))));
 
     // Six seconds without a broker: long enough for the backoff to reach its cap.
     tokio::time::sleep(Duration::from_secs(6)).await;

@@ -17,6 +17,7 @@ mod ops;
 mod orders;
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -73,20 +74,19 @@ pub fn run(
     listener: tokio::net::TcpListener,
     store: Store,
     config: ApiConfig,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> impl Future<Output = std::io::Result<()>> + Send {
-    // Generic over the shutdown only here: the server below is built once, in
-    // this crate, rather than again in every crate that calls it with a
-    // future of its own (the `haunt` binary's build spent most of its time
-    // on such copies; docs/performance.md, the first verdict).
-    run_until(listener, store, config, Box::pin(shutdown))
+    shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
+) -> Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> {
+    // Boxed here: an `async fn`'s body is compiled again in every crate
+    // that awaits it (release builds share no generic code between
+    // crates), and the `haunt` binary's build held a copy of every service.
+    Box::pin(run_until(listener, store, config, shutdown))
 }
 
 async fn run_until(
     listener: tokio::net::TcpListener,
     store: Store,
     config: ApiConfig,
-    shutdown: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
+    shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
 ) -> std::io::Result<()> {
     axum::serve(listener, router(store, config)).with_graceful_shutdown(shutdown).await
 }

@@ -66,13 +66,12 @@ pub fn run(
     listener: Option<TcpListener>,
     store: Store,
     config: RelayConfig,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> impl Future<Output = std::io::Result<()>> + Send {
-    // Generic over the shutdown only here: the server below is built once, in
-    // this crate, rather than again in every crate that calls it with a
-    // future of its own (the `haunt` binary's build spent most of its time
-    // on such copies; docs/performance.md, the first verdict).
-    run_until(listener, store, config, Box::pin(shutdown))
+    shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
+) -> Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> {
+    // Boxed here: an `async fn`'s body is compiled again in every crate
+    // that awaits it (release builds share no generic code between
+    // crates), and the `haunt` binary's build held a copy of every service.
+    Box::pin(run_until(listener, store, config, shutdown))
 }
 
 async fn run_until(

@@ -618,7 +618,15 @@ impl GuaranteesOutcome {
 }
 
 /// Runs every row, writes the table, `guarantees.json` and `guarantees.html`.
-pub async fn run(
+pub fn run<'a>(
+    options: &'a GuaranteesOptions,
+    progress: &'a mut (dyn FnMut(&str) + Send),
+) -> futures_util::future::BoxFuture<'a, anyhow::Result<GuaranteesOutcome>> {
+    // Boxed, as `crate::assemble::run_interruptible` says why.
+    Box::pin(run_guarantees(options, progress))
+}
+
+async fn run_guarantees(
     options: &GuaranteesOptions,
     progress: &mut (dyn FnMut(&str) + Send),
 ) -> anyhow::Result<GuaranteesOutcome> {

@@ -102,7 +102,15 @@ fn skip_reason(case: &Case, options: &MatrixOptions) -> Option<String> {
 /// Runs the matrix: every selected row, seed after seed, one child `haunt run`
 /// at a time; writes `matrix.md` and `matrix.json`. `progress` gets a line as
 /// the matrix starts, for each skipped row and for each finished run.
-pub async fn run(options: &MatrixOptions, progress: &mut (dyn FnMut(&str) + Send)) -> anyhow::Result<MatrixOutcome> {
+pub fn run<'a>(
+    options: &'a MatrixOptions,
+    progress: &'a mut (dyn FnMut(&str) + Send),
+) -> futures_util::future::BoxFuture<'a, anyhow::Result<MatrixOutcome>> {
+    // Boxed, as `crate::assemble::run_interruptible` says why.
+    Box::pin(run_matrix(options, progress))
+}
+
+async fn run_matrix(options: &MatrixOptions, progress: &mut (dyn FnMut(&str) + Send)) -> anyhow::Result<MatrixOutcome> {
     use anyhow::Context;
     anyhow::ensure!(options.seeds > 0, "--seeds must be positive");
     anyhow::ensure!(

@@ -284,7 +284,12 @@ pub async fn walk_back<'a>(
 }
 
 /// Shrinks the failing run in `options.dir`; writes `DIR/shrunk/`.
-pub async fn shrink(options: &ShrinkOptions) -> anyhow::Result<Report> {
+pub fn shrink(options: &ShrinkOptions) -> futures_util::future::BoxFuture<'_, anyhow::Result<Report>> {
+    // Boxed, as `crate::assemble::run_interruptible` says why.
+    Box::pin(shrink_run(options))
+}
+
+async fn shrink_run(options: &ShrinkOptions) -> anyhow::Result<Report> {
     let dir = &options.dir;
     let run_file = read_json(&dir.join("run.json"))?;
     let base: RunOptions = serde_json::from_value(run_file["options"].clone())

@@ -23,9 +23,14 @@ pub async fn start(db: &TestDb, config: ApiConfig) -> Api {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let server_store = store.clone();
     tokio::spawn(async move {
-        haunt_api::run(listener, server_store, config, async {
-            let _ = rx.await;
-        })
+        haunt_api::run(
+            listener,
+            server_store,
+            config,
+            Box::pin(async {
+                let _ = rx.await;
+            }),
+        )
         .await
         .unwrap();
     });

@@ -80,7 +80,7 @@ async fn a_bad_fault_setting_is_refused_before_anything_runs() {
     assert_eq!(config.check().unwrap_err().field, "ack_fail_rate");
     let ran = tokio::time::timeout(
         Duration::from_secs(5),
-        haunt_worker::run(None, store(&db.url).await, config, std::future::pending()),
+        haunt_worker::run(None, store(&db.url).await, config, Box::pin(std::future::pending())),
     )
     .await
     .expect("run returns at once on a bad setting");

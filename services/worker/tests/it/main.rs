@@ -68,9 +68,14 @@ pub async fn start(store: Store, config: RunConfig) -> Running {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(haunt_worker::run(Some(listener), store, config, async {
-        let _ = stopped.await;
-    }));
+    let task = tokio::spawn(haunt_worker::run(
+        Some(listener),
+        store,
+        config,
+        Box::pin(async {
+            let _ = stopped.await;
+        }),
+    ));
     Running { base, client: reqwest::Client::new(), stop, task }
 }
 
