@@ -34,7 +34,7 @@ async fn require_token(State(state): State<Shared>, request: Request, next: Next
 async fn final_state(State(state): State<Shared>) -> Response {
     let mut out = Vec::new();
     let mut writer = haunt_format::JsonlWriter::new(&mut out);
-    match state.store.final_state(|line| writer.write(&line)).await {
+    match state.store.final_state(&mut |line| writer.write(&line)).await {
         Ok(()) => ([(header::CONTENT_TYPE, "application/jsonl")], out).into_response(),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"error": e.to_string()}))).into_response(),
     }

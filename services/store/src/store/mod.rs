@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
+use futures_util::future::BoxFuture;
 use haunt_format::FinalLine;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions, AnyRow};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -150,7 +151,17 @@ fn leased(row: LeaseRow, token: &str) -> Leased {
 
 impl Store {
     /// Connects and applies the embedded migrations.
-    pub async fn connect(db: &DbUrl, options: StoreOptions) -> Result<Store, StoreError> {
+    ///
+    /// Boxed here, as the store's other entry points that the harness, the
+    /// benches and the binary await (`final_state`, `reconcile`, `redrive`):
+    /// an `async fn`'s body, with the sqlx code under it, is compiled again
+    /// in every crate that awaits it, since release builds share no generic
+    /// code between crates (docs/performance.md, the first verdict).
+    pub fn connect(db: &DbUrl, options: StoreOptions) -> BoxFuture<'_, Result<Store, StoreError>> {
+        Box::pin(Self::connect_unboxed(db, options))
+    }
+
+    async fn connect_unboxed(db: &DbUrl, options: StoreOptions) -> Result<Store, StoreError> {
         sqlx::any::install_default_drivers();
         let kind = db.kind();
         let url = match kind {

@@ -35,7 +35,7 @@ impl Store {
     /// small stores; runs stream it with [`Store::final_state`].
     pub async fn final_state_lines(&self) -> Result<Vec<FinalLine>, StoreError> {
         let mut lines = Vec::new();
-        self.final_state(|line| {
+        self.final_state(&mut |line| {
             lines.push(line);
             Ok(())
         })
@@ -45,7 +45,19 @@ impl Store {
 
     /// Streams the final state (every line of `final-state.jsonl` but `meta`,
     /// which only the harness can write) from one consistent snapshot.
-    pub async fn final_state(&self, mut sink: impl FnMut(FinalLine) -> std::io::Result<()>) -> Result<(), StoreError> {
+    pub fn final_state<'a>(
+        &'a self,
+        sink: &'a mut (dyn FnMut(FinalLine) -> std::io::Result<()> + Send),
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        // Boxed here, so that the crates that await it do not each compile
+        // the body again (see `Store::connect`).
+        Box::pin(self.final_state_unboxed(sink))
+    }
+
+    async fn final_state_unboxed(
+        &self,
+        sink: &mut (dyn FnMut(FinalLine) -> std::io::Result<()> + Send),
+    ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
         if self.kind == DbKind::Postgres {
             sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")

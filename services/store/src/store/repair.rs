@@ -9,7 +9,13 @@ impl Store {
     /// moved. The rows inserted are exactly the rows deleted, whatever parks
     /// or redrives run beside it: a message is never in neither table, nor
     /// copied twice.
-    pub async fn redrive(&self, message_id: Option<&str>) -> Result<u64, StoreError> {
+    pub fn redrive<'a>(&'a self, message_id: Option<&'a str>) -> BoxFuture<'a, Result<u64, StoreError>> {
+        // Boxed here, so that the crates that await it do not each compile
+        // the body again (see `Store::connect`).
+        Box::pin(self.redrive_unboxed(message_id))
+    }
+
+    async fn redrive_unboxed(&self, message_id: Option<&str>) -> Result<u64, StoreError> {
         if self.kind == DbKind::Postgres {
             // One statement, a data-modifying CTE: atomic on its own, and one
             // snapshot for the delete and the insert.
@@ -57,7 +63,13 @@ impl Store {
     /// item's `reserved_qty` becomes the sum over its orders whose event has been
     /// applied (events still queued will add themselves when applied), and orders
     /// whose event is nowhere at all are enqueued again.
-    pub async fn reconcile(&self, dry_run: bool) -> Result<ReconcileReport, StoreError> {
+    pub fn reconcile(&self, dry_run: bool) -> BoxFuture<'_, Result<ReconcileReport, StoreError>> {
+        // Boxed here, so that the crates that await it do not each compile
+        // the body again (see `Store::connect`).
+        Box::pin(self.reconcile_unboxed(dry_run))
+    }
+
+    async fn reconcile_unboxed(&self, dry_run: bool) -> Result<ReconcileReport, StoreError> {
         let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
         sqlx::query(self.dialect.reconcile_lock).execute(&mut *tx).await.map_err(NotCommitted)?;
         let expected: Vec<(String, i64)> =

@@ -120,7 +120,7 @@ async fn exactly_once(db: TestDb, worker_count: usize, orders_n: usize, batch_si
     let mut pending = 0;
     let mut dead = 0;
     writer
-        .final_state(|line| {
+        .final_state(&mut |line| {
             match line {
                 FinalLine::Applied(a) => *applied.entry(a.event_id).or_default() += 1,
                 FinalLine::Order(o) => {
