@@ -231,11 +231,17 @@ fn report(
     }))
 }
 
-/// The median of the finite `values` by nearest rank, as every other median
-/// of the bench (`haunt_checker::stats::quantile`).
+/// The median of the finite `values`, unrounded: unlike the checker's
+/// quantiles (`haunt_checker::stats::quantile`, three decimals), a ratio of
+/// one round here is exactly that round's, which the suite checks.
 fn median(values: &[f64]) -> Option<f64> {
-    let mut finite: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
-    haunt_checker::stats::quantile(&mut finite, 0.5)
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    Some(if v.len() % 2 == 1 { v[mid] } else { (v[mid - 1] + v[mid]) / 2.0 })
 }
 
 /// The broker, a local process in a directory of the bench's own, stopped
