@@ -62,21 +62,7 @@ impl RelayConfig {
 /// Runs the relay until `shutdown` completes; the batch in hand is finished
 /// first. `/metrics`, `/healthz` and `/readyz` are served on `listener` if
 /// given.
-pub fn run(
-    listener: Option<TcpListener>,
-    store: Store,
-    config: RelayConfig,
-    shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
-) -> impl Future<Output = std::io::Result<()>> + Send {
-    // Not boxed, unlike the harness's entry points: an `async fn`'s body is
-    // compiled in the crate that awaits it, and the server's, the hot path,
-    // stays compiled where it was before (in the `haunt` binary for the
-    // process). Boxed, the worker process measured 0.65 to 0.71 of its limit
-    // against 0.69 to 0.81 (docs/performance.md, the first verdict).
-    run_until(listener, store, config, shutdown)
-}
-
-async fn run_until(
+pub async fn run(
     listener: Option<TcpListener>,
     store: Store,
     config: RelayConfig,

@@ -69,21 +69,7 @@ impl std::error::Error for RunError {
 /// and, on `listener` if given, `/metrics`, `/healthz`, `/readyz` and (with an admin
 /// token) `/admin/faults`. After the shutdown no new lease is taken, the
 /// batches in hand are finished and the server stops; then it returns.
-pub fn run(
-    listener: Option<TcpListener>,
-    store: Store,
-    config: RunConfig,
-    shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
-) -> impl Future<Output = Result<(), RunError>> + Send {
-    // Not boxed, unlike the harness's entry points: an `async fn`'s body is
-    // compiled in the crate that awaits it, and the server's, the hot path,
-    // stays compiled where it was before (in the `haunt` binary for the
-    // process). Boxed, the worker process measured 0.65 to 0.71 of its limit
-    // against 0.69 to 0.81 (docs/performance.md, the first verdict).
-    run_until(listener, store, config, shutdown)
-}
-
-async fn run_until(
+pub async fn run(
     listener: Option<TcpListener>,
     store: Store,
     config: RunConfig,
