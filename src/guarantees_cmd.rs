@@ -30,9 +30,10 @@ pub struct GuaranteesArgs {
     /// database. Without it the speed columns are left out.
     #[arg(long, value_name = "URL")]
     pub speed_db: Option<haunt_store::DbUrl>,
-    /// Events of each phase of those benches.
-    #[arg(long, default_value_t = 10_000)]
-    pub speed_events: usize,
+    /// Events of each phase of those benches [default: the transport
+    /// bench's own for each transport; see `haunt bench transport --help`].
+    #[arg(long)]
+    pub speed_events: Option<usize>,
     /// Where the runs, the table, guarantees.json and guarantees.html go.
     #[arg(long, default_value = "store")]
     pub store: PathBuf,
@@ -60,7 +61,7 @@ pub async fn guarantees(args: GuaranteesArgs) -> anyhow::Result<i32> {
             "--speed-db: the transport bench runs on PostgreSQL (postgres://…), not {db}"
         );
     }
-    anyhow::ensure!(args.speed_events > 0, "--speed-events: at least 1");
+    anyhow::ensure!(args.speed_events != Some(0), "--speed-events: at least 1");
     let options = GuaranteesOptions {
         haunt,
         store: args.store,

@@ -27,7 +27,7 @@ mod worker_process;
 pub use check::{CheckOptions, check};
 pub use harness::{HarnessOptions, harness};
 pub use pipeline::{PipelineOptions, pipeline};
-pub use transport::{TransportOptions, transport};
+pub use transport::{TransportOptions, default_events as transport_default_events, transport};
 
 /// The machine the figures were measured on: CPU model and core count.
 fn machine() -> String {

@@ -65,8 +65,9 @@ pub struct GuaranteesOptions {
     /// An empty PostgreSQL database for `haunt bench transport`, row after
     /// row; `None` leaves the speed columns out.
     pub speed_db: Option<haunt_store::DbUrl>,
-    /// Events of each of the transport bench's phases.
-    pub speed_events: usize,
+    /// Events of each of the transport bench's phases; `None` for the
+    /// bench's default for each transport.
+    pub speed_events: Option<usize>,
 }
 
 /// The visibility timeout of every run: short, so that a run of a few
@@ -565,8 +566,9 @@ async fn speed_run(
         let mut command = tokio::process::Command::new(&options.haunt);
         command
             .args(["bench", "transport", "--transport", &spec.to_string(), "--db", db.as_str()])
-            .args(["--events", &options.speed_events.to_string(), "--out"])
+            .arg("--out")
             .arg(&report)
+            .args(options.speed_events.iter().flat_map(|n| ["--events".to_owned(), n.to_string()]))
             .args(if inbox { &[][..] } else { &["--no-inbox"][..] })
             .stdout(std::process::Stdio::null())
             .stderr(stderr)

@@ -25,7 +25,10 @@ pub(super) fn write_outputs(
         options.throughput_time_limit_s
     );
     if options.speed_db.is_some() {
-        let _ = write!(command, " --speed-db URL --speed-events {}", options.speed_events);
+        command.push_str(" --speed-db URL");
+        if let Some(n) = options.speed_events {
+            let _ = write!(command, " --speed-events {n}");
+        }
     }
     let table = table(rows, &command);
     std::fs::write(dir.join("guarantees.txt"), &table)?;
