@@ -1,16 +1,18 @@
 //! Checks one run directory in process and prints the verdict, the seconds
 //! the check took and the process's peak resident memory: the checker
 //! alone, for comparing two builds on the same files (`docs/performance.md`).
+//! Given a second path, it writes the results there as JSON, so that two
+//! builds' figures can be compared byte for byte.
 //!
 //! ```sh
-//! cargo run --release -p haunt-checker --example check_dir -- /tmp/bench20m
+//! cargo run --release -p haunt-checker --example check_dir -- /tmp/bench20m [RESULTS_JSON]
 //! ```
 
 use std::time::Instant;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let Some(dir) = std::env::args().nth(1) else {
-        return Err("usage: check_dir RUN_DIR".into());
+        return Err("usage: check_dir RUN_DIR [RESULTS_JSON]".into());
     };
     let started = Instant::now();
     let results = haunt_checker::check_dir(std::path::Path::new(&dir))?;
@@ -22,6 +24,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         client_ops / seconds / 1e6,
         peak_rss_mib().unwrap_or(f64::NAN)
     );
+    if let Some(out) = std::env::args().nth(2) {
+        std::fs::write(&out, serde_json::to_vec_pretty(&results)?)?;
+    }
     Ok(())
 }
 

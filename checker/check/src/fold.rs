@@ -20,6 +20,7 @@ use haunt_format::fast::{FinalSpans, OrderOpSpans};
 use haunt_format::jsonl::is_cut_off;
 use haunt_format::{FinalRef, FormatError, OpRef, OpType, OrderRef, Process, RawLine};
 
+use crate::index::IdIndex;
 use crate::key::{Key, Keys};
 pub use crate::orders::{Applications, OptCount, Order, Orders, Row};
 use crate::results::FaultWindow;
@@ -160,7 +161,7 @@ pub struct Fold {
     pub orders: Orders,
     /// The ids of orders and events, packed; the ones that do not pack.
     pub keys: Keys,
-    by_id: HashTable<u32>,
+    by_id: IdIndex,
     /// Orders by their row's event: built on the first lookup that the
     /// final state's own order does not answer, kept up to date after.
     by_event: HashTable<u32>,
@@ -267,7 +268,7 @@ impl Fold {
     pub fn reserve(&mut self, orders: usize) {
         self.orders.reserve(orders);
         let (table, hasher) = (&self.orders, &self.hasher);
-        self.by_id.reserve(orders, |&j| hasher.hash_one(table.id(j)));
+        self.by_id.reserve(orders, |j| hasher.hash_one(table.id(j)));
     }
 
     /// `time_ns` of the history's last op (0 for an empty history).
@@ -279,7 +280,7 @@ impl Fold {
     pub fn order(&self, id: &str) -> Option<Order> {
         let key = self.keys.find(id)?;
         let hash = self.hasher.hash_one(key);
-        self.by_id.find(hash, |&i| self.orders.id(i) == key).map(|&i| self.orders.get(i))
+        self.by_id.find(hash, |i| self.orders.id(i) == key).map(|i| self.orders.get(i))
     }
 
     /// The text of an id.
@@ -291,13 +292,22 @@ impl Fold {
         let key = self.keys.key(id);
         let hash = self.hasher.hash_one(key);
         let orders = &self.orders;
-        if let Some(&i) = self.by_id.find(hash, |&i| orders.id(i) == key) {
+        if let Some(i) = self.by_id.find(hash, |i| orders.id(i) == key) {
             return i;
         }
-        let i = self.orders.push(key);
         let (orders, hasher) = (&self.orders, &self.hasher);
-        self.by_id.insert_unique(hash, i, |&j| hasher.hash_one(orders.id(j)));
+        let i = self.by_id.push(hash, |j| hasher.hash_one(orders.id(j)));
+        let pushed = self.orders.push(key);
+        debug_assert_eq!(i, pushed, "the index holds every order, in order");
         i
+    }
+
+    /// Starts fetching what looking up order `id` will read, a few lines
+    /// before the fold gets to it (see [`crate::index`]).
+    pub fn prefetch_order(&self, id: &str) {
+        if let Some(key) = self.keys.find(id) {
+            self.by_id.prefetch(self.hasher.hash_one(key));
+        }
     }
 
     fn event_index(&mut self, event: &str) -> Option<u32> {
@@ -817,6 +827,10 @@ impl<'de> serde::Deserialize<'de> for ParsedOp<'de> {
     }
 }
 
+/// How many lines ahead of the fold [`fold_history`] starts fetching an
+/// invoke's order: about as many lookups as the memory can serve at once.
+const PREFETCH_AHEAD: usize = 16;
+
 /// Folds `history.jsonl`, given as chunks of lines whose client order ops
 /// are already read ([`haunt_format::chunks`]).
 pub fn fold_history<R: std::io::Read>(
@@ -826,7 +840,15 @@ pub fn fold_history<R: std::io::Read>(
 ) -> Result<(), FormatError> {
     'chunks: while let Some(chunk) = chunks.next_chunk() {
         let chunk = chunk.map_err(|source| FormatError::Io { file: file.to_owned(), source })?;
+        // The lines PREFETCH_AHEAD further on: the orders their invokes name
+        // are fetched while the fold reads the lines before them.
+        let mut ahead = chunk.items().skip(PREFETCH_AHEAD);
         for item in chunk.items() {
+            if let Some(Item::Parsed { text, parsed, .. }) = ahead.next()
+                && let Some(id) = parsed.invoked_order_id(text)
+            {
+                fold.prefetch_order(id);
+            }
             match item {
                 Item::Parsed { line, text, parsed } => {
                     let (op, order) = parsed.get(text);
@@ -839,6 +861,7 @@ pub fn fold_history<R: std::io::Read>(
                 }
             }
         }
+        drop(ahead);
         chunks.give_back(chunk);
     }
     fold.finish_history();

@@ -10,6 +10,8 @@
 //!
 //! - [`fold`]: streams both files into one compact table of orders, enforcing
 //!   Jepsen's op rules on the way, with latencies and fault windows.
+//! - [`index`]: the orders by id, in a table whose slots the fold fetches
+//!   a few lines before it looks them up.
 //! - [`rules`]: the anomaly definitions and the verdict.
 //! - [`order`]: per key, the orders fixed in real time that took effect out
 //!   of that order (inversions) or never (skipped).
@@ -21,6 +23,7 @@
 //! - [`windows`]: events and ops attributed to the fault windows they overlap.
 
 pub mod fold;
+pub mod index;
 pub mod key;
 pub mod order;
 pub mod orders;

@@ -548,6 +548,13 @@ impl OrderOpSpans {
         })
     }
 
+    /// The order id of an invoke, from `line`, the line it was read from:
+    /// what a reader ahead of the fold needs to fetch the order early.
+    #[inline]
+    pub fn invoked_order_id<'a>(&self, line: &'a str) -> Option<&'a str> {
+        (self.kind == OpType::Invoke).then(|| self.order_id.map(|s| s.get(line))).flatten()
+    }
+
     /// The op and its value again, borrowed from `line`, the line it was read from.
     #[inline]
     pub fn get<'a>(&self, line: &'a str) -> (OpRef<'a>, OrderRef<'a>) {
