@@ -34,6 +34,11 @@ pub struct GuaranteesArgs {
     /// bench's own for each transport; see `haunt bench transport --help`].
     #[arg(long)]
     pub speed_events: Option<usize>,
+    /// The server behind the Kafka rows: kafka (Apache Kafka's broker, three
+    /// nodes for kafka and kafka:acks-1) or tansu (one node, optional, see
+    /// `haunt run --help`; not with kafka:eos or --speed-db).
+    #[arg(long, value_name = "SERVER", default_value = "kafka")]
+    pub kafka_server: haunt_chaos::core::options::KafkaServer,
     /// Where the runs, the table, guarantees.json and guarantees.html go.
     #[arg(long, default_value = "store")]
     pub store: PathBuf,
@@ -71,6 +76,7 @@ pub async fn guarantees(args: GuaranteesArgs) -> anyhow::Result<i32> {
         throughput_time_limit_s: args.throughput_time_limit_s,
         speed_db: args.speed_db,
         speed_events: args.speed_events,
+        kafka_server: args.kafka_server,
     };
     let outcome = haunt_chaos::suites::guarantees::run(&options, &mut |line| eprintln!("{line}")).await?;
     println!("{}", outcome.table);

@@ -172,6 +172,14 @@ pub struct RunArgs {
     /// pause take one node at a time.
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub kafka_brokers: usize,
+    /// With --transport kafka: the server behind it. kafka is Apache
+    /// Kafka's own broker; tansu is a Kafka-compatible broker on SQLite
+    /// (one node; its consumers join the classic way; no transactions, so
+    /// not kafka:eos; local backend only), installed by
+    /// `HAUNT_BROKERS=tansu scripts/brokers`. Its clients share one proxy:
+    /// its link is clients<->broker.
+    #[arg(long, value_name = "SERVER", default_value = "kafka")]
+    pub kafka_server: haunt_chaos::core::options::KafkaServer,
     /// The data directory of the PostgreSQL server behind --db, which the
     /// harness may kill and restart (needed by --nemesis db-restart).
     #[arg(long, value_name = "DIR")]
@@ -303,6 +311,7 @@ fn options_from_flags(args: RunArgs) -> anyhow::Result<RunOptions> {
         items: args.items,
         ordered_keys: args.ordered_keys,
         kafka_brokers: args.kafka_brokers,
+        kafka_server: args.kafka_server,
         schedule: None,
         exe: std::env::current_exe().context("finding the haunt executable")?,
         git_revision: revision().to_owned(),

@@ -134,5 +134,19 @@ fn a_bad_transport_or_no_seeds_is_refused_and_creates_nothing() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_ne!(out.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("--seeds must be positive"), "{stderr}");
+    // tansu serves only the Kafka rows, and has no transactions.
+    for (args, needle) in [
+        (&["--transports", "db", "--kafka-server", "tansu"][..], "--transports names none"),
+        (&["--transports", "kafka:eos", "--kafka-server", "tansu"][..], "tansu 0.6 has none"),
+        (
+            &["--transports", "kafka", "--kafka-server", "tansu", "--speed-db", "postgres://x@127.0.0.1:1/x"][..],
+            "leave it out",
+        ),
+    ] {
+        let out = guarantees(args).unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_ne!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
     assert!(std::fs::read_dir(tmp.path()).unwrap().next().is_none(), "a refused run creates nothing");
 }

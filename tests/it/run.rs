@@ -434,6 +434,11 @@ fn bad_options_are_refused_before_anything_starts() {
         (vec!["--kafka-brokers", "3"], "use it with --transport kafka"),
         (vec!["--transport", "kafka", "--kafka-brokers", "2"], "1 broker or a cluster of 3"),
         (vec!["--transport", "kafka", "--kafka-brokers", "3", "--backend", "docker"], "local backend only"),
+        (vec!["--kafka-server", "redpanda"], "is not a Kafka server"),
+        (vec!["--kafka-server", "tansu"], "use it with --transport kafka"),
+        (vec!["--transport", "kafka", "--kafka-server", "tansu", "--kafka-brokers", "3"], "tansu runs one node"),
+        (vec!["--transport", "kafka:eos", "--kafka-server", "tansu"], "tansu 0.6 has none"),
+        (vec!["--transport", "kafka", "--kafka-server", "tansu", "--backend", "docker"], "local backend only"),
         // The seven local faults need 40 s at the default interval.
         (vec!["--time-limit-s", "30"], "Use --time-limit-s 40 or more"),
     ] {

@@ -498,6 +498,72 @@ fn kafka_at_most_once_loses_under_a_consumer_kill() {
     at_most_once_loses_under_a_consumer_kill("kafka:at-most-once");
 }
 
+/// tansu, a Kafka-compatible broker, runs only where it is installed
+/// (`HAUNT_BROKERS=tansu scripts/brokers`, a long build): `HAUNT_SKIP_TANSU=1`
+/// skips its runs, and says so.
+fn tansu_skipped() -> bool {
+    for opt_out in ["HAUNT_SKIP_BROKERS", "HAUNT_SKIP_TANSU"] {
+        if std::env::var(opt_out).as_deref() == Ok("1") {
+            eprintln!("SKIPPED: haunt run --transport kafka --kafka-server tansu ({opt_out}=1)");
+            return true;
+        }
+    }
+    false
+}
+
+/// Kafka's transport on tansu (`--kafka-server tansu`): under consumer kills
+/// aimed at a held batch, broker restarts, cuts of the clients' one link and
+/// lost commits, nothing is lost, what a killed consumer held comes again
+/// and is absorbed, and each key's order holds. The kills are 5 s apart, as
+/// over Apache Kafka: the classic group stops at every change.
+#[test]
+fn kafka_on_tansu_is_valid_under_broker_faults() {
+    if tansu_skipped() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let args = [
+        "--kafka-server",
+        "tansu",
+        "--time-limit-s",
+        "40",
+        "--nemesis",
+        "kill,broker-restart,partition,ack-loss",
+        "--nemesis-interval-s",
+        "5",
+        "--fault-targets",
+        "worker-1,clients<->broker",
+        "--ordered-keys",
+        "4",
+    ];
+    let (out, results, run) = run(tmp.path(), "kafka", &args);
+    assert_eq!(out.status.code(), Some(0), "{}", why(&out, &results));
+    assert_eq!(run["options"]["kafka_server"], "tansu", "{run}");
+    for fault in ["kill", "broker-restart", "partition", "ack-loss"] {
+        assert!(run["faults_fired"][fault].as_u64().unwrap_or(0) >= 1, "{fault} never fired: {run}");
+    }
+    assert!(results["counts"]["acknowledged"].as_u64().unwrap() > 100, "{results}");
+    let history = std::fs::read_to_string(latest(tmp.path()).join("history.jsonl")).unwrap();
+    a_held_kill_comes_again(&history, &results, "kafka on tansu");
+    assert!(results["order"]["pairs_checked"].as_u64().unwrap() > 100, "{}", results["order"]);
+    assert_eq!(results["anomalies"]["reordered"]["count"], 0, "{}", results["order"]);
+}
+
+/// `kafka:at-most-once` on tansu: the consumer commits before the effect,
+/// so a consumer killed holding a batch loses it, and the checker says so.
+#[test]
+fn kafka_at_most_once_on_tansu_loses_under_a_consumer_kill() {
+    if tansu_skipped() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let args = ["--kafka-server", "tansu", "--time-limit-s", "40", "--nemesis", "kill", "--nemesis-interval-s", "5"];
+    let args = [&args[..], &["--workers", "1", "--rate", "500", "--fault-targets", "worker-1"]].concat();
+    let (out, results, _) = run(tmp.path(), "kafka:at-most-once", &args);
+    assert_eq!(out.status.code(), Some(1), "{}", why(&out, &results));
+    assert!(results["anomalies"]["lost-effect"]["count"].as_u64().unwrap() > 0, "{results}");
+}
+
 /// A cluster of three (`--kafka-brokers 3`): the leader of partition 0 cut
 /// off from its peers and its clients (`leader<->all`, resolved as the cut
 /// comes), then a node killed and restarted. acks=all with

@@ -23,6 +23,46 @@ pub enum BackendKind {
     Docker,
 }
 
+/// The server behind `--transport kafka`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum KafkaServer {
+    /// Apache Kafka's own broker (one node, or a cluster of three).
+    #[default]
+    Kafka,
+    /// tansu, a Kafka-compatible broker in Rust on SQLite: one node, the
+    /// classic group protocol, no transactions. Optional: built by
+    /// `HAUNT_BROKERS=tansu scripts/brokers`.
+    Tansu,
+}
+
+impl KafkaServer {
+    pub fn name(self) -> &'static str {
+        match self {
+            KafkaServer::Kafka => "kafka",
+            KafkaServer::Tansu => "tansu",
+        }
+    }
+}
+
+impl std::fmt::Display for KafkaServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for KafkaServer {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "kafka" => Ok(KafkaServer::Kafka),
+            "tansu" => Ok(KafkaServer::Tansu),
+            other => Err(format!("{other:?} is not a Kafka server: kafka (Apache Kafka's broker) or tansu")),
+        }
+    }
+}
+
 impl BackendKind {
     pub fn name(self) -> &'static str {
         match self {
@@ -134,6 +174,10 @@ pub struct RunOptions {
     /// from a `run.json` written before clusters.
     #[serde(default = "one")]
     pub kafka_brokers: usize,
+    /// The server behind `--transport kafka`: Apache Kafka's broker, or
+    /// tansu. Kafka's when absent from a `run.json` written before tansu.
+    #[serde(default)]
+    pub kafka_server: KafkaServer,
     /// The windows to strike instead of the seeded schedule (`--schedule
     /// FILE`: a run's `schedule.json`); `faults` are those it names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -202,6 +246,7 @@ impl Default for RunOptions {
             items: 5,
             ordered_keys: 0,
             kafka_brokers: 1,
+            kafka_server: KafkaServer::Kafka,
             schedule: None,
             pg_data: None,
             exe: PathBuf::from("haunt"),
@@ -285,6 +330,23 @@ impl RunOptions {
             "--kafka-brokers {} runs on the local backend only, for now (not with --backend docker)",
             self.kafka_brokers
         );
+        if self.kafka_server == KafkaServer::Tansu {
+            anyhow::ensure!(
+                self.transport.kind == haunt_transport::Kind::Kafka,
+                "--kafka-server tansu is the server behind Kafka's transport: use it with --transport kafka[:MODE]"
+            );
+            anyhow::ensure!(self.kafka_brokers == 1, "--kafka-server tansu runs one node: leave out --kafka-brokers");
+            anyhow::ensure!(
+                !docker,
+                "--kafka-server tansu runs on the local backend only (tansu is in no Debian package or image)"
+            );
+            anyhow::ensure!(
+                self.transport.mode() != "eos",
+                "--transport {} needs Kafka's transactions, and tansu 0.6 has none (its answer to EndTxn: \
+                 not supported by broker): use kafka:at-least-once or kafka:at-most-once",
+                self.transport
+            );
+        }
         Ok(())
     }
 

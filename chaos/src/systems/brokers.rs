@@ -341,8 +341,13 @@ impl Broker {
                 vec!["-H".into(), bind.into(), "-p".into(), port.to_string()]
             }
             Broker::Tansu => {
+                // One listener, so one address to advertise: its own, or
+                // the one client listener's (a run's shared proxy).
+                anyhow::ensure!(clients.len() <= 1, "tansu advertises one address, not one per client");
                 let listener = format!("tcp://{bind}:{port}");
-                let args = ["broker", "--listener-url", &listener, "--advertised-listener-url", &listener];
+                let advertised =
+                    clients.first().map_or_else(|| listener.clone(), |c| format!("tcp://{}", c.advertised));
+                let args = ["broker", "--listener-url", &listener, "--advertised-listener-url", &advertised];
                 // Relative to its working directory, the data directory.
                 args.iter().chain(&["--storage-engine", "sqlite://tansu.db"]).map(|s| s.to_string()).collect()
             }

@@ -57,7 +57,9 @@ impl Server {
     }
 
     fn url(&self, spec: TransportSpec) -> String {
-        haunt_transport::local_url(spec, self.laid.addr)
+        let url = haunt_transport::local_url(spec, self.laid.addr);
+        // tansu's consumers join the classic way, the only one it speaks.
+        if self.laid.broker == Broker::Tansu { format!("{url}?group=classic") } else { url }
     }
 }
 
@@ -829,6 +831,33 @@ async fn kafka_acks_1() {
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_at_most_once() {
     at_most_once(Broker::Kafka, "kafka:at-most-once").await;
+}
+
+/// tansu is optional (`HAUNT_BROKERS=tansu scripts/brokers`): its contract
+/// tests are skipped, and say so, with `HAUNT_SKIP_TANSU=1`.
+fn tansu_skipped() -> bool {
+    let skip = std::env::var("HAUNT_SKIP_TANSU").as_deref() == Ok("1");
+    if skip {
+        eprintln!("SKIPPED: Kafka's transport on tansu (HAUNT_SKIP_TANSU=1)");
+    }
+    skip
+}
+
+/// Kafka's transport on tansu, the classic group's way: what a member held
+/// and never committed goes to the next once it left, and a restart keeps
+/// what was confirmed.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_at_least_once_on_tansu() {
+    if !tansu_skipped() {
+        at_least_once(Broker::Tansu, "kafka:at-least-once", Redelivery::OnLeave, Restart::Survives).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_at_most_once_on_tansu() {
+    if !tansu_skipped() {
+        at_most_once(Broker::Tansu, "kafka:at-most-once").await;
+    }
 }
 
 async fn kafka(spelled: &str) -> Option<(Server, TransportSpec, String)> {

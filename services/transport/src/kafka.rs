@@ -38,6 +38,11 @@
 //! Kafka counts no deliveries: the count a delivery carries is this
 //! consumer's own (1 after a rebalance).
 //!
+//! A Kafka-compatible broker that speaks only the classic protocol (tansu
+//! 0.6) is named with `?group=classic` after its servers: the consumers
+//! then join the classic way, with a session of [`CLASSIC_SESSION_TIMEOUT_MS`]
+//! that the client sets, and every change of the group stops it as above.
+//!
 //! Modes:
 //! - `kafka:at-least-once` (the bare name): an idempotent producer with
 //!   `acks=all`; the consumer commits after the effect.
@@ -80,6 +85,14 @@ const GROUP: &str = "haunt.workers";
 /// The topic's partitions: enough for the consumers of a default run (3
 /// workers with 8 lease loops each share them; the rest wait as standbys).
 pub const PARTITIONS: i32 = 8;
+
+/// Under the classic group protocol (`?group=classic`), a member that has
+/// not heartbeated for this long leaves the group and its partitions go to
+/// the others: 6 s, Kafka's least by default (`group.min.session.timeout.ms`),
+/// so that a killed worker's partitions move within a short run.
+pub const CLASSIC_SESSION_TIMEOUT_MS: u32 = 6_000;
+/// A third of the session, as Kafka advises.
+const CLASSIC_HEARTBEAT_INTERVAL_MS: u32 = 2_000;
 
 /// A member that does not poll for this long is taken out of the group:
 /// longer than a batch's apply and its retries' backoff.
@@ -174,15 +187,39 @@ fn unconfirmed(why: impl std::fmt::Display) -> TransportError {
     TransportError::Unconfirmed { broker: "kafka", why: why.to_string() }
 }
 
-/// `kafka://host:port[,host:port…]` as librdkafka's `bootstrap.servers`.
-fn bootstrap(url: &str) -> Result<String, TransportError> {
-    let servers = url.strip_prefix("kafka://").unwrap_or(url).trim_end_matches('/');
+/// How the consumers join their group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GroupProtocol {
+    /// Kafka's consumer protocol (KIP-848): the default.
+    Consumer,
+    /// The classic protocol, for a broker without KIP-848 (`?group=classic`).
+    Classic,
+}
+
+const URL_FORM: &str = "kafka://HOST:PORT[,HOST:PORT…][?group=classic]";
+
+/// `kafka://host:port[,host:port…][?group=classic]`: librdkafka's
+/// `bootstrap.servers`, and how the consumers join their group.
+fn parse_url(url: &str) -> Result<(String, GroupProtocol), TransportError> {
+    let rest = url.strip_prefix("kafka://").unwrap_or(url);
+    let (servers, query) = rest.split_once('?').map_or((rest, None), |(s, q)| (s, Some(q)));
+    let servers = servers.trim_end_matches('/');
     if servers.is_empty()
         || servers.split(',').any(|s| s.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err()))
     {
-        return Err(broker(format!("{url:?} is not kafka://HOST:PORT[,HOST:PORT…]")));
+        return Err(broker(format!("{url:?} is not {URL_FORM}")));
     }
-    Ok(servers.to_owned())
+    let group = match query {
+        None | Some("group=consumer") => GroupProtocol::Consumer,
+        Some("group=classic") => GroupProtocol::Classic,
+        Some(other) => return Err(broker(format!("{url:?}: {other:?} is not a setting of {URL_FORM}"))),
+    };
+    Ok((servers.to_owned(), group))
+}
+
+/// The servers of a URL, as librdkafka's `bootstrap.servers`.
+fn bootstrap(url: &str) -> Result<String, TransportError> {
+    parse_url(url).map(|(servers, _)| servers)
 }
 
 /// What every client sets: short reconnect backoffs (librdkafka's 10 s
@@ -345,13 +382,20 @@ pub(crate) async fn consumer(
     options: &Options,
 ) -> Result<Box<dyn Consumer>, TransportError> {
     let mode = Mode::of(spec);
-    let mut c = config(&bootstrap(url)?, &options.client_id);
+    let (servers, group) = parse_url(url)?;
+    let mut c = config(&servers, &options.client_id);
     c.set("group.id", GROUP)
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
         .set("isolation.level", mode.isolation())
-        .set("group.protocol", "consumer")
         .set("max.poll.interval.ms", MAX_POLL_INTERVAL_MS.to_string());
+    match group {
+        GroupProtocol::Consumer => c.set("group.protocol", "consumer"),
+        GroupProtocol::Classic => c
+            .set("group.protocol", "classic")
+            .set("session.timeout.ms", CLASSIC_SESSION_TIMEOUT_MS.to_string())
+            .set("heartbeat.interval.ms", CLASSIC_HEARTBEAT_INTERVAL_MS.to_string()),
+    };
     let consumer: StreamConsumer = c.create().map_err(broker)?;
     consumer.subscribe(&[TOPIC]).map_err(broker)?;
     Ok(Box::new(KafkaConsumer {
@@ -773,10 +817,15 @@ mod tests {
     fn urls_name_their_brokers() {
         assert_eq!(bootstrap("kafka://127.0.0.1:9092").unwrap(), "127.0.0.1:9092");
         assert_eq!(bootstrap("kafka://a:1,b:2,c:3/").unwrap(), "a:1,b:2,c:3");
-        for bad in ["kafka://", "kafka://host", "kafka://:9092", "kafka://a:1,b"] {
+        for bad in ["kafka://", "kafka://host", "kafka://:9092", "kafka://a:1,b", "kafka://?group=classic"] {
             let e = bootstrap(bad).unwrap_err().to_string();
             assert!(e.contains("kafka://HOST:PORT"), "{bad}: {e}");
         }
+        assert_eq!(parse_url("kafka://a:1").unwrap().1, GroupProtocol::Consumer);
+        assert_eq!(parse_url("kafka://a:1,b:2?group=classic").unwrap(), ("a:1,b:2".into(), GroupProtocol::Classic));
+        assert_eq!(parse_url("kafka://a:1/?group=consumer").unwrap().1, GroupProtocol::Consumer);
+        let e = parse_url("kafka://a:1?group=old").unwrap_err().to_string();
+        assert!(e.contains("\"group=old\" is not a setting"), "{e}");
     }
 
     #[test]

@@ -43,7 +43,7 @@ use haunt_transport::TransportSpec;
 use serde::Serialize;
 
 use crate::core::fault::Fault;
-use crate::core::options::RunOptions;
+use crate::core::options::{KafkaServer, RunOptions};
 use crate::suites::matrix::child_run;
 use judge::{judge, judge_order};
 pub use table::table;
@@ -68,6 +68,8 @@ pub struct GuaranteesOptions {
     /// Events of each of the transport bench's phases; `None` for the
     /// bench's default for each transport.
     pub speed_events: Option<usize>,
+    /// The server behind the Kafka rows: Apache Kafka's broker, or tansu.
+    pub kafka_server: KafkaServer,
 }
 
 /// The visibility timeout of every run: short, so that a run of a few
@@ -172,6 +174,10 @@ pub struct Row {
     pub transport: String,
     /// The broker's nodes: 3 for a Kafka cluster (`×3` in the table), else 1.
     pub brokers: usize,
+    /// The server, where it is not the transport's own: `tansu` behind
+    /// Kafka's transport (`on tansu` in the table).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server: Option<&'static str>,
     pub inbox: bool,
     /// What the transport claims.
     pub claim: &'static str,
@@ -211,20 +217,32 @@ pub struct Row {
 /// Kafka's nodes for a row: three where the mode's claim turns on what a
 /// cluster does when a partition's leader fails (`acks=all` with
 /// `min.insync.replicas` 2 against `acks=1`), one elsewhere.
-fn kafka_brokers(spec: TransportSpec) -> usize {
-    if spec.kind == haunt_transport::Kind::Kafka && matches!(spec.mode(), "at-least-once" | "acks-1") { 3 } else { 1 }
+/// tansu runs one node.
+fn kafka_brokers(server: KafkaServer, spec: TransportSpec) -> usize {
+    let cluster = spec.kind == haunt_transport::Kind::Kafka && matches!(spec.mode(), "at-least-once" | "acks-1");
+    if cluster && server == KafkaServer::Kafka { 3 } else { 1 }
+}
+
+/// Whether `spec` runs on tansu in a table over `server`.
+fn on_tansu(server: KafkaServer, spec: TransportSpec) -> bool {
+    server == KafkaServer::Tansu && spec.kind == haunt_transport::Kind::Kafka
 }
 
 /// The faults of a transport's fault runs, and their targets. On a Kafka
 /// cluster a partition may also isolate a node from its peers and its
 /// clients (a leader's failover), any node or the leader of partition 0 as
 /// the cut comes, and a broker-restart takes any node.
-fn fault_schedule(spec: TransportSpec) -> (Vec<Fault>, Vec<String>) {
+/// tansu's clients share one link (`clients<->broker`).
+fn fault_schedule(server: KafkaServer, spec: TransportSpec) -> (Vec<Fault>, Vec<String>) {
     let (mut faults, mut targets) = (vec![Fault::Kill, Fault::Partition, Fault::AckLoss], vec!["worker-1"]);
-    if kafka_brokers(spec) > 1 {
+    if kafka_brokers(server, spec) > 1 {
         targets.extend(["broker-1<->all", "broker-2<->all", "broker-3<->all", "leader<->all"]);
     }
-    if spec.is_broker() {
+    if on_tansu(server, spec) {
+        targets.extend(["clients<->broker", "relay"]);
+        faults.insert(1, Fault::BrokerRestart);
+        faults.push(Fault::RelayKill);
+    } else if spec.is_broker() {
         targets.extend(["worker-1<->broker", "relay"]);
         if spec.server_is_durable() {
             faults.insert(1, Fault::BrokerRestart);
@@ -246,7 +264,8 @@ fn row_options(options: &GuaranteesOptions, runs_dir: &Path, spec: TransportSpec
         quiesce_timeout: QUIESCE_TIMEOUT,
         bug: (!inbox).then_some(haunt_store::Bug::NoInbox),
         exe: options.haunt.clone(),
-        kafka_brokers: kafka_brokers(spec),
+        kafka_brokers: kafka_brokers(options.kafka_server, spec),
+        kafka_server: if on_tansu(options.kafka_server, spec) { KafkaServer::Tansu } else { KafkaServer::Kafka },
         ..RunOptions::default()
     }
 }
@@ -258,7 +277,7 @@ async fn fault_run(
     inbox: bool,
     seed: u64,
 ) -> FaultRun {
-    let (faults, fault_targets) = fault_schedule(spec);
+    let (faults, fault_targets) = fault_schedule(options.kafka_server, spec);
     let run_options = RunOptions {
         seed,
         time_limit: Duration::from_secs(options.time_limit_s),
@@ -491,7 +510,8 @@ impl Row {
         };
         Row {
             transport: spec.to_string(),
-            brokers: kafka_brokers(spec),
+            brokers: kafka_brokers(KafkaServer::Kafka, spec),
+            server: None,
             inbox,
             claim: claim.name(),
             lost,
@@ -634,9 +654,26 @@ async fn run_guarantees(
 ) -> anyhow::Result<GuaranteesOutcome> {
     anyhow::ensure!(options.seeds > 0, "--seeds must be positive");
     anyhow::ensure!(!options.transports.is_empty(), "--transports names no transport");
+    let kafka_rows = options.transports.iter().any(|s| s.kind == haunt_transport::Kind::Kafka);
+    if options.kafka_server == KafkaServer::Tansu {
+        anyhow::ensure!(kafka_rows, "--kafka-server tansu is the server of the Kafka rows: --transports names none");
+        anyhow::ensure!(
+            options.speed_db.is_none(),
+            "--speed-db measures each transport on its own server, and tansu's is not among them: \
+             leave it out with --kafka-server tansu"
+        );
+    }
+    for spec in &options.transports {
+        anyhow::ensure!(
+            !on_tansu(options.kafka_server, *spec) || spec.mode() != "eos",
+            "--transports {spec} needs Kafka's transactions, and tansu 0.6 has none: leave it out with --kafka-server tansu"
+        );
+    }
     for spec in &options.transports {
         if let Some(server) = spec.server() {
             let broker = crate::systems::brokers::Broker::from_name(server).context("a broker server")?;
+            let broker =
+                if on_tansu(options.kafka_server, *spec) { crate::systems::brokers::Broker::Tansu } else { broker };
             broker.program().with_context(|| format!("{spec}"))?;
         }
     }
@@ -689,6 +726,10 @@ async fn run_guarantees(
                 }
             });
             let mut row = Row::new(spec, inbox, runs, throughput);
+            if on_tansu(options.kafka_server, spec) {
+                row.server = Some(KafkaServer::Tansu.name());
+                row.brokers = 1;
+            }
             row.transport_speed = speed_run(options, &runs_dir, spec, inbox).await;
             if let Some(s) = &row.transport_speed {
                 progress(&match (&s.error, s.relay_vs_bare, s.workers_vs_bare) {

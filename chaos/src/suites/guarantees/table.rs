@@ -148,7 +148,11 @@ fn every_row(t: &mut String, rows: &[Row]) {
         let _ = writeln!(
             t,
             "{:<22} {:<6} {:<14} {:>6} {:>11} {:>13} {:<24} {:>9} {:>6} {:>10} {:>11} {:<26} {}",
-            if r.brokers > 1 { format!("{} ×{}", r.transport, r.brokers) } else { r.transport.clone() },
+            match (r.server, r.brokers) {
+                (Some(server), _) => format!("{} on {server}", r.transport),
+                (None, n) if n > 1 => format!("{} ×{n}", r.transport),
+                (None, _) => r.transport.clone(),
+            },
             yes_no(r.inbox),
             r.claim,
             r.lost,

@@ -130,21 +130,29 @@ fn speed_is_the_transports_own_ratio_and_a_modes_is_against_its_first_mode() {
 #[test]
 fn the_fault_schedule_reaches_the_broker_and_the_relay_only_where_there_are_some() {
     use Fault::*;
-    let (faults, targets) = fault_schedule("db".parse().unwrap());
+    let (faults, targets) = fault_schedule(KafkaServer::Kafka, "db".parse().unwrap());
     assert_eq!((faults, targets), (vec![Kill, Partition, AckLoss], vec!["worker-1".into(), "worker-1<->db".into()]));
-    let (faults, targets) = fault_schedule("rabbitmq".parse().unwrap());
+    let (faults, targets) = fault_schedule(KafkaServer::Kafka, "rabbitmq".parse().unwrap());
     assert_eq!(faults, [Kill, BrokerRestart, Partition, AckLoss, RelayKill]);
     assert_eq!(targets, ["worker-1", "worker-1<->broker", "relay"]);
-    let (faults, _) = fault_schedule("sqs".parse().unwrap());
+    let (faults, _) = fault_schedule(KafkaServer::Kafka, "sqs".parse().unwrap());
     assert!(!faults.contains(&BrokerRestart), "moto keeps nothing through a restart: {faults:?}");
     // On a Kafka cluster a partition may cut any node off: a leader's failover.
-    let (_, targets) = fault_schedule("kafka:acks-1".parse().unwrap());
+    let (_, targets) = fault_schedule(KafkaServer::Kafka, "kafka:acks-1".parse().unwrap());
     for n in 1..=3 {
         assert!(targets.contains(&format!("broker-{n}<->all")), "{targets:?}");
     }
     assert!(targets.contains(&"leader<->all".to_owned()), "or the leader of partition 0: {targets:?}");
-    let (_, targets) = fault_schedule("kafka:eos".parse().unwrap());
+    let (_, targets) = fault_schedule(KafkaServer::Kafka, "kafka:eos".parse().unwrap());
     assert!(!targets.iter().any(|t| t.contains("<->all")), "eos runs on one broker: {targets:?}");
+    // tansu: one node, whose clients share one link; the other rows keep theirs.
+    let (faults, targets) = fault_schedule(KafkaServer::Tansu, "kafka".parse().unwrap());
+    assert_eq!(faults, [Kill, BrokerRestart, Partition, AckLoss, RelayKill]);
+    assert_eq!(targets, ["worker-1", "clients<->broker", "relay"]);
+    assert_eq!(
+        fault_schedule(KafkaServer::Tansu, "rabbitmq".parse().unwrap()).1,
+        ["worker-1", "worker-1<->broker", "relay"]
+    );
 }
 
 /// A row that contradicts its claim names the shrink command of each of its

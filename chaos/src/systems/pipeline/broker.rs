@@ -4,6 +4,7 @@
 //!
 //! The links it names:
 //! - `X<->broker`: client `X`'s proxies, to every node;
+//! - with tansu, `clients<->broker`: the one proxy its clients share;
 //! - in a cluster, `X<->broker-N`: client `X`'s proxy to node N;
 //! - `broker-M<->broker-N`: both ways between two nodes, replication and
 //!   the controllers' quorum alike;
@@ -22,7 +23,7 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use crate::backends::proxy::{FaultProxy, ProxyGroup, SharedProxy};
-use crate::core::options::RunOptions;
+use crate::core::options::{KafkaServer, RunOptions};
 use crate::core::roles::BoxFuture;
 use crate::core::system::FaultContext;
 use crate::systems::brokers::{Broker, ClientListener, KafkaPlace, PeerListener, free_ports_besides};
@@ -174,6 +175,9 @@ pub(super) async fn local_broker(
 ) -> anyhow::Result<Wired> {
     let transport = options.transport;
     let server = Broker::from_name(server).with_context(|| format!("no broker server for {transport}"))?;
+    if server == Broker::Kafka && options.kafka_server == KafkaServer::Tansu {
+        return tansu(options, run_dir, clients).await;
+    }
     if server == Broker::Kafka && options.kafka_brokers > 1 {
         return kafka_cluster(options, run_dir, clients, options.kafka_brokers).await;
     }
@@ -196,6 +200,26 @@ pub(super) async fn local_broker(
     let laid = server.layout(port, http_port, &run_dir.join("broker"), Some(options.visibility_timeout), &listeners)?;
     Ok(Wired { side: BrokerSide::new(options, vec![laid]), urls, links, leader: None })
 }
+
+/// tansu behind Kafka's transport. It has one listener and advertises one
+/// address, so its clients share one proxy (a client with a proxy of its
+/// own would be sent past it, to the address advertised): its one link,
+/// `clients<->broker`, cuts every client at once. Its consumers join their
+/// group the classic way (`?group=classic`), the only one tansu speaks.
+async fn tansu(options: &RunOptions, run_dir: &Path, clients: &[&String]) -> anyhow::Result<Wired> {
+    let (port, http_port) = crate::systems::brokers::free_ports()?;
+    let proxy = proxy_to(port).await?;
+    let shared = ClientListener { client: TANSU_CLIENTS.into(), port, advertised: proxy.addr() };
+    let laid =
+        Broker::Tansu.layout(port, http_port, &run_dir.join("broker"), Some(options.visibility_timeout), &[shared])?;
+    let url = format!("{}?group=classic", haunt_transport::local_url(options.transport, proxy.addr()));
+    let urls = clients.iter().map(|name| ((*name).clone(), url.clone())).collect();
+    let links = vec![(format!("{TANSU_CLIENTS}<->broker"), group([proxy]))];
+    Ok(Wired { side: BrokerSide::new(options, vec![laid]), urls, links, leader: None })
+}
+
+/// The name tansu's clients share in their link's name.
+pub const TANSU_CLIENTS: &str = "clients";
 
 /// A node of the cluster being laid out: its ports, and the proxies that
 /// reach it from each other node (replication, controller) and each client.
