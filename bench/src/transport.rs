@@ -37,14 +37,11 @@
 //! may lose some).
 
 use std::collections::HashSet;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use haunt_chaos::backends::local::LocalBackend;
-use haunt_chaos::core::roles::Backend;
-use haunt_chaos::systems::brokers::{Broker, BrokerNode, free_ports};
+use haunt_chaos::systems::brokers::{Broker, LocalServer};
 use haunt_store::{Baseline, Bug, DbUrl, Store, StoreOptions};
 use haunt_telemetry::metrics::{OutcomeLabels, WorkerMetrics};
 use haunt_transport::{Envelope, Options, TransportSpec};
@@ -151,8 +148,10 @@ async fn transport_run(
     anyhow::ensure!(empty, "{} is not empty; the bench needs a database of its own", options.db);
     let baseline = Baseline::connect(&options.db, 4).await?;
     let dir = tempfile::tempdir()?;
-    let server = Server::start(spec, dir.path()).await?;
-    let url = haunt_transport::local_url(spec, server.laid.addr);
+    let name = spec.server().context("no broker server")?;
+    let broker = Broker::from_name(name).with_context(|| format!("no broker server for {spec}"))?;
+    let server = LocalServer::start(broker, dir.path()).await?;
+    let url = server.url(spec);
     // The queue, stream or topic and its group, as a run declares them
     // before its relay and workers start (Kafka creates no topic on use).
     haunt_transport::inspector(spec, &url).await?.declare().await.context("declaring the broker's queue")?;
@@ -289,38 +288,6 @@ fn median(values: &[f64]) -> Option<f64> {
     v.sort_by(f64::total_cmp);
     let mid = v.len() / 2;
     Some(if v.len() % 2 == 1 { v[mid] } else { (v[mid - 1] + v[mid]) / 2.0 })
-}
-
-/// The broker, a local process in a directory of the bench's own, stopped
-/// when dropped.
-struct Server {
-    laid: BrokerNode,
-    backend: LocalBackend,
-}
-
-impl Server {
-    async fn start(spec: TransportSpec, dir: &Path) -> anyhow::Result<Server> {
-        let name = spec.server().context("no broker server")?;
-        let broker = Broker::from_name(name).with_context(|| format!("no broker server for {spec}"))?;
-        let (port, http_port) = free_ports()?;
-        let laid = broker.layout(port, http_port, &dir.join("data"), None, &[])?;
-        let program = laid.spec.program.clone().context("a local broker has a program")?;
-        let backend = LocalBackend::new(program, dir.to_owned(), Vec::new(), vec![laid.spec.clone()]);
-        let server = Server { laid, backend };
-        let node = &server.laid.spec.node;
-        server.backend.start(node).await?;
-        if let Err(e) = server.laid.ready.wait(broker.start_limit(), || server.backend.is_running(node)).await {
-            let log = std::fs::read_to_string(server.backend.log_path(node)).unwrap_or_default();
-            anyhow::bail!("{} did not answer: {e}\n{log}", broker.name());
-        }
-        Ok(server)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = futures_util::FutureExt::now_or_never(self.backend.stop(&self.laid.spec.node));
-    }
 }
 
 /// The envelopes of a bare phase, like the outbox's rows of a haunt phase.

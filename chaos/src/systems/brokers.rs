@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::backends::local::NodeSpec;
+use crate::backends::local::{LocalBackend, NodeSpec};
 pub use crate::backends::ready::Ready;
+use crate::core::roles::Backend;
 use crate::core::roles::{Node, Role};
 
 /// A broker server haunt can run.
@@ -700,6 +701,59 @@ pub struct BrokerNode {
     pub ready: Ready,
     /// Where clients reach it.
     pub addr: SocketAddr,
+}
+
+/// One broker server started alone on loopback, as the transports'
+/// contract tests and `haunt bench transport` run one: laid out in a
+/// directory, started, and past its ready check; stopped when dropped.
+#[derive(Debug)]
+pub struct LocalServer {
+    pub laid: BrokerNode,
+    pub backend: LocalBackend,
+}
+
+impl LocalServer {
+    /// `broker`, laid out and logging in `dir`, once it answers.
+    pub async fn start(broker: Broker, dir: &Path) -> anyhow::Result<LocalServer> {
+        let (port, http_port) = free_ports()?;
+        let laid = broker.layout(port, http_port, &dir.join("data"), None, &[])?;
+        let program = laid.spec.program.clone().context("a local broker has a program")?;
+        let backend = LocalBackend::new(program, dir.to_owned(), Vec::new(), vec![laid.spec.clone()]);
+        let server = LocalServer { laid, backend };
+        server.backend.start(&server.laid.spec.node).await?;
+        server.ready().await?;
+        Ok(server)
+    }
+
+    /// Waits for the ready check; its error carries the server's log.
+    pub async fn ready(&self) -> anyhow::Result<()> {
+        let (node, broker) = (&self.laid.spec.node, self.laid.broker);
+        if let Err(e) = self.laid.ready.wait(broker.start_limit(), || self.backend.is_running(node)).await {
+            let log = std::fs::read_to_string(self.backend.log_path(node)).unwrap_or_default();
+            anyhow::bail!("{} did not answer: {e}\n{log}", broker.name());
+        }
+        Ok(())
+    }
+
+    /// Kills the server and starts it again, up to its ready check.
+    pub async fn restart(&self) -> anyhow::Result<()> {
+        self.backend.kill(&self.laid.spec.node).await?;
+        self.backend.start(&self.laid.spec.node).await?;
+        self.ready().await
+    }
+
+    /// The URL a client of `spec` uses for it: tansu's consumers join their
+    /// group the classic way, the only one it speaks.
+    pub fn url(&self, spec: haunt_transport::TransportSpec) -> String {
+        let url = haunt_transport::local_url(spec, self.laid.addr);
+        if self.laid.broker == Broker::Tansu { format!("{url}?group=classic") } else { url }
+    }
+}
+
+impl Drop for LocalServer {
+    fn drop(&mut self) {
+        let _ = futures_util::FutureExt::now_or_never(self.backend.stop(&self.laid.spec.node));
+    }
 }
 
 #[cfg(test)]

@@ -12,60 +12,33 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use haunt_chaos::backends::local::LocalBackend;
 use haunt_chaos::core::roles::Backend;
-use haunt_chaos::systems::brokers::{Broker, BrokerNode, free_ports};
+use haunt_chaos::systems::brokers::{Broker, LocalServer};
 use haunt_transport::{Consumer, Delivery, Depth, Envelope, Options, TransportSpec};
 
+/// A broker started alone for one test, in a directory removed after it.
 struct Server {
-    laid: BrokerNode,
-    backend: LocalBackend,
+    server: LocalServer,
     _dir: tempfile::TempDir,
+}
+
+impl std::ops::Deref for Server {
+    type Target = LocalServer;
+
+    fn deref(&self) -> &LocalServer {
+        &self.server
+    }
 }
 
 impl Server {
     async fn start(broker: Broker) -> Server {
         let dir = tempfile::tempdir().unwrap();
-        let (port, http_port) = free_ports().unwrap();
-        let laid =
-            broker.layout(port, http_port, &dir.path().join("data"), None, &[]).unwrap_or_else(|e| panic!("{e:#}"));
-        let backend = LocalBackend::new(
-            laid.spec.program.clone().unwrap(),
-            dir.path().to_owned(),
-            Vec::new(),
-            vec![laid.spec.clone()],
-        );
-        let server = Server { laid, backend, _dir: dir };
-        server.backend.start(&server.laid.spec.node).await.unwrap();
-        server.ready().await;
-        server
-    }
-
-    async fn ready(&self) {
-        let node = &self.laid.spec.node;
-        if let Err(e) = self.laid.ready.wait(self.laid.broker.start_limit(), || self.backend.is_running(node)).await {
-            let log = std::fs::read_to_string(self.backend.log_path(node)).unwrap_or_default();
-            panic!("{} did not answer: {e}\n{log}", self.laid.broker.name());
-        }
+        let server = LocalServer::start(broker, dir.path()).await.unwrap_or_else(|e| panic!("{e:#}"));
+        Server { server, _dir: dir }
     }
 
     async fn restart(&self) {
-        let node = &self.laid.spec.node;
-        self.backend.kill(node).await.unwrap();
-        self.backend.start(node).await.unwrap();
-        self.ready().await;
-    }
-
-    fn url(&self, spec: TransportSpec) -> String {
-        let url = haunt_transport::local_url(spec, self.laid.addr);
-        // tansu's consumers join the classic way, the only one it speaks.
-        if self.laid.broker == Broker::Tansu { format!("{url}?group=classic") } else { url }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = futures_util::FutureExt::now_or_never(self.backend.stop(&self.laid.spec.node));
+        self.server.restart().await.unwrap_or_else(|e| panic!("{e:#}"));
     }
 }
 
