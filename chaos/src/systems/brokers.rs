@@ -143,7 +143,8 @@ impl Broker {
     ///
     /// `clients` are the listeners of a broker that has one per client
     /// ([`Broker::listener_per_client`]); without them its clients connect
-    /// to `port` directly.
+    /// to `port` directly. tansu takes at most one, whose address it
+    /// advertises (the proxy its clients share).
     pub fn layout(
         self,
         port: u16,
