@@ -10,10 +10,11 @@ use haunt_checker::Results;
 use haunt_report::page::esc;
 use haunt_report::plots::{self, TimeAxis};
 
+use crate::suites::guarantees::table::label;
 use crate::suites::guarantees::{FaultRun, Row};
 
 fn row_name(r: &Row) -> String {
-    format!("{} {}", r.transport, if r.inbox { "inbox" } else { "no inbox" })
+    format!("{} {}", label(r), if r.inbox { "inbox" } else { "no inbox" })
 }
 
 const LOST_COLOR: &str = "#c62828";
@@ -216,7 +217,7 @@ fn table(rows: &[Row]) -> String {
         let _ = write!(
             h,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>{matches}</tr>",
-            esc(&r.transport),
+            esc(&label(r)),
             if r.inbox { "yes" } else { "no" },
             r.claim,
             r.lost,

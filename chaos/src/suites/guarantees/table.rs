@@ -24,6 +24,9 @@ pub(super) fn write_outputs(
         options.time_limit_s,
         options.throughput_time_limit_s
     );
+    if options.kafka_server != crate::core::options::KafkaServer::Kafka {
+        let _ = write!(command, " --kafka-server {}", options.kafka_server);
+    }
     if options.speed_db.is_some() {
         command.push_str(" --speed-db URL");
         if let Some(n) = options.speed_events {
@@ -115,12 +118,23 @@ fn claims(t: &mut String, rows: &[Row]) {
     }
 }
 
+/// A row's transport as the table names it: `×3` on a Kafka cluster, `on
+/// tansu` on tansu.
+pub(super) fn label(r: &Row) -> String {
+    match (r.server, r.brokers) {
+        (Some(server), _) => format!("{} on {server}", r.transport),
+        (None, n) if n > 1 => format!("{} ×{n}", r.transport),
+        (None, _) => r.transport.clone(),
+    }
+}
+
 /// One line a row: its figures, what reconciliation repaired, and whether
 /// it matches its claim.
 fn every_row(t: &mut String, rows: &[Row]) {
+    let width = rows.iter().map(|r| label(r).chars().count()).max().unwrap_or(0).max(22);
     let _ = writeln!(
         t,
-        "{:<22} {:<6} {:<14} {:>6} {:>11} {:>13} {:<24} {:>9} {:>6} {:>10} {:>11} {:<26} matches",
+        "{:<width$} {:<6} {:<14} {:>6} {:>11} {:>13} {:<24} {:>9} {:>6} {:>10} {:>11} {:<26} matches",
         "transport",
         "inbox",
         "claim",
@@ -147,12 +161,8 @@ fn every_row(t: &mut String, rows: &[Row]) {
         };
         let _ = writeln!(
             t,
-            "{:<22} {:<6} {:<14} {:>6} {:>11} {:>13} {:<24} {:>9} {:>6} {:>10} {:>11} {:<26} {}",
-            match (r.server, r.brokers) {
-                (Some(server), _) => format!("{} on {server}", r.transport),
-                (None, n) if n > 1 => format!("{} ×{n}", r.transport),
-                (None, _) => r.transport.clone(),
-            },
+            "{:<width$} {:<6} {:<14} {:>6} {:>11} {:>13} {:<24} {:>9} {:>6} {:>10} {:>11} {:<26} {}",
+            label(r),
             yes_no(r.inbox),
             r.claim,
             r.lost,

@@ -174,3 +174,34 @@ fn a_contradicted_row_says_how_to_shrink_its_failing_runs() {
     let matched = Row::new(spec, true, vec![fine], t);
     assert!(!super::table::table(&[matched], "haunt guarantees").contains("haunt shrink"));
 }
+
+/// A row on tansu says so, on a line as wide as the others, and the table's
+/// command names the server, so that it reproduces the rows.
+#[test]
+fn a_row_on_tansu_is_named_so_and_its_command_names_the_server() {
+    let t = Throughput { run_dir: None, events_per_s: Some(100.0), effect_lag_ms_p99: None, error: None };
+    let mut on_tansu = Row::new("kafka".parse().unwrap(), true, vec![run(1, 0, Some(1), 0)], t.clone());
+    on_tansu.server = Some("tansu");
+    on_tansu.brokers = 1;
+    let db = Row::new("db".parse().unwrap(), true, vec![run(1, 0, Some(1), 0)], t);
+    let text = table::table(&[db, on_tansu], "haunt guarantees");
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("db ") || l.starts_with("kafka")).collect();
+    assert!(lines[1].starts_with("kafka:at-least-once on tansu yes"), "{text}");
+    let inbox_column = |l: &str| l.find(" yes ").unwrap();
+    assert_eq!(inbox_column(lines[0]), inbox_column(lines[1]), "columns line up:\n{text}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let options = GuaranteesOptions {
+        haunt: "haunt".into(),
+        store: dir.path().into(),
+        transports: vec!["kafka".parse().unwrap()],
+        seeds: 1,
+        time_limit_s: 20,
+        throughput_time_limit_s: 10,
+        speed_db: None,
+        speed_events: None,
+        kafka_server: KafkaServer::Tansu,
+    };
+    let text = table::write_outputs(dir.path(), &mut [], &options, true).unwrap();
+    assert!(text.contains("--kafka-server tansu"), "{text}");
+}
