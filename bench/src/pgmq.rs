@@ -90,7 +90,7 @@ pub(crate) async fn pgmq_phase(
     let rate = rate?;
     let left = baseline.pgmq_queued().await?;
     anyhow::ensure!(left == 0, "pgmq drain: {left} messages still in its queue");
-    crate::pipeline::verify_drained(baseline, n, "pgmq drain").await?;
+    crate::pipeline::verify_drained(baseline, n, "pgmq drain", crate::pipeline::Record::Numbered).await?;
     baseline.pgmq_drop_queue().await?;
     baseline.reset().await?;
     Ok(rate)

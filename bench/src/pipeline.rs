@@ -103,13 +103,35 @@ const PER_MESSAGE_EVENTS_MAX: usize = 2_000;
 /// The PostgreSQL application_name of the server-side limit's connections.
 const LIMIT_APPLICATION_NAME: &str = "haunt-bench-limit";
 
-/// Every event applied once, the queue empty: a phase that cheated would show.
-pub(crate) async fn verify_drained(baseline: &Baseline, n: usize, phase: &str) -> anyhow::Result<()> {
-    let haunt_store::DrainCounts { queued, applied_events: applied, ledger_rows: rows, projection_total: total } =
-        baseline.drain_counts().await?;
+/// What a drain's ledger carries besides each event applied once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Record {
+    /// Issue 33's order record, as haunt's workers keep it: every ledger row
+    /// numbered within its item from 1 to its projection row's count. haunt's
+    /// drains, the server-side limits and the consumer over pgmq keep it.
+    Numbered,
+    /// No numbers: the client-side SQL baselines, hand-written before the
+    /// record existed and shown for reference only.
+    Plain,
+}
+
+/// Every event applied once, the queue empty, and (for a [`Record::Numbered`]
+/// drain) every ledger row numbered: a phase that cheated would show.
+pub(crate) async fn verify_drained(baseline: &Baseline, n: usize, phase: &str, record: Record) -> anyhow::Result<()> {
+    let haunt_store::DrainCounts {
+        queued,
+        applied_events: applied,
+        ledger_rows: rows,
+        projection_total: total,
+        numbered,
+    } = baseline.drain_counts().await?;
     anyhow::ensure!(
         queued == 0 && applied == n as i64 && rows == n as i64 && total == n as i64,
         "{phase}: {queued} still queued, {applied} events applied in {rows} ledger rows, projection {total} (of {n})"
+    );
+    anyhow::ensure!(
+        record == Record::Plain || numbered == rows,
+        "{phase}: {numbered} of {rows} ledger rows numbered within their item (key_seq 1 to its applied_seq)"
     );
     Ok(())
 }
@@ -240,12 +262,25 @@ async fn haunt_drain(db: &DbUrl, workers: usize, how: Drain, n: usize) -> anyhow
 }
 
 /// One drain phase: `n` events enqueued, the tables settled
-/// ([`Baseline::settle`]), `measure` run, every event checked applied once,
-/// the tables emptied for the next phase.
+/// ([`Baseline::settle`]), `measure` run, every event checked applied once
+/// and numbered ([`Record::Numbered`]), the tables emptied for the next phase.
 async fn drain_phase<T, Fut>(
     baseline: &Baseline,
-    (n, items): (usize, usize),
+    size: (usize, usize),
     phase: &str,
+    measure: impl FnOnce() -> Fut,
+) -> anyhow::Result<T>
+where
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    drain_phase_keeping(baseline, size, (phase, Record::Numbered), measure).await
+}
+
+/// [`drain_phase`] of a drain whose ledger keeps `record`.
+async fn drain_phase_keeping<T, Fut>(
+    baseline: &Baseline,
+    (n, items): (usize, usize),
+    (phase, record): (&str, Record),
     measure: impl FnOnce() -> Fut,
 ) -> anyhow::Result<T>
 where
@@ -256,7 +291,7 @@ where
         eprintln!("warning: {phase}: no checkpoint before it (CHECKPOINT needs a superuser or pg_checkpoint)");
     }
     let value = measure().await?;
-    verify_drained(baseline, n, phase).await?;
+    verify_drained(baseline, n, phase, record).await?;
     baseline.reset().await?;
     Ok(value)
 }
@@ -646,15 +681,18 @@ impl<'a> Bench<'a> {
                 async move { Ok(b.client_sql_drain(t, batch).await?) }
             })
         };
-        let rate = drain_phase(baseline, size, "client-side SQL baseline", || at(CLIENT_SQL_BATCH)).await?;
+        let plain = |phase| (phase, Record::Plain);
+        let rate =
+            drain_phase_keeping(baseline, size, plain("client-side SQL baseline"), || at(CLIENT_SQL_BATCH)).await?;
         (self.progress)(&format!(
             "client-side SQL, batch {CLIENT_SQL_BATCH:<4}                  {rate:>10.0} events/s"
         ));
         let same_batch =
-            drain_phase(baseline, size, "client-side SQL baseline at haunt's batch size", || at(batch)).await?;
+            drain_phase_keeping(baseline, size, plain("client-side SQL baseline at haunt's batch size"), || at(batch))
+                .await?;
         (self.progress)(&format!("client-side SQL, batch {batch:<4}                  {same_batch:>10.0} events/s"));
         let b = baseline.clone();
-        let locked = drain_phase(baseline, size, "client-side SQL, locked", || {
+        let locked = drain_phase_keeping(baseline, size, plain("client-side SQL, locked"), || {
             timed(n, workers, move |_| {
                 let b = b.clone();
                 async move { Ok(b.client_sql_locked_drain(CLIENT_SQL_BATCH).await?) }

@@ -47,7 +47,7 @@ use haunt_telemetry::metrics::{OutcomeLabels, WorkerMetrics};
 use haunt_transport::{Envelope, Options, TransportSpec};
 use serde_json::json;
 
-use crate::pipeline::verify_drained;
+use crate::pipeline::{Record, verify_drained};
 
 /// What the transport bench runs.
 #[derive(Debug, Clone)]
@@ -507,7 +507,7 @@ async fn haunt_phase(
     watcher.close().await;
     forget_sessions(options, url).await?;
     if !live && !options.no_inbox {
-        verify_drained(baseline, n, "haunt's drain").await?;
+        verify_drained(baseline, n, "haunt's drain", Record::Numbered).await?;
     }
     baseline.reset().await?;
     let drained = last.saturating_duration_since(started).as_secs_f64().max(1e-6);

@@ -4,7 +4,7 @@
 -- reaches is what the database can do with haunt's protocol: the limit that
 -- haunt's workers are measured against.
 --
--- Per batch, as haunt's worker does it (services/store/src/store.rs):
+-- Per batch, as haunt's worker does it (services/store/src/store/deliver.rs):
 --   1. lease: up to batch_size visible messages, oldest first, skipping rows
 --      another consumer holds; each gets a fresh lease token, its delivery
 --      count goes up and it turns invisible for the visibility timeout.
@@ -13,8 +13,11 @@
 --      holds, insert their events into the inbox in event order (conflicts are
 --      duplicates, counted on the inbox row), upsert the projection once per
 --      item in item order with the sum of the new events, write one ledger row
---      per new event. The payload is parsed here, once per message, as the
---      worker parses it.
+--      per new event, numbered within its item (key_seq) from the count the
+--      projection row keeps (applied_seq), as the worker's apply has done since
+--      2026-12-04 (issue 33). The payload is parsed here, once per message, as
+--      the worker parses it. (Without a relay the worker's publish_seq is NULL,
+--      as it is here.)
 --   3. ack: delete the held messages, fenced by the token. COMMIT.
 -- With ack_in_effect the delete joins the apply's transaction: two commits per
 -- batch instead of three. With async_lease_ack the lease's and the ack's
@@ -117,16 +120,24 @@ BEGIN
                   GROUP BY b.event_id ORDER BY b.event_id) d
             WHERE i.event_id = d.event_id
         ),
+        -- The order record, as the worker keeps it: each item's row counts
+        -- its applied events, and each new event's ledger row takes its
+        -- item's next number from that count, in batch order.
         projection AS (
-            INSERT INTO inventory_projection (item_id, reserved_qty)
-            SELECT firsts.item_id, SUM(firsts.qty) FROM firsts GROUP BY firsts.item_id ORDER BY firsts.item_id
+            INSERT INTO inventory_projection (item_id, reserved_qty, applied_seq)
+            SELECT firsts.item_id, SUM(firsts.qty), COUNT(*) FROM firsts GROUP BY firsts.item_id ORDER BY firsts.item_id
             ON CONFLICT (item_id) DO UPDATE
-            SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty
+            SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty,
+                applied_seq = inventory_projection.applied_seq + excluded.applied_seq
+            RETURNING item_id, applied_seq
         )
-        INSERT INTO projection_ledger (event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms)
-        SELECT firsts.event_id, firsts.order_id, firsts.item_id, firsts.qty, firsts.attempt, worker,
-               CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS bigint)
-        FROM firsts ORDER BY firsts.ord;
+        INSERT INTO projection_ledger
+            (event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms, key_seq)
+        SELECT f.event_id, f.order_id, f.item_id, f.qty, f.attempt, worker,
+               CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS bigint),
+               p.applied_seq - COUNT(*) OVER (PARTITION BY f.item_id)
+                   + ROW_NUMBER() OVER (PARTITION BY f.item_id ORDER BY f.ord)
+        FROM firsts f JOIN projection p USING (item_id) ORDER BY f.ord;
     END IF;
 
     -- 3. Ack: its own transaction, or the apply's.

@@ -74,6 +74,11 @@ pub struct DrainCounts {
     pub ledger_rows: i64,
     /// The sum of the projection.
     pub projection_total: i64,
+    /// Ledger rows numbered as the worker numbers them (issue 33's order
+    /// record): each a distinct `key_seq` of its item, from 1 to the count of
+    /// applications its projection row keeps. Equal to `ledger_rows` after a
+    /// drain that kept the record; 0 after one that did not.
+    pub numbered: i64,
 }
 
 /// The clock of the process, in ms since the epoch: the baselines stamp rows as
@@ -217,6 +222,7 @@ impl Baseline {
             projection_total: self
                 .count("SELECT CAST(COALESCE(SUM(reserved_qty), 0) AS BIGINT) FROM inventory_projection")
                 .await?,
+            numbered: self.count(NUMBERED_LEDGER_ROWS).await?,
         })
     }
 
@@ -335,8 +341,10 @@ impl Baseline {
             sqlx::query(SQLITE_HOLD).bind(&token).execute(&mut *tx).await.map_err(NotCommitted)?;
             sqlx::query(SQLITE_INBOX).execute(&mut *tx).await.map_err(NotCommitted)?;
             sqlx::query(SQLITE_DUPLICATES).execute(&mut *tx).await.map_err(NotCommitted)?;
-            sqlx::query(SQLITE_PROJECTION).execute(&mut *tx).await.map_err(NotCommitted)?;
+            // The ledger first: it numbers each item's new events from the
+            // count the projection row holds before this batch adds to it.
             sqlx::query(SQLITE_LEDGER).bind(worker).execute(&mut *tx).await.map_err(NotCommitted)?;
+            sqlx::query(SQLITE_PROJECTION).execute(&mut *tx).await.map_err(NotCommitted)?;
             if ack_in_effect {
                 sqlx::query(SQLITE_ACK).bind(&token).execute(&mut *tx).await.map_err(NotCommitted)?;
             }
@@ -589,19 +597,31 @@ const PGMQ_DELETE: &str = "SELECT CAST(COUNT(*) AS BIGINT) FROM pgmq.delete($1, 
 /// $1 the batch (`[{"m": message, "attempt": read_ct}, …]`), $2 the consumer:
 /// the inbox first (an event seen before is skipped), then the projection
 /// and the ledger of the fresh ones, in the orders haunt's batches take, so
-/// that two consumers never deadlock.
-const PGMQ_APPLY: &str = "WITH b AS (SELECT e->'m' AS p, CAST(e->>'attempt' AS INTEGER) AS attempt \
-       FROM json_array_elements(CAST($1 AS json)) AS e), \
-     m AS (SELECT p->>'event_id' AS event_id, p, attempt FROM b), \
-     fresh AS (INSERT INTO inbox_processed (event_id, processed_at_ms) SELECT event_id, 0 FROM m \
+/// that two consumers never deadlock. The effect is the one haunt's workers
+/// commit, order record included (issue 33): the projection row counts its
+/// item's applications and each ledger row takes its item's next number,
+/// in batch order.
+const PGMQ_APPLY: &str = "WITH b AS (SELECT e->'m' AS p, CAST(e->>'attempt' AS INTEGER) AS attempt, ord \
+       FROM json_array_elements(CAST($1 AS json)) WITH ORDINALITY AS j (e, ord)), \
+     m AS (SELECT p->>'event_id' AS event_id, p->>'order_id' AS order_id, p->>'item_id' AS item_id, \
+       CAST(p->>'qty' AS BIGINT) AS qty, attempt, ord FROM b), \
+     fresh AS (INSERT INTO inbox_processed (event_id, deliveries, processed_at_ms) SELECT event_id, attempt, 0 FROM m \
        ORDER BY event_id ON CONFLICT DO NOTHING RETURNING event_id), \
-     agg AS (INSERT INTO inventory_projection (item_id, reserved_qty) \
-       SELECT m.p->>'item_id', SUM(CAST(m.p->>'qty' AS BIGINT)) FROM m JOIN fresh USING (event_id) \
-       GROUP BY 1 ORDER BY 1 \
-       ON CONFLICT (item_id) DO UPDATE SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty) \
-     INSERT INTO projection_ledger (event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms) \
-     SELECT m.event_id, m.p->>'order_id', m.p->>'item_id', CAST(m.p->>'qty' AS BIGINT), m.attempt, $2, 0 \
-     FROM m JOIN fresh USING (event_id)";
+     firsts AS (SELECT m.* FROM m JOIN fresh USING (event_id)), \
+     agg AS (INSERT INTO inventory_projection (item_id, reserved_qty, applied_seq) \
+       SELECT item_id, SUM(qty), COUNT(*) FROM firsts GROUP BY item_id ORDER BY item_id \
+       ON CONFLICT (item_id) DO UPDATE SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty, \
+       applied_seq = inventory_projection.applied_seq + excluded.applied_seq RETURNING item_id, applied_seq) \
+     INSERT INTO projection_ledger (event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms, key_seq) \
+     SELECT f.event_id, f.order_id, f.item_id, f.qty, f.attempt, $2, 0, \
+       a.applied_seq - COUNT(*) OVER (PARTITION BY f.item_id) + ROW_NUMBER() OVER (PARTITION BY f.item_id ORDER BY f.ord) \
+     FROM firsts f JOIN agg a USING (item_id)";
+
+/// The ledger's rows that carry their item's order record: distinct numbers
+/// of one item, each within 1 and the count its projection row keeps.
+const NUMBERED_LEDGER_ROWS: &str = "SELECT CAST(COUNT(*) AS BIGINT) FROM (SELECT DISTINCT l.item_id, l.key_seq \
+     FROM projection_ledger l JOIN inventory_projection p ON p.item_id = l.item_id \
+     WHERE l.key_seq BETWEEN 1 AND p.applied_seq) n";
 
 /// The server-side limit's procedure (PostgreSQL), created by the bench.
 const SERVER_SIDE_POSTGRES: &str = include_str!("../baseline/server_side_postgres.sql");
@@ -671,15 +691,22 @@ const SQLITE_INBOX: &str = concat!(
 const SQLITE_DUPLICATES: &str = "UPDATE inbox_processed SET duplicates = duplicates + 1, \
      deliveries = max(deliveries, b.attempt) FROM temp.haunt_bench_batch b \
      WHERE b.event_id = inbox_processed.event_id AND NOT b.fresh";
-const SQLITE_PROJECTION: &str = "INSERT INTO inventory_projection (item_id, reserved_qty) \
-     SELECT item_id, SUM(qty) FROM temp.haunt_bench_batch WHERE fresh GROUP BY item_id ORDER BY item_id \
-     ON CONFLICT (item_id) DO UPDATE SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty";
-/// $1 worker id.
+/// The projection, with each item's count of applied events (the order
+/// record, as the worker keeps it).
+const SQLITE_PROJECTION: &str = "INSERT INTO inventory_projection (item_id, reserved_qty, applied_seq) \
+     SELECT item_id, SUM(qty), COUNT(*) FROM temp.haunt_bench_batch WHERE fresh GROUP BY item_id ORDER BY item_id \
+     ON CONFLICT (item_id) DO UPDATE SET reserved_qty = inventory_projection.reserved_qty + excluded.reserved_qty, \
+     applied_seq = inventory_projection.applied_seq + excluded.applied_seq";
+/// $1 worker id. Each new event numbered within its item, in batch order,
+/// after the count the item's projection row holds (run before the
+/// projection's upsert, in the same transaction).
 const SQLITE_LEDGER: &str = concat!(
-    "INSERT INTO projection_ledger (event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms) ",
-    "SELECT event_id, order_id, item_id, qty, attempt, $1, ",
+    "INSERT INTO projection_ledger (event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms, key_seq) ",
+    "SELECT b.event_id, b.order_id, b.item_id, b.qty, b.attempt, $1, ",
     sqlite_now!(),
-    " FROM temp.haunt_bench_batch WHERE fresh ORDER BY ord"
+    ", COALESCE((SELECT p.applied_seq FROM inventory_projection p WHERE p.item_id = b.item_id), 0) ",
+    "+ row_number() OVER (PARTITION BY b.item_id ORDER BY b.ord) ",
+    "FROM temp.haunt_bench_batch b WHERE b.fresh ORDER BY b.ord"
 );
 /// $1 lease token: the leased messages it still holds.
 const SQLITE_ACK: &str = "DELETE FROM queue_messages \
