@@ -135,7 +135,10 @@ pub fn main() -> i32 {
             }
         },
         Command::Api(args) => run_async(services::api(args)),
-        Command::Worker(args) => run_async(services::worker(args)),
+        Command::Worker(args) => {
+            let threads = args.threads;
+            run_async_code_on("haunt", Some(threads), async { services::worker(args).await.map(|()| 0) })
+        }
         Command::Relay(args) => run_async(services::relay(args)),
         Command::Reconcile(args) => run_async(services::reconcile(args)),
         Command::Redrive(args) => run_async(services::redrive(args)),
@@ -154,7 +157,22 @@ fn run_async(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> i32 
 /// Like [`run_async`] for commands whose exit status is a verdict; an error
 /// exits 3, apart from every verdict.
 fn run_async_code(name: &str, fut: impl std::future::Future<Output = anyhow::Result<i32>>) -> i32 {
-    let runtime = match tokio::runtime::Runtime::new() {
+    run_async_code_on(name, None, fut)
+}
+
+/// [`run_async_code`] on a runtime of `threads` worker threads (0 or
+/// `None`: one per core, or `TOKIO_WORKER_THREADS`).
+fn run_async_code_on(
+    name: &str,
+    threads: Option<usize>,
+    fut: impl std::future::Future<Output = anyhow::Result<i32>>,
+) -> i32 {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    if let Some(n) = threads.filter(|&n| n > 0) {
+        builder.worker_threads(n);
+    }
+    let runtime = match builder.build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("haunt: starting the runtime: {e}");

@@ -102,6 +102,13 @@ pub struct WorkerArgs {
     /// Lease loops running side by side.
     #[arg(long, default_value_t = 2)]
     pub concurrency: usize,
+    /// Threads of the worker's async runtime (0: one per core). One serves
+    /// the reference worker, whose lease loops spend their time waiting on
+    /// the database or the broker (a few µs of its own CPU an event); on a
+    /// small machine shared with the database, more threads spend theirs
+    /// waking each other (docs/performance.md, "The worker's threads").
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
     /// Delete each applied batch's messages in the apply's own transaction
     /// instead of acking them after its commit: no ack can be lost, so the
     /// ack-loss fault has nothing to drop. Off by default: the separate ack is
@@ -256,8 +263,9 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?),
         None => None,
     };
+    let runtime_threads = tokio::runtime::Handle::current().metrics().num_workers();
     tracing::info!(%worker_id, db = %args.service.db.db, transport = %args.transport.transport, bug = ?args.service.bug,
-        "worker ready");
+        runtime_threads, "worker ready");
     let ran = haunt_worker::run(listener, store.clone(), config, Box::pin(shutdown_signal())).await;
     store.close().await;
     telemetry.shutdown().await;

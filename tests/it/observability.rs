@@ -338,4 +338,13 @@ fn every_dashboard_query_returns_series_from_a_real_prometheus_scraping_a_run() 
         "each exemplar names its order: {:?}",
         exemplars.first()
     );
+    // And its order's trace, though the run exports no spans: the worker
+    // reads it from the message's traceparent.
+    let is_trace_id =
+        |t: &str| t.len() == 32 && t.bytes().all(|b| b.is_ascii_hexdigit()) && t.bytes().any(|b| b != b'0');
+    assert!(
+        exemplars.iter().all(|e| e["labels"]["trace_id"].as_str().is_some_and(is_trace_id)),
+        "each exemplar carries its order's trace id: {:?}",
+        exemplars.iter().find(|e| !e["labels"]["trace_id"].as_str().is_some_and(is_trace_id))
+    );
 }

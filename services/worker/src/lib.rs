@@ -350,7 +350,7 @@ impl Worker {
             let kept = self.kept(settled.iter().map(|&i| (i, ready.from[i])), &trace, rng);
             source.ack(self, &kept).await;
         }
-        trace.finish(ready.batch.iter().map(|(l, _)| *l), self.system());
+        trace.finish(self.system());
         Ok(())
     }
 
@@ -362,7 +362,7 @@ impl Worker {
         &self,
         leased: impl Iterator<Item = &'a Leased>,
         outcomes: Vec<Applied>,
-        trace: &BatchTrace,
+        trace: &BatchTrace<'_>,
     ) -> (Vec<usize>, BatchTally) {
         let mut settled = Vec::with_capacity(outcomes.len());
         let mut tally = BatchTally::with_capacity(outcomes.len());
@@ -393,7 +393,7 @@ impl Worker {
     fn kept<T: Delivered>(
         &self,
         deliveries: impl Iterator<Item = (usize, T)>,
-        trace: &BatchTrace,
+        trace: &BatchTrace<'_>,
         rng: &mut Rng,
     ) -> Vec<T> {
         let mut acks = Vec::new();

@@ -6,7 +6,10 @@
 //! lines carry its ids instead, and its span in the order's trace is sent
 //! straight to the OpenTelemetry SDK when the batch's span is recorded and
 //! spans are exported ([`tracing_context::record_delivery`]), once its
-//! outcome and its ack are known.
+//! outcome and its ack are known. When nothing is exported, the producers'
+//! `traceparent`s are not parsed and the batch's span gets no links (no one
+//! would see them): a delivery's trace id, which its exemplars carry, is read
+//! from its `traceparent` when a metric asks for it.
 
 use std::cell::RefCell;
 use std::time::SystemTime;
@@ -34,13 +37,15 @@ macro_rules! with_ids {
 }
 
 /// The trace of one batch on its way through apply and ack.
-pub(crate) struct BatchTrace {
+pub(crate) struct BatchTrace<'a> {
     form: Spans,
     /// The batch's span (per batch), or none.
     batch: tracing::Span,
     /// Each delivery's span (per delivery), or none.
     spans: Vec<tracing::Span>,
-    /// Each delivery's producer (per batch).
+    /// The batch's deliveries (per batch).
+    leased: Vec<&'a Leased>,
+    /// Each delivery's producer (per batch, when spans are exported).
     producers: Vec<Option<SpanContext>>,
     /// Each delivery's outcome and whether its ack was dropped (per batch),
     /// for its span when the batch is done.
@@ -54,42 +59,46 @@ struct Note {
     ack_dropped: bool,
 }
 
-impl BatchTrace {
-    pub(crate) fn new<'a>(worker: &Worker, leased: impl Iterator<Item = &'a Leased> + Clone) -> BatchTrace {
+impl<'a> BatchTrace<'a> {
+    pub(crate) fn new(worker: &Worker, leased: impl Iterator<Item = &'a Leased>) -> BatchTrace<'a> {
         let started = SystemTime::now();
         match worker.config.spans {
             Spans::Delivery => BatchTrace {
                 form: Spans::Delivery,
                 batch: tracing::Span::none(),
                 spans: leased.map(|l| worker.delivery_span(l)).collect(),
+                leased: Vec::new(),
                 producers: Vec::new(),
                 notes: RefCell::default(),
                 started,
             },
             Spans::Batch => {
-                let producers: Vec<Option<SpanContext>> =
-                    leased.clone().map(|l| tracing_context::producer(l.headers.traceparent.as_deref())).collect();
+                let leased: Vec<&Leased> = leased.collect();
                 let batch = tracing::info_span!(
                     "order.process_batch",
                     otel.kind = "consumer",
                     otel.name = "orders process",
                     messaging.system = worker.system(),
                     messaging.operation.type = "process",
-                    messaging.batch.message_count = producers.len(),
+                    messaging.batch.message_count = leased.len(),
                     worker_id = worker.config.worker_id.as_str(),
                 );
-                if !batch.is_disabled() {
-                    tracing_context::link_all(&batch, producers.iter().flatten().cloned());
-                }
-                let notes = RefCell::new(vec![Note::default(); producers.len()]);
-                BatchTrace { form: Spans::Batch, batch, spans: Vec::new(), producers, notes, started }
+                // Parsed and linked only where someone sees them.
+                let producers: Vec<Option<SpanContext>> = if !batch.is_disabled() && tracing_context::exporting() {
+                    leased.iter().map(|l| tracing_context::producer(l.headers.traceparent.as_deref())).collect()
+                } else {
+                    Vec::new()
+                };
+                tracing_context::link_all(&batch, producers.iter().flatten().cloned());
+                let notes = RefCell::new(vec![Note::default(); leased.len()]);
+                BatchTrace { form: Spans::Batch, batch, spans: Vec::new(), leased, producers, notes, started }
             }
         }
     }
 
     /// Deliveries in the batch.
     pub(crate) fn len(&self) -> usize {
-        self.spans.len().max(self.producers.len())
+        self.spans.len().max(self.leased.len())
     }
 
     /// The span a line about delivery `i` belongs in: its own, or the batch's.
@@ -99,9 +108,13 @@ impl BatchTrace {
 
     /// The trace id delivery `i`'s exemplars carry: its order's trace.
     pub(crate) fn trace_id(&self, i: usize) -> String {
-        match self.producers.get(i) {
-            Some(Some(producer)) => producer.trace_id().to_string(),
-            _ => tracing_context::trace_id(self.span(i)),
+        let producer = match self.producers.get(i) {
+            Some(producer) => producer.clone(),
+            None => self.leased.get(i).and_then(|l| tracing_context::producer(l.headers.traceparent.as_deref())),
+        };
+        match producer {
+            Some(producer) => producer.trace_id().to_string(),
+            None => tracing_context::trace_id(self.span(i)),
         }
     }
 
@@ -163,13 +176,13 @@ impl BatchTrace {
     /// The batch is applied and its acks sent: per batch, each settled
     /// delivery's span in its order's trace, when the batch's span is
     /// recorded (its level is on) and spans are exported.
-    pub(crate) fn finish<'a>(&self, leased: impl Iterator<Item = &'a Leased>, system: &'static str) {
+    pub(crate) fn finish(&self, system: &'static str) {
         if self.form != Spans::Batch || self.batch.is_disabled() || !tracing_context::exporting() {
             return;
         }
         let end = SystemTime::now();
         let notes = self.notes.borrow();
-        for ((leased, producer), note) in leased.zip(&self.producers).zip(notes.iter()) {
+        for ((leased, producer), note) in self.leased.iter().zip(&self.producers).zip(notes.iter()) {
             let (Some(producer), Some(outcome)) = (producer, note.outcome) else { continue };
             let attributes = vec![
                 KeyValue::new("messaging.system", system),
