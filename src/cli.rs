@@ -137,7 +137,7 @@ pub fn main() -> i32 {
         Command::Api(args) => run_async(services::api(args)),
         Command::Worker(args) => {
             let threads = args.threads;
-            run_async_code_on("haunt", Some(threads), async { services::worker(args).await.map(|()| 0) })
+            run_async_on(threads, services::worker(args))
         }
         Command::Relay(args) => run_async(services::relay(args)),
         Command::Reconcile(args) => run_async(services::reconcile(args)),
@@ -151,26 +151,28 @@ pub fn main() -> i32 {
 
 /// Runs a service or tool on a multi-threaded runtime; errors print their chain.
 fn run_async(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> i32 {
-    run_async_code("haunt", async { fut.await.map(|()| 0) })
+    run_async_on(0, fut)
+}
+
+/// [`run_async`] on a runtime of `threads` worker threads (0: one per core,
+/// or `TOKIO_WORKER_THREADS`).
+fn run_async_on(threads: usize, fut: impl std::future::Future<Output = anyhow::Result<()>>) -> i32 {
+    run_async_code_on("haunt", threads, async { fut.await.map(|()| 0) })
 }
 
 /// Like [`run_async`] for commands whose exit status is a verdict; an error
 /// exits 3, apart from every verdict.
 fn run_async_code(name: &str, fut: impl std::future::Future<Output = anyhow::Result<i32>>) -> i32 {
-    run_async_code_on(name, None, fut)
+    run_async_code_on(name, 0, fut)
 }
 
-/// [`run_async_code`] on a runtime of `threads` worker threads (0 or
-/// `None`: one per core, or `TOKIO_WORKER_THREADS`).
-fn run_async_code_on(
-    name: &str,
-    threads: Option<usize>,
-    fut: impl std::future::Future<Output = anyhow::Result<i32>>,
-) -> i32 {
+/// [`run_async_code`] on a runtime of `threads` worker threads (0: one per
+/// core, or `TOKIO_WORKER_THREADS`).
+fn run_async_code_on(name: &str, threads: usize, fut: impl std::future::Future<Output = anyhow::Result<i32>>) -> i32 {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
-    if let Some(n) = threads.filter(|&n| n > 0) {
-        builder.worker_threads(n);
+    if threads > 0 {
+        builder.worker_threads(threads);
     }
     let runtime = match builder.build() {
         Ok(rt) => rt,

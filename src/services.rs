@@ -106,7 +106,7 @@ pub struct WorkerArgs {
     /// the reference worker, whose lease loops spend their time waiting on
     /// the database or the broker (a few µs of its own CPU an event); on a
     /// small machine shared with the database, more threads spend theirs
-    /// waking each other (docs/performance.md, "The worker's threads").
+    /// waking each other (docs/performance.md, "One runtime thread").
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
     /// Delete each applied batch's messages in the apply's own transaction

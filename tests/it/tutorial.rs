@@ -127,28 +127,23 @@ fn a_worker_runs_on_one_runtime_thread_unless_told_otherwise() {
     let ready_line = |extra: &[&str]| -> String {
         let mut args = vec!["worker", "--db", &db, "--log-format", "json"];
         args.extend_from_slice(extra);
-        let mut child =
-            haunt(&args).env("RUST_LOG", "info").stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-        let (stdout, stderr) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+        let mut child = haunt(&args).env("RUST_LOG", "info").stderr(Stdio::piped()).spawn().unwrap();
+        let stderr = child.stderr.take().unwrap();
         let _worker = Service(child);
-        // The worker logs to stdout or stderr; read both until its start line.
+        // Its logs go to stderr; read them beside, so that a silent worker fails the wait.
         let (tx, rx) = std::sync::mpsc::channel();
-        for stream in [Box::new(stdout) as Box<dyn std::io::Read + Send>, Box::new(stderr)] {
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                use std::io::BufRead;
-                for line in std::io::BufReader::new(stream).lines().map_while(Result::ok) {
-                    if line.contains("worker ready") {
-                        let _ = tx.send(line);
-                    }
-                }
-            });
-        }
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            let mut lines = std::io::BufReader::new(stderr).lines().map_while(Result::ok);
+            if let Some(line) = lines.find(|l| l.contains("worker ready")) {
+                let _ = tx.send(line);
+            }
+        });
         rx.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|_| panic!("no start line from the worker {extra:?}"))
     };
     let threads = |line: &str| -> u64 {
         let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
-        v["fields"]["runtime_threads"].as_u64().or(v["runtime_threads"].as_u64()).unwrap_or_else(|| panic!("{line}"))
+        v["runtime_threads"].as_u64().unwrap_or_else(|| panic!("no runtime_threads: {line}"))
     };
     assert_eq!(threads(&ready_line(&[])), 1, "one runtime thread by default");
     assert_eq!(threads(&ready_line(&["--threads", "3"])), 3);
