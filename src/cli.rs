@@ -58,7 +58,9 @@ enum Command {
     /// clients, each candidate rerun a few times. Writes DIR/shrunk/ with the
     /// schedule, the options to replay and every candidate tried.
     Shrink(crate::shrink_cmd::ShrinkArgs),
-    /// Benchmarks, each against a baseline measured in the same run.
+    /// Benchmarks, each against a baseline measured in the same run. In a
+    /// build with the feature `bench` (`cargo build --release --features
+    /// bench`); the README's first command leaves them out.
     #[command(subcommand)]
     Bench(crate::bench::BenchCommand),
     /// Check a run directory (history.jsonl + final-state.jsonl, from haunt or any
@@ -118,6 +120,10 @@ pub fn main() -> i32 {
         Command::Check(args) => check(args),
         Command::Healthcheck(args) => run_async(healthcheck(args)),
         Command::Clean(args) => clean(args),
+        Command::Bench(_) if !haunt_bench::BUILT => {
+            eprintln!("haunt bench: {}", haunt_bench::NOT_BUILT);
+            64
+        }
         Command::Bench(crate::bench::BenchCommand::Harness(args)) => {
             run_async_code("haunt bench", async { crate::bench::harness(args).await.map(|()| 0) })
         }

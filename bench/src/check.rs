@@ -1,24 +1,14 @@
 //! `haunt bench check`: the checker on a synthetic run.
 
 use std::io::BufRead;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use anyhow::Context;
 use haunt_checker::stats::peak_rss_mib;
 use serde_json::json;
 
-/// What the check bench runs.
-#[derive(Debug, Clone)]
-pub struct CheckOptions {
-    /// Client ops in the synthetic history.
-    pub ops: u64,
-    /// Where to write the synthetic run; `None`: a temporary directory,
-    /// removed after.
-    pub dir: Option<PathBuf>,
-    /// Concurrent client processes simulated in the history.
-    pub clients: u64,
-}
+use crate::CheckOptions;
 
 /// Reads every line of `path` into a `serde_json::Value` and drops it: the cost
 /// of merely deserializing the file.

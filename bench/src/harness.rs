@@ -6,14 +6,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-/// What the harness bench runs.
-#[derive(Debug, Clone)]
-pub struct HarnessOptions {
-    /// Concurrent clients.
-    pub concurrency: usize,
-    /// How long each side runs (at least a second).
-    pub duration: Duration,
-}
+use crate::HarnessOptions;
 
 /// A stub of `POST /orders` that commits nothing and answers 201 at once.
 async fn stub_api() -> anyhow::Result<std::net::SocketAddr> {

@@ -38,7 +38,6 @@
 //! The baselines and the resets are SQL on the pipeline's tables, so they live
 //! in the store ([`haunt_store::Baseline`]); this file only calls them.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -47,49 +46,9 @@ use haunt_store::{AckMode, Baseline, DbUrl, LeaseClock, Store, StoreOptions};
 use haunt_telemetry::metrics::{OutcomeLabels, WorkerMetrics};
 use serde_json::json;
 
+use crate::PipelineOptions;
 use crate::pgmq::{AgainstPgmq, PgmqSql, pgmq_phase};
 use crate::worker_process::{WorkerCommand, WorkerProcess, cpu_seconds, worker_process, worker_processes};
-
-/// What the pipeline bench runs.
-#[derive(Debug, Clone)]
-pub struct PipelineOptions {
-    /// The `haunt` executable the worker process is started from.
-    pub haunt: PathBuf,
-    /// The database: an empty one (postgres://… for every phase; sqlite://…
-    /// leaves out the PostgreSQL-only client-side SQL baselines).
-    pub db: DbUrl,
-    /// Events pre-enqueued for each drain phase, and orders sent for each ingest phase.
-    pub events: usize,
-    /// Worker processes' worth of consumers (each with its own connection pool).
-    pub workers: usize,
-    /// Concurrent clients for the ingest phases.
-    pub clients: usize,
-    /// Messages per batch for haunt's workers (their --batch-size-max).
-    pub batch_size: u32,
-    /// Also drain with each of these batch sizes for each count of
-    /// `sweep_workers`: the data of the throughput plot.
-    pub sweep_batch_sizes: Vec<u32>,
-    /// The worker counts of the sweep.
-    pub sweep_workers: Vec<usize>,
-    /// RUST_LOG of the `haunt worker` process the bench starts.
-    pub worker_rust_log: String,
-    /// Its `--spans` (`delivery` or `batch`).
-    pub worker_spans: String,
-    /// Run only one phase: `events` pre-enqueued, drained by a `haunt worker`
-    /// process started under this command (split at spaces, the worker's own
-    /// command line appended). The command is sent SIGINT once the queue is
-    /// empty, so that a profiler writes its data.
-    pub profile_worker: Option<String>,
-    /// Rounds of the paired measurement: the limit of haunt's default
-    /// protocol and haunt's default drain measured alternately (limit,
-    /// haunt, limit, … limit), each drain against the mean of the limits on
-    /// either side of it. 0 leaves it out.
-    pub paired_rounds: usize,
-    /// pgmq's SQL-only install (`pgmq-extension/sql/pgmq.sql` of
-    /// github.com/pgmq/pgmq): with it, haunt's default drain is paired with
-    /// a client-side consumer over pgmq (PostgreSQL only).
-    pub pgmq_sql: Option<PathBuf>,
-}
 
 /// Messages per batch of the client-side SQL baseline, as in issue 8's
 /// pgbench script.

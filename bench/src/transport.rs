@@ -42,54 +42,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use haunt_chaos::systems::brokers::{Broker, LocalServer};
-use haunt_store::{Baseline, Bug, DbUrl, Store, StoreOptions};
+use haunt_store::{Baseline, Bug, Store, StoreOptions};
 use haunt_telemetry::metrics::{OutcomeLabels, WorkerMetrics};
 use haunt_transport::{Envelope, Options, TransportSpec};
 use serde_json::json;
 
+use crate::TransportOptions;
 use crate::pipeline::{Record, verify_drained};
-
-/// What the transport bench runs.
-#[derive(Debug, Clone)]
-pub struct TransportOptions {
-    pub spec: TransportSpec,
-    /// An empty PostgreSQL database.
-    pub db: DbUrl,
-    /// Events of each phase.
-    pub events: usize,
-    /// Messages per batch: the relay's and the workers' `--batch-size-max`,
-    /// and the bare client's batch.
-    pub batch_size: u32,
-    /// Consume loops (haunt's) and consumers (the bare client's).
-    pub consumers: usize,
-    /// haunt's phases; the bare ones are one more.
-    pub rounds: usize,
-    /// Pairs of phases (bare, haunt) run first and not counted.
-    pub warmup: usize,
-    /// haunt's drain without the inbox (`--bug no-inbox`): the row of
-    /// `haunt guarantees` that leaves it out.
-    pub no_inbox: bool,
-}
-
-/// The events of each phase when the user names none: enough that a
-/// phase outlasts what is fixed in it (connecting, a consumer group's
-/// assignment), few enough that the slowest server finishes in minutes.
-pub fn default_events(spec: TransportSpec) -> usize {
-    use haunt_transport::Kind;
-    match spec.kind {
-        // moto answers every call in Python, slower as its queue grows:
-        // 500 messages publish at about 180/s and drain at about 60/s, and
-        // 10,000 did not publish within the phase's ten minutes.
-        Kind::Sqs => 500,
-        // mosquitto, as a run configures it, saves its store on every
-        // change: about 700 publishes/s at QoS 1 and 2 (2026-12-06).
-        Kind::Mqtt if spec.keeps_for_absent_consumers() => 2_000,
-        // A drain of 10,000 took 0.1 s bare, less than the consumer group
-        // takes to give each member its partitions (two heartbeats, 1 s).
-        Kind::Kafka => 50_000,
-        _ => 20_000,
-    }
-}
 
 /// Distinct items of the events (the projection's rows).
 const ITEMS: usize = 100;
