@@ -129,8 +129,11 @@ pub struct PipelineBench {
     /// alternately (limit, haunt, limit, …, limit), each drain against the
     /// mean of the limits just before and after it, so that the machine's
     /// drift during a run stays out of the ratio; then the same for
-    /// `--ack-in-txn` and its two-commit protocol. 0 leaves it out.
-    #[arg(long, default_value_t = 3)]
+    /// `--ack-in-txn` and its two-commit protocol, and for the `haunt
+    /// worker` processes. 0 leaves it out. Nine by default: on 2-core VMs
+    /// single rounds ranged from 0.7 to 1.1, and the median of three moved
+    /// by 0.2 between runs of the same build (docs/performance.md).
+    #[arg(long, default_value_t = 9)]
     pub paired_rounds: usize,
     /// pgmq's SQL-only install (`pgmq-extension/sql/pgmq.sql` of
     /// github.com/pgmq/pgmq): pair haunt's default drain with a consumer over
