@@ -46,5 +46,4 @@ mod tests {
         let err = futures_util::FutureExt::now_or_never(harness).expect("ready at once").unwrap_err();
         assert!(err.to_string().contains("--features bench"));
     }
-
 }
