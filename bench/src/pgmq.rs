@@ -15,6 +15,9 @@ use anyhow::Context;
 use haunt_store::{Baseline, DbUrl};
 use serde_json::json;
 
+use crate::pipeline::Drained;
+use crate::worker_process::{CpuClock, CpuSpent};
+
 /// pgmq's SQL, read before any phase runs, so that a bad path fails at once.
 #[derive(Debug, Clone)]
 pub(crate) struct PgmqSql {
@@ -43,6 +46,12 @@ pub(crate) struct AgainstPgmq {
     pub pgmq: Vec<f64>,
     pub haunt: Vec<f64>,
     pub ratios: Vec<f64>,
+    /// What each drain cost the machine and this process, per event, in µs
+    /// (pgmq's drains, then haunt's), where /proc says.
+    pub pgmq_cpu: Vec<Option<CpuSpent>>,
+    pub haunt_cpu: Vec<Option<CpuSpent>>,
+    /// Events per drain.
+    pub events: usize,
 }
 
 impl AgainstPgmq {
@@ -50,7 +59,21 @@ impl AgainstPgmq {
         haunt_checker::stats::quantile(&mut self.ratios.clone(), 0.5).unwrap_or(f64::NAN)
     }
 
+    /// The median over `drains` of the machine's and this process's CPU per
+    /// event, in µs; `None` where any drain went unmeasured.
+    pub fn cpu_us_per_event(&self, drains: &[Option<CpuSpent>]) -> Option<(f64, f64)> {
+        let spent: Vec<CpuSpent> = drains.iter().copied().collect::<Option<_>>()?;
+        let per_event = |f: fn(&CpuSpent) -> f64| {
+            let mut v: Vec<f64> = spent.iter().map(|c| f(c) * 1e6 / self.events as f64).collect();
+            haunt_checker::stats::quantile(&mut v, 0.5)
+        };
+        Some((per_event(|c| c.machine_s)?, per_event(|c| c.own_s)?))
+    }
+
     pub fn json(&self, batch_size: u32) -> serde_json::Value {
+        let cpu = |drains: &[Option<CpuSpent>]| {
+            self.cpu_us_per_event(drains).map(|(machine, own)| json!({"machine": machine, "bench_process": own}))
+        };
         json!({
             "sql": self.sql.0.display().to_string(),
             "sql_bytes": self.sql.1,
@@ -61,6 +84,11 @@ impl AgainstPgmq {
             "haunt": self.haunt,
             "ratios": self.ratios,
             "median_ratio": self.median_ratio(),
+            "cpu_us_per_event_median": {
+                "note": "busy CPU of the whole machine (/proc/stat) and of the bench process, whose consumers these are, over each drain; the difference is the server's",
+                "pgmq": cpu(&self.pgmq_cpu),
+                "haunt": cpu(&self.haunt_cpu),
+            },
         })
     }
 }
@@ -74,24 +102,26 @@ pub(crate) async fn pgmq_phase(
     (n, items): (usize, usize),
     consumers: usize,
     batch: i64,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<Drained> {
     if !baseline.pgmq_enqueue(n, items).await? {
         eprintln!("warning: pgmq drain: no checkpoint before it (CHECKPOINT needs a superuser or pg_checkpoint)");
     }
     let pool = Baseline::connect(db, consumers as u32).await?;
     pool.warm(consumers as u32).await?;
     let p = pool.clone();
+    let clock = CpuClock::now();
     let rate = crate::pipeline::timed(n, consumers, move |t| {
         let p = p.clone();
         async move { Ok(p.pgmq_drain(t, batch).await?) }
     })
     .await;
+    let cpu = clock.and_then(CpuClock::spent);
     pool.close().await;
-    let rate = rate?;
+    let drained = Drained { events_per_s: rate?, cpu };
     let left = baseline.pgmq_queued().await?;
     anyhow::ensure!(left == 0, "pgmq drain: {left} messages still in its queue");
     crate::pipeline::verify_drained(baseline, n, "pgmq drain", crate::pipeline::Record::Numbered).await?;
     baseline.pgmq_drop_queue().await?;
     baseline.reset().await?;
-    Ok(rate)
+    Ok(drained)
 }

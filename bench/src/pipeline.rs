@@ -48,7 +48,9 @@ use serde_json::json;
 
 use crate::PipelineOptions;
 use crate::pgmq::{AgainstPgmq, PgmqSql, pgmq_phase};
-use crate::worker_process::{WorkerCommand, WorkerProcess, cpu_seconds, worker_process, worker_processes};
+use crate::worker_process::{
+    CpuClock, CpuSpent, WorkerCommand, WorkerProcess, cpu_seconds, worker_process, worker_processes,
+};
 
 /// Messages per batch of the client-side SQL baseline, as in issue 8's
 /// pgbench script.
@@ -158,7 +160,14 @@ struct Drain {
     protocol: Protocol,
 }
 
-async fn haunt_drain(db: &DbUrl, workers: usize, how: Drain, n: usize) -> anyhow::Result<f64> {
+/// A drain's rate, and the CPU it spent where /proc says (see [`CpuClock`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Drained {
+    pub events_per_s: f64,
+    pub cpu: Option<CpuSpent>,
+}
+
+async fn haunt_drain(db: &DbUrl, workers: usize, how: Drain, n: usize) -> anyhow::Result<Drained> {
     // The pools are opened, migrated and warmed before the clock starts, as
     // the server-side limit's pool is: the figure is the drain, not the
     // connects (which took a few percent of a 1 s phase when they were timed).
@@ -176,7 +185,7 @@ async fn haunt_drain(db: &DbUrl, workers: usize, how: Drain, n: usize) -> anyhow
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut running = tokio::task::JoinSet::new();
     let mut metrics = Vec::new();
-    let started = Instant::now();
+    let (started, cpu) = (Instant::now(), CpuClock::now());
     for (w, store) in stores.into_iter().enumerate() {
         let config = haunt_worker::WorkerConfig {
             worker_id: format!("bench-{w}"),
@@ -211,13 +220,18 @@ async fn haunt_drain(db: &DbUrl, workers: usize, how: Drain, n: usize) -> anyhow
         anyhow::ensure!(started.elapsed() < Duration::from_secs(600), "not drained in 600 s");
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let elapsed = started.elapsed().as_secs_f64();
+    let (elapsed, cpu) = (started.elapsed().as_secs_f64(), cpu.and_then(CpuClock::spent));
     let _ = stop.send(true);
     while let Some(ended) = running.join_next().await {
         ended.context("joining a worker")?;
     }
     watcher.close().await;
-    Ok(n as f64 / elapsed)
+    Ok(Drained { events_per_s: n as f64 / elapsed, cpu })
+}
+
+/// [`haunt_drain`]'s rate alone.
+async fn haunt_rate(db: &DbUrl, workers: usize, how: Drain, n: usize) -> anyhow::Result<f64> {
+    Ok(haunt_drain(db, workers, how, n).await?.events_per_s)
 }
 
 /// One drain phase: `n` events enqueued, the tables settled
@@ -683,7 +697,7 @@ impl<'a> Bench<'a> {
         for protocol in self.protocols() {
             let how = Drain { batch_size: o.batch_size, protocol };
             let rate = drain_phase(self.baseline, self.size(), &format!("haunt workers, {}", protocol.name), || {
-                haunt_drain(&o.db, o.workers, how, o.events)
+                haunt_rate(&o.db, o.workers, how, o.events)
             })
             .await?;
             let limit = limits.of(protocol).context("a limit for each protocol haunt runs")?;
@@ -712,7 +726,7 @@ impl<'a> Bench<'a> {
                 limits.best_at.get(protocol.name).and_then(|t| t.as_u64()).context("the protocol's best count")?
                     as usize;
             let how = Drain { batch_size: o.batch_size, protocol };
-            let drain = || haunt_drain(&o.db, o.workers, how, o.events);
+            let drain = || haunt_rate(&o.db, o.workers, how, o.events);
             let p = paired(setup, protocol, tasks, drain, o.paired_rounds).await?;
             (self.progress)(&format!(
                 "paired, {:<40} {:.2} of its limit (median of {}: {})",
@@ -783,9 +797,22 @@ impl<'a> Bench<'a> {
                 );
                 pgmq.push(pgmq_phase(self.baseline, &o.db, size, lease_loops, batch).await?);
             }
-            let ratios = haunt.iter().zip(pgmq.windows(2)).map(|(h, p)| h / ((p[0] + p[1]) / 2.0)).collect();
+            let ratios = haunt
+                .iter()
+                .zip(pgmq.windows(2))
+                .map(|(h, p)| h.events_per_s / ((p[0].events_per_s + p[1].events_per_s) / 2.0))
+                .collect();
             let sql = (sql.path.clone(), sql.text.len());
-            anyhow::Ok(AgainstPgmq { sql, consumers: lease_loops, pgmq, haunt, ratios })
+            anyhow::Ok(AgainstPgmq {
+                sql,
+                consumers: lease_loops,
+                pgmq: pgmq.iter().map(|d| d.events_per_s).collect(),
+                haunt: haunt.iter().map(|d| d.events_per_s).collect(),
+                ratios,
+                pgmq_cpu: pgmq.iter().map(|d| d.cpu).collect(),
+                haunt_cpu: haunt.iter().map(|d| d.cpu).collect(),
+                events: o.events,
+            })
         }
         .await;
         // Dropped whatever happened: the schema is the bench's own.
@@ -799,6 +826,16 @@ impl<'a> Bench<'a> {
             against.ratios.len(),
             against.ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", "),
             against.pgmq.iter().map(|r| format!("{r:.0}")).collect::<Vec<_>>().join(", "),
+        ));
+        let cpu = |drains| {
+            against.cpu_us_per_event(drains).map_or("not measured".into(), |(machine, own)| {
+                format!("{machine:.1} us/event on the machine, {own:.1} of them in its consumers")
+            })
+        };
+        (self.progress)(&format!(
+            "  CPU (medians): pgmq {}; haunt {}",
+            cpu(&against.pgmq_cpu),
+            cpu(&against.haunt_cpu)
         ));
         Ok(Some(against))
     }
@@ -863,7 +900,7 @@ impl<'a> Bench<'a> {
         for &batch in &o.sweep_batch_sizes {
             for &workers in &o.sweep_workers {
                 let rate = drain_phase(self.baseline, self.size(), "sweep", || {
-                    haunt_drain(&o.db, workers, Drain { batch_size: batch, protocol: default }, o.events)
+                    haunt_rate(&o.db, workers, Drain { batch_size: batch, protocol: default }, o.events)
                 })
                 .await?;
                 (self.progress)(&format!("sweep: batch {batch:>4}, {workers} workers  {rate:>10.0} events/s"));

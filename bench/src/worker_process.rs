@@ -73,6 +73,46 @@ impl WorkerProcess {
     }
 }
 
+/// CPU time spent so far by the whole machine (every process, from
+/// /proc/stat) and by this process: around a drain whose consumers run in
+/// this process against a server on this machine, the second is the
+/// consumers' side and the difference the server's (and whatever else ran).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CpuClock {
+    machine_s: f64,
+    own_s: f64,
+}
+
+/// The CPU a drain spent, in seconds: see [`CpuClock`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CpuSpent {
+    pub machine_s: f64,
+    pub own_s: f64,
+}
+
+impl CpuClock {
+    /// Now; `None` where /proc says nothing (not Linux).
+    pub fn now() -> Option<CpuClock> {
+        Some(CpuClock { machine_s: machine_cpu_seconds()?, own_s: cpu_seconds(std::process::id())? })
+    }
+
+    pub fn spent(self) -> Option<CpuSpent> {
+        let now = CpuClock::now()?;
+        Some(CpuSpent { machine_s: now.machine_s - self.machine_s, own_s: now.own_s - self.own_s })
+    }
+}
+
+/// Busy CPU seconds of every core so far, from /proc/stat's first line: user,
+/// nice, system, irq and softirq (idle, iowait and steal left out; guest time
+/// is inside user).
+fn machine_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    let ticks: Vec<f64> = line.split_whitespace().map(|f| f.parse().ok()).collect::<Option<_>>()?;
+    let busy = [0, 1, 2, 5, 6].iter().map(|&i| ticks.get(i).copied()).sum::<Option<f64>>()?;
+    Some(busy / USER_HZ)
+}
+
 /// User plus system CPU seconds of a process, from /proc/PID/stat.
 pub(crate) fn cpu_seconds(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -146,6 +146,14 @@ fn the_pipeline_bench_measures_the_server_side_limits_and_baselines_on_postgres(
     alternated(&report, pgmq, "pgmq");
     assert_eq!(report["ratios"]["haunt_vs_pgmq_client_side_paired"], pgmq["median_ratio"], "{report:#}");
     assert!(stderr.contains("against pgmq client-side"), "{stderr}");
+    // What each side's drains cost the machine, and how much of it was in
+    // the bench process (the consumers): some of it, not all.
+    for side in ["pgmq", "haunt"] {
+        let cpu = &pgmq["cpu_us_per_event_median"][side];
+        let (machine, own) = (cpu["machine"].as_f64(), cpu["bench_process"].as_f64());
+        assert!(machine.zip(own).is_some_and(|(m, o)| o > 0.0 && m > o), "{side}'s CPU per event: {report:#}");
+    }
+    assert!(stderr.contains("CPU (medians): pgmq "), "{stderr}");
 }
 
 /// `--pgmq-sql` is refused before any phase when it cannot run: on SQLite,
