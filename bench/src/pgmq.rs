@@ -46,8 +46,8 @@ pub(crate) struct AgainstPgmq {
     pub pgmq: Vec<f64>,
     pub haunt: Vec<f64>,
     pub ratios: Vec<f64>,
-    /// What each drain cost the machine and this process, per event, in µs
-    /// (pgmq's drains, then haunt's), where /proc says.
+    /// What each drain cost the machine and this process (pgmq's drains,
+    /// then haunt's), where /proc says.
     pub pgmq_cpu: Vec<Option<CpuSpent>>,
     pub haunt_cpu: Vec<Option<CpuSpent>>,
     /// Events per drain.
