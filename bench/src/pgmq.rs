@@ -7,7 +7,7 @@
 //!
 //! The two drains alternate (pgmq, haunt, pgmq, … pgmq), each of haunt's
 //! against the mean of the pgmq drains on either side of it, as the limit is
-//! paired in [`crate::pipeline`]: the machine's drift stays out of the ratio.
+//! paired in [`mod@crate::pipeline`]: the machine's drift stays out of the ratio.
 
 use std::path::{Path, PathBuf};
 

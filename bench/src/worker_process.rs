@@ -1,6 +1,9 @@
 //! A `haunt worker` process draining a queue alone, measured from outside: its
 //! rate, its peak resident set and CPU time, and the CPU time of its server
 //! backends, all read from /proc. The one place the benches start a process.
+//! Also the benches' CPU clocks from /proc ([`cpu_seconds`] of a process,
+//! [`CpuClock`] of the machine and this process), which the in-process
+//! drains read too.
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -8,7 +8,7 @@
 //!
 //! A crate of its own, apart from the harness (`haunt-chaos`), because every
 //! byte of a faulted link passes through its read/write loop: release builds
-//! compile the harness with little optimisation (it waits on the system under
+//! compile the harness without optimisation (it waits on the system under
 //! test; see the workspace's Cargo.toml) and this crate at full.
 
 use std::net::SocketAddr;
