@@ -50,6 +50,10 @@ pub(crate) struct AgainstPgmq {
     /// then haunt's), where /proc says.
     pub pgmq_cpu: Vec<Option<CpuSpent>>,
     pub haunt_cpu: Vec<Option<CpuSpent>>,
+    /// The WAL the server wrote during each drain, in bytes (pgmq's, then
+    /// haunt's): most of what a write costs a PostgreSQL server.
+    pub pgmq_wal: Vec<Option<i64>>,
+    pub haunt_wal: Vec<Option<i64>>,
     /// Events per drain.
     pub events: usize,
 }
@@ -68,6 +72,13 @@ impl AgainstPgmq {
             haunt_checker::stats::quantile(&mut v, 0.5)
         };
         Some((per_event(|c| c.machine_s)?, per_event(|c| c.own_s)?))
+    }
+
+    /// The median over `drains` of the WAL written per event, in bytes;
+    /// `None` where any drain went unmeasured.
+    pub fn wal_bytes_per_event(&self, drains: &[Option<i64>]) -> Option<f64> {
+        let mut v: Vec<f64> = drains.iter().map(|b| b.map(|b| b as f64 / self.events as f64)).collect::<Option<_>>()?;
+        haunt_checker::stats::quantile(&mut v, 0.5)
     }
 
     pub fn json(&self, batch_size: u32) -> serde_json::Value {
@@ -89,6 +100,11 @@ impl AgainstPgmq {
                 "pgmq": cpu(&self.pgmq_cpu),
                 "haunt": cpu(&self.haunt_cpu),
             },
+            "wal_bytes_per_event_median": {
+                "note": "WAL the server wrote over each drain (pg_current_wal_insert_lsn before and after), by every session",
+                "pgmq": self.wal_bytes_per_event(&self.pgmq_wal),
+                "haunt": self.wal_bytes_per_event(&self.haunt_wal),
+            },
         })
     }
 }
@@ -109,6 +125,7 @@ pub(crate) async fn pgmq_phase(
     let pool = Baseline::connect(db, consumers as u32).await?;
     pool.warm(consumers as u32).await?;
     let p = pool.clone();
+    let wal_start = baseline.wal_position().await;
     let clock = CpuClock::now();
     let rate = crate::pipeline::timed(n, consumers, move |t| {
         let p = p.clone();
@@ -116,8 +133,9 @@ pub(crate) async fn pgmq_phase(
     })
     .await;
     let cpu = clock.and_then(CpuClock::spent);
+    let wal_bytes = crate::pipeline::wal_since(baseline, wal_start).await;
     pool.close().await;
-    let drained = Drained { events_per_s: rate?, cpu };
+    let drained = Drained { events_per_s: rate?, cpu, wal_bytes };
     let left = baseline.pgmq_queued().await?;
     anyhow::ensure!(left == 0, "pgmq drain: {left} messages still in its queue");
     crate::pipeline::verify_drained(baseline, n, "pgmq drain", crate::pipeline::Record::Numbered).await?;

@@ -160,11 +160,19 @@ struct Drain {
     protocol: Protocol,
 }
 
-/// A drain's rate, and the CPU it spent where /proc says (see [`CpuClock`]).
+/// A drain's rate, the CPU it spent where /proc says (see [`CpuClock`]), and
+/// the WAL the server wrote meanwhile (PostgreSQL).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Drained {
     pub events_per_s: f64,
     pub cpu: Option<CpuSpent>,
+    pub wal_bytes: Option<i64>,
+}
+
+/// The WAL written since `start` (a [`Baseline::wal_position`]), if both
+/// readings were had.
+pub(crate) async fn wal_since(baseline: &Baseline, start: Option<i64>) -> Option<i64> {
+    Some(baseline.wal_position().await? - start?)
 }
 
 async fn haunt_drain(db: &DbUrl, workers: usize, how: Drain, n: usize) -> anyhow::Result<Drained> {
@@ -181,6 +189,8 @@ async fn haunt_drain(db: &DbUrl, workers: usize, how: Drain, n: usize) -> anyhow
         stores.push(store);
     }
     let watcher = Store::connect(db, StoreOptions::default()).await?;
+    let wal = Baseline::connect(db, 1).await?;
+    let wal_start = wal.wal_position().await;
     let ack = if how.protocol.ack_in_apply { AckMode::InApplyTxn } else { AckMode::Separate };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut running = tokio::task::JoinSet::new();
@@ -221,12 +231,14 @@ async fn haunt_drain(db: &DbUrl, workers: usize, how: Drain, n: usize) -> anyhow
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let (elapsed, cpu) = (started.elapsed().as_secs_f64(), cpu.and_then(CpuClock::spent));
+    let wal_bytes = wal_since(&wal, wal_start).await;
     let _ = stop.send(true);
     while let Some(ended) = running.join_next().await {
         ended.context("joining a worker")?;
     }
     watcher.close().await;
-    Ok(Drained { events_per_s: n as f64 / elapsed, cpu })
+    wal.close().await;
+    Ok(Drained { events_per_s: n as f64 / elapsed, cpu, wal_bytes })
 }
 
 /// [`haunt_drain`]'s rate alone.
@@ -811,6 +823,8 @@ impl<'a> Bench<'a> {
                 ratios,
                 pgmq_cpu: pgmq.iter().map(|d| d.cpu).collect(),
                 haunt_cpu: haunt.iter().map(|d| d.cpu).collect(),
+                pgmq_wal: pgmq.iter().map(|d| d.wal_bytes).collect(),
+                haunt_wal: haunt.iter().map(|d| d.wal_bytes).collect(),
                 events: o.events,
             })
         }
@@ -836,6 +850,13 @@ impl<'a> Bench<'a> {
             "  CPU (medians): pgmq {}; haunt {}",
             cpu(&against.pgmq_cpu),
             cpu(&against.haunt_cpu)
+        ));
+        let wal =
+            |drains| against.wal_bytes_per_event(drains).map_or("not measured".into(), |b| format!("{b:.0} B/event"));
+        (self.progress)(&format!(
+            "  WAL the server wrote (medians): pgmq {}; haunt {}",
+            wal(&against.pgmq_wal),
+            wal(&against.haunt_wal)
         ));
         Ok(Some(against))
     }

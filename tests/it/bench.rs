@@ -154,6 +154,12 @@ fn the_pipeline_bench_measures_the_server_side_limits_and_baselines_on_postgres(
         assert!(machine.zip(own).is_some_and(|(m, o)| o > 0.0 && m > o), "{side}'s CPU per event: {report:#}");
     }
     assert!(stderr.contains("CPU (medians): pgmq "), "{stderr}");
+    // And the WAL the server wrote for each side's drains: some, per event.
+    for side in ["pgmq", "haunt"] {
+        let wal = pgmq["wal_bytes_per_event_median"][side].as_f64();
+        assert!(wal.is_some_and(|b| b > 0.0), "{side}'s WAL per event: {report:#}");
+    }
+    assert!(stderr.contains("WAL the server wrote (medians): pgmq "), "{stderr}");
 }
 
 /// `--pgmq-sql` is refused before any phase when it cannot run: on SQLite,

@@ -211,6 +211,16 @@ impl Baseline {
         sqlx::query_scalar::<_, i64>(text).fetch_one(&self.pool).await.map_err(NotCommitted)
     }
 
+    /// Where the server's WAL ends, in bytes from its start (PostgreSQL): the
+    /// difference of two readings is the WAL every session wrote between
+    /// them. `None` where the server cannot say (a standby, or SQLite).
+    pub async fn wal_position(&self) -> Option<i64> {
+        if self.db.kind() != DbKind::Postgres {
+            return None;
+        }
+        sqlx::query_scalar::<_, i64>(WAL_POSITION).fetch_one(&self.pool).await.ok()
+    }
+
     /// The queue, the ledger and the projection after a drain.
     pub async fn drain_counts(&self) -> Result<DrainCounts, StoreError> {
         Ok(DrainCounts {
@@ -616,6 +626,10 @@ const PGMQ_APPLY: &str = "WITH b AS (SELECT e->'m' AS p, CAST(e->>'attempt' AS I
      SELECT f.event_id, f.order_id, f.item_id, f.qty, f.attempt, $2, 0, \
        a.applied_seq - COUNT(*) OVER (PARTITION BY f.item_id) + ROW_NUMBER() OVER (PARTITION BY f.item_id ORDER BY f.ord) \
      FROM firsts f JOIN agg a USING (item_id)";
+
+/// The end of the WAL inserted so far, as bytes (`pg_lsn` minus the origin is
+/// a numeric, which sqlx's Any driver does not decode).
+const WAL_POSITION: &str = "SELECT CAST(pg_current_wal_insert_lsn() - CAST('0/0' AS pg_lsn) AS BIGINT)";
 
 /// The ledger's rows that carry their item's order record: distinct numbers
 /// of one item, each within 1 and the count its projection row keeps.

@@ -396,11 +396,19 @@ pub const ORPHAN_ORDERS: &str = "SELECT o.order_id, o.item_id, o.qty, o.event_id
 /// event reached it, else from its message, queued or parked (a message never
 /// leased has 0 deliveries); NULL where nothing records it (no inbox under
 /// the `no-inbox` bug mode, or an event that is nowhere).
+///
+/// The queue and the dead letters are grouped by event once and joined, not
+/// looked up per order: PostgreSQL's queue has no index on `event_id` (every
+/// lease would write one more index entry, see migration 0006), and a
+/// lookup per order would read the whole queue once per pending order.
 pub const FINAL_ORDERS: &str = "SELECT o.order_id, o.item_id, o.qty, o.event_id, \
-     CAST(COALESCE(i.deliveries, (SELECT MAX(q.delivery_count) FROM queue_messages q WHERE q.event_id = o.event_id), \
-     (SELECT MAX(d.delivery_count) FROM dead_letters d WHERE d.event_id = o.event_id)) AS BIGINT), \
-     CAST(i.duplicates AS BIGINT) \
-     FROM orders o LEFT JOIN inbox_processed i ON i.event_id = o.event_id ORDER BY o.created_at_ms, o.order_id";
+     CAST(COALESCE(i.deliveries, q.deliveries, d.deliveries) AS BIGINT), CAST(i.duplicates AS BIGINT) \
+     FROM orders o LEFT JOIN inbox_processed i ON i.event_id = o.event_id \
+     LEFT JOIN (SELECT event_id, MAX(delivery_count) AS deliveries FROM queue_messages GROUP BY event_id) q \
+     ON q.event_id = o.event_id \
+     LEFT JOIN (SELECT event_id, MAX(delivery_count) AS deliveries FROM dead_letters GROUP BY event_id) d \
+     ON d.event_id = o.event_id \
+     ORDER BY o.created_at_ms, o.order_id";
 pub const FINAL_LEDGER: &str = "SELECT event_id, order_id, item_id, qty, delivery_attempt, worker_id, applied_at_ms, \
      key_seq, publish_seq FROM projection_ledger ORDER BY id";
 pub const FINAL_PENDING: &str =

@@ -26,7 +26,7 @@ pub(super) static SQLITE: LazyLock<Migrator> =
     embedded!("sqlite": "0001_pipeline", "0002_inbox_deliveries", "0003_key_seq", "0004_publish_seq");
 
 pub(super) static POSTGRES: LazyLock<Migrator> = embedded!("postgres":
-    "0001_pipeline", "0002_inbox_deliveries", "0003_key_seq", "0004_outbox_seq", "0005_publish_seq");
+    "0001_pipeline", "0002_inbox_deliveries", "0003_key_seq", "0004_outbox_seq", "0005_publish_seq", "0006_lean_queue");
 
 /// One migration as sqlx reads it from a file named `file.sql`: the version
 /// before the first `_`, the rest with spaces for `_` as its description.
