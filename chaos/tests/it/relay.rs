@@ -99,6 +99,7 @@ fn as_leased(d: &Delivery) -> Leased {
         lease_token: String::new(),
         lease_until_ms: 0,
         enqueued_at_ms: e.enqueued_at_ms,
+        ctid: None,
     }
 }
 

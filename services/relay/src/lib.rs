@@ -301,6 +301,7 @@ mod tests {
             lease_token: "t".into(),
             lease_until_ms: 0,
             enqueued_at_ms: 7,
+            ctid: None,
         }
     }
 

@@ -72,6 +72,11 @@ pub struct Leased {
     pub lease_token: String,
     pub lease_until_ms: i64,
     pub enqueued_at_ms: i64,
+    /// Where the lease left the message's row on PostgreSQL (its `ctid`, as
+    /// text): the apply's fence and the ack find it there, without looking
+    /// its id up. `None` on SQLite and for a broker's delivery, which are
+    /// found by id.
+    pub ctid: Option<String>,
 }
 
 impl Leased {

@@ -58,6 +58,7 @@ macro_rules! dialect {
         $now:literal,
         ($batch_open:literal, $batch_close:literal),
         $skip_locked:literal,
+        lease_by: ($lease_key:literal, $lease_row:literal),
         $reconcile_lock:literal,
         hold: ($hold_open:literal, $hold_close:literal),
         json: (ids: $ids:literal, rows: $rows:literal),
@@ -72,10 +73,11 @@ macro_rules! dialect {
                 "UPDATE queue_messages SET delivery_count = delivery_count + 1, lease_token = $3, ",
                 "lease_until_ms = COALESCE($2, ", $now, ") + $4, ",
                 "visible_at_ms = COALESCE($2, ", $now, ") + $4 ",
-                "WHERE message_id ", $batch_open, "SELECT message_id FROM queue_messages ",
+                "WHERE ", $lease_key, " ", $batch_open, "SELECT ", $lease_key, " FROM queue_messages ",
                 "WHERE visible_at_ms <= COALESCE($2, ", $now, ") ",
                 "ORDER BY visible_at_ms LIMIT $1", $skip_locked, $batch_close, " ",
-                "RETURNING message_id, event_id, payload, headers, delivery_count, lease_until_ms, enqueued_at_ms"
+                "RETURNING message_id, event_id, payload, headers, delivery_count, lease_until_ms, enqueued_at_ms, ",
+                $lease_row
             ),
             lease_in_order: concat!(
                 "UPDATE queue_messages SET delivery_count = delivery_count + 1, lease_token = $2, ",
@@ -161,14 +163,18 @@ macro_rules! dialect {
     };
 }
 
-/// PostgreSQL finds the leased batch by primary key: `= ANY(ARRAY(…))` is an
-/// index lookup of the ids the subquery picked, where `IN (SELECT …)` plans a
-/// hash semi-join over a scan of the whole queue (17,500 rows read to lease
-/// 500 of 20,000, a cost that grows with the backlog; see docs/performance.md).
+/// PostgreSQL finds the leased batch where the subquery found it: `ctid =
+/// ANY(ARRAY(…))` fetches the rows the subquery picked and locked by their
+/// addresses, with no look-up of each id in the primary key (and `IN (SELECT
+/// …)` would plan a hash semi-join over a scan of the whole queue: 17,500
+/// rows read to lease 500 of 20,000, see docs/performance.md). The lease
+/// returns each row's new address, which the apply's fence and the ack find
+/// it by ([`APPLY_BATCH_AT_POSTGRES`], [`ACK_BATCH_AT_POSTGRES`]).
 pub const POSTGRES: Dialect = dialect!(
     "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
     ("= ANY(ARRAY(", "))"),
     " FOR UPDATE SKIP LOCKED",
+    lease_by: ("ctid", "CAST(ctid AS TEXT)"),
     "LOCK TABLE inventory_projection IN EXCLUSIVE MODE",
     hold: ("SELECT message_id FROM queue_messages", " FOR UPDATE"),
     json: (
@@ -231,7 +237,7 @@ pub const PLACE_ORDER_AND_ENQUEUE_POSTGRES: &str = "WITH o AS (\
 /// caller counts their copies in a statement of its own), and the time (`t`).
 /// Every other held event is new.
 macro_rules! apply_batch_postgres {
-    ($held:literal) => {
+    ($held:literal, $acked:literal) => {
         concat!(
             "WITH b AS (\
      SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::bigint[], $10::bigint[]) \
@@ -256,7 +262,7 @@ macro_rules! apply_batch_postgres {
      SELECT f.event_id, f.order_id, f.item_id, f.qty, f.attempt, $8, (SELECT now FROM t), \
      p.applied_seq - COUNT(*) OVER (PARTITION BY f.item_id) + ROW_NUMBER() OVER (PARTITION BY f.item_id ORDER BY f.ord), \
      f.publish_seq FROM firsts f JOIN projection p USING (item_id) ORDER BY f.ord), \
-     acked AS (DELETE FROM queue_messages WHERE $9 AND message_id = ANY($2) AND lease_token = $1) \
+     acked AS (DELETE FROM queue_messages WHERE $9 AND ", $acked, " AND lease_token = $1) \
      SELECT 'l', message_id, CAST(NULL AS BIGINT) FROM b WHERE NOT EXISTS (SELECT 1 FROM held WHERE held.message_id = b.message_id) \
      UNION ALL SELECT 'd', event_id, NULL FROM counted \
      UNION ALL SELECT 'o', event_id, NULL FROM old WHERE NOT EXISTS (SELECT 1 FROM counted WHERE counted.event_id = old.event_id) \
@@ -264,20 +270,39 @@ macro_rules! apply_batch_postgres {
         )
     };
 }
-/// The apply of one lease's batch, fenced by its lease token (`$1`).
+/// The apply of one lease's batch, fenced by its lease token (`$1`), its
+/// rows found by id.
 pub const APPLY_BATCH_POSTGRES: &str = apply_batch_postgres!(
-    "held AS (SELECT message_id FROM queue_messages WHERE message_id = ANY($2) AND lease_token = $1 FOR UPDATE), "
+    "held AS (SELECT message_id FROM queue_messages WHERE message_id = ANY($2) AND lease_token = $1 FOR UPDATE), ",
+    "message_id = ANY($2)"
+);
+/// [`APPLY_BATCH_POSTGRES`] with the rows found where the lease left them:
+/// `$11` their addresses (`ctid`s as text, as the lease returned them). A row
+/// that moved since (leased again, retried, parked) is at another address,
+/// and a row now at that address carries another token: either way it is
+/// not held, as by id. (A row the fence's lock waits for and finds updated
+/// is checked again at its new address, which is not in `$11`.)
+pub const APPLY_BATCH_AT_POSTGRES: &str = apply_batch_postgres!(
+    "held AS (SELECT message_id FROM queue_messages WHERE ctid = ANY(CAST($11 AS tid[])) AND lease_token = $1 FOR UPDATE), ",
+    "ctid = ANY(CAST($11 AS tid[]))"
 );
 /// [`APPLY_BATCH_POSTGRES`] for deliveries a broker made: no fence, every
 /// delivery is held (`$1` is NULL and `$9` false: there is no lease in the
 /// database and nothing to delete from it).
-pub const APPLY_DELIVERIES_POSTGRES: &str =
-    apply_batch_postgres!("held AS (SELECT DISTINCT message_id FROM b WHERE $1::text IS NULL), ");
+pub const APPLY_DELIVERIES_POSTGRES: &str = apply_batch_postgres!(
+    "held AS (SELECT DISTINCT message_id FROM b WHERE $1::text IS NULL), ",
+    "message_id = ANY($2)"
+);
 
 /// PostgreSQL only: the ack of a batch, its ids as one array ($2), fenced by
 /// the lease token ($1; NULL: any holder, under `no-lease-token`).
 pub const ACK_BATCH_POSTGRES: &str =
     "DELETE FROM queue_messages WHERE ($1::text IS NULL OR lease_token = $1) AND message_id = ANY($2)";
+/// PostgreSQL only: the ack of a batch found where its lease left it, `$2`
+/// the rows' addresses (as [`APPLY_BATCH_AT_POSTGRES`] finds them), fenced
+/// by the lease token `$1`.
+pub const ACK_BATCH_AT_POSTGRES: &str =
+    "DELETE FROM queue_messages WHERE lease_token = $1 AND ctid = ANY(CAST($2 AS tid[]))";
 
 /// PostgreSQL only: moves dead letters back to the queue in one statement, so
 /// that exactly the rows deleted are the rows inserted. Two statements (copy,
@@ -309,6 +334,7 @@ pub const SQLITE: Dialect = dialect!(
     "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
     ("IN (", ")"),
     "",
+    lease_by: ("message_id", "CAST(NULL AS TEXT)"),
     "UPDATE inventory_projection SET reserved_qty = reserved_qty WHERE 1 = 0",
     hold: ("UPDATE queue_messages SET lease_token = lease_token", " RETURNING message_id"),
     json: (ids: "IN (SELECT value FROM json_each($1))", rows: "json_each($1)"),

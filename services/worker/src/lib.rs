@@ -408,15 +408,15 @@ impl Worker {
         acks
     }
 
-    /// Acks the messages of one lease; an ack that finds its lease gone, or a
-    /// failed statement, means redeliveries (which the inbox absorbs).
-    async fn ack_all<S: AsRef<str> + Sync>(&self, acks: &[S], token: &str) {
+    /// Acks the messages of one lease (each id with where the lease left its
+    /// row, when it said); an ack that finds its lease gone, or a failed
+    /// statement, means redeliveries (which the inbox absorbs).
+    async fn ack_all(&self, acks: &[(&str, Option<&str>)], token: &str) {
         if acks.is_empty() {
             return;
         }
         let m = &self.metrics;
-        let ids: Vec<&str> = acks.iter().map(AsRef::as_ref).collect();
-        match self.store.ack_batch(&ids, token).await {
+        match self.store.ack_leased(acks, token).await {
             Ok(deleted) if deleted < acks.len() as u64 => {
                 m.ack_failures.inc_by(acks.len() as u64 - deleted);
                 tracing::warn!(lost = acks.len() as u64 - deleted, "acks found their lease gone");

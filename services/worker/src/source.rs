@@ -60,6 +60,7 @@ impl Received {
             lease_token: String::new(),
             lease_until_ms: 0,
             enqueued_at_ms: e.enqueued_at_ms,
+            ctid: None,
         };
         Received { leased, receipt: Some(delivery.receipt), key }
     }
@@ -197,8 +198,8 @@ impl Source {
             Source::Queue { ack } => {
                 // Sent even when empty: it waits for the ack in flight.
                 let token = received.first().map(|r| r.leased.lease_token.clone()).unwrap_or_default();
-                let ids: Vec<String> = received.iter().map(|r| r.leased.message_id.clone()).collect();
-                ack.send(worker, ids, token).await;
+                let acks = received.iter().map(|r| (r.leased.message_id.clone(), r.leased.ctid.clone())).collect();
+                ack.send(worker, acks, token).await;
             }
             Source::Broker { consumer, .. } => {
                 let Some(consumer) = consumer.as_mut().filter(|_| !received.is_empty()) else { return };
@@ -222,8 +223,9 @@ impl Source {
             Source::Queue { ack } => {
                 ack.settle().await;
                 let Some(first) = received.first() else { return };
-                let ids: Vec<&str> = received.iter().map(|r| r.leased.message_id.as_str()).collect();
-                worker.ack_all(&ids, &first.leased.lease_token).await;
+                let acks: Vec<(&str, Option<&str>)> =
+                    received.iter().map(|r| (r.leased.message_id.as_str(), r.leased.ctid.as_deref())).collect();
+                worker.ack_all(&acks, &first.leased.lease_token).await;
             }
             Source::Broker { .. } => self.ack(worker, received).await,
         }
@@ -319,18 +321,19 @@ impl Source {
 pub(crate) struct AckInFlight(Option<tokio::task::JoinHandle<()>>);
 
 impl AckInFlight {
-    /// Waits for the ack in flight (the one before this) and sends this one.
-    async fn send(&mut self, worker: &Worker, acks: Vec<String>, token: String) {
+    /// Waits for the ack in flight (the one before this) and sends this one:
+    /// each message's id and where its lease left its row.
+    async fn send(&mut self, worker: &Worker, acks: Vec<(String, Option<String>)>, token: String) {
         self.settle().await;
         if acks.is_empty() {
             return;
         }
         if worker.store.db_kind() != DbKind::Postgres {
-            worker.ack_all(&acks, &token).await;
+            worker.ack_all(&refs(&acks), &token).await;
             return;
         }
         let worker = worker.clone();
-        self.0 = Some(tokio::spawn(async move { worker.ack_all(&acks, &token).await }));
+        self.0 = Some(tokio::spawn(async move { worker.ack_all(&refs(&acks), &token).await }));
     }
 
     /// Waits for the ack in flight, if any.
@@ -351,4 +354,9 @@ impl Drop for AckInFlight {
             ack.abort();
         }
     }
+}
+
+/// Acks as [`Worker::ack_all`] takes them.
+fn refs(acks: &[(String, Option<String>)]) -> Vec<(&str, Option<&str>)> {
+    acks.iter().map(|(id, ctid)| (id.as_str(), ctid.as_deref())).collect()
 }

@@ -302,7 +302,14 @@ impl Store {
         if self.injected.roll() {
             return Err(injected());
         }
-        let statement = if fence.is_some() { sql::APPLY_BATCH_POSTGRES } else { sql::APPLY_DELIVERIES_POSTGRES };
+        // Found where the lease left them when it said where for every one.
+        let ctids: Option<Vec<&str>> =
+            fence.and_then(|_| deliveries.iter().map(|(leased, _)| leased.ctid.as_deref()).collect());
+        let statement = match (fence, &ctids) {
+            (Some(_), Some(_)) => sql::APPLY_BATCH_AT_POSTGRES,
+            (Some(_), None) => sql::APPLY_BATCH_POSTGRES,
+            (None, _) => sql::APPLY_DELIVERIES_POSTGRES,
+        };
         let n = deliveries.len();
         let (mut ids, mut events, mut attempts) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
         let (mut orders, mut items, mut qtys) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
@@ -316,7 +323,7 @@ impl Store {
             items.push(event.item_id.as_str());
             qtys.push(event.qty);
         }
-        let rows: Vec<(String, String, Option<i64>)> = sqlx::query_as(statement)
+        let mut query = sqlx::query_as(statement)
             .bind(fence)
             .bind(&ids)
             .bind(&events)
@@ -326,10 +333,12 @@ impl Store {
             .bind(&qtys)
             .bind(worker_id)
             .bind(ack == AckMode::InApplyTxn)
-            .bind(&published)
-            .fetch_all(pg)
-            .await
-            .map_err(|e| match fetched("inbox_processed")(e) {
+            .bind(&published);
+        if let Some(ctids) = &ctids {
+            query = query.bind(ctids);
+        }
+        let rows: Vec<(String, String, Option<i64>)> =
+            query.fetch_all(pg).await.map_err(|e| match fetched("inbox_processed")(e) {
                 NotCommitted(e) => autocommitted(e),
                 corrupt => corrupt,
             })?;
@@ -460,6 +469,26 @@ impl Store {
         }
         let mut conn = self.pool.acquire().await.map_err(NotCommitted)?;
         self.delete_held(&mut conn, message_ids, holder).await
+    }
+
+    /// [`Store::ack_batch`] for messages of one lease with where the lease
+    /// left their rows (`(id, ctid)`, from [`Leased::ctid`]): PostgreSQL
+    /// deletes them there, without looking each id up. By id where an
+    /// address is missing, on SQLite, and under `no-lease-token`, whose ack
+    /// acts on whoever holds a message, wherever a later lease moved it.
+    pub async fn ack_leased(&self, acks: &[(&str, Option<&str>)], lease_token: &str) -> Result<u64, StoreError> {
+        let ctids: Option<Vec<&str>> = acks.iter().map(|(_, ctid)| *ctid).collect();
+        let pg = self.pg_settle.as_ref().or(self.pg.as_ref());
+        match (pg, ctids, self.holder(Some(lease_token))) {
+            (Some(pg), Some(ctids), Some(token)) if !ctids.is_empty() => {
+                let deleted = sqlx::query(sql::ACK_BATCH_AT_POSTGRES).bind(token).bind(&ctids).execute(pg).await;
+                Ok(deleted.map_err(NotCommitted)?.rows_affected())
+            }
+            _ => {
+                let ids: Vec<&str> = acks.iter().map(|(id, _)| *id).collect();
+                self.ack_batch(&ids, lease_token).await
+            }
+        }
     }
 
     /// Deletes the messages `holder` (any holder when `None`) still holds.

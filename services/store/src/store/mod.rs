@@ -130,12 +130,13 @@ fn fetched(table: &'static str) -> impl Fn(sqlx::Error) -> StoreError {
 }
 
 /// A leased message as the lease statement returns it: message id, event id,
-/// payload, headers, delivery count, lease end, enqueue time.
-type LeaseRow = (String, String, String, String, i64, i64, i64);
+/// payload, headers, delivery count, lease end, enqueue time, and on
+/// PostgreSQL the row's address.
+type LeaseRow = (String, String, String, String, i64, i64, i64, Option<String>);
 
 /// A leased row as the lease returned it, under `token`.
 fn leased(row: LeaseRow, token: &str) -> Leased {
-    let (message_id, event_id, payload, headers, delivery_count, lease_until_ms, enqueued_at_ms) = row;
+    let (message_id, event_id, payload, headers, delivery_count, lease_until_ms, enqueued_at_ms, ctid) = row;
     Leased {
         message_id,
         event_id,
@@ -146,6 +147,7 @@ fn leased(row: LeaseRow, token: &str) -> Leased {
         lease_token: token.to_owned(),
         lease_until_ms,
         enqueued_at_ms,
+        ctid,
     }
 }
 

@@ -50,7 +50,7 @@ impl Store {
         rows.sort_by_key(|r| (r.6, r.7));
         Ok(rows
             .into_iter()
-            .map(|(m, e, p, h, d, until, enqueued, _)| leased((m, e, p, h, d, until, enqueued), &token))
+            .map(|(m, e, p, h, d, until, enqueued, _)| leased((m, e, p, h, d, until, enqueued, None), &token))
             .collect())
     }
 

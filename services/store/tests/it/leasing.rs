@@ -106,6 +106,40 @@ async fn bug_no_lease_token_lets_the_zombie_ack() {
     }
 }
 
+/// The worker's ack names each message with where its lease left the row
+/// (on PostgreSQL, its `ctid`). A zombie's ack finds its message leased again
+/// and moved, and deletes nothing; the new holder's deletes it; under
+/// `no-lease-token` the zombie's ack goes by id and deletes whoever's it is.
+#[tokio::test]
+async fn an_ack_by_where_the_lease_left_the_row_is_still_fenced_by_its_token() {
+    for db in databases().await {
+        for bug in [None, Some(haunt_store::Bug::NoLeaseToken)] {
+            let store = match bug {
+                None => open(&db).await,
+                Some(bug) => crate::open_with_bug(&db, bug).await,
+            };
+            let order_id = format!("o-{bug:?}");
+            store.place_order(&order(&order_id, "apple", 1)).await.unwrap();
+            let zombie = store.lease(1, SHORT_LEASE, LeaseClock::Database).await.unwrap().remove(0);
+            let postgres = db.kind == "postgres";
+            assert_eq!(zombie.ctid.is_some(), postgres, "{}: the lease says where the row is", db.kind);
+            tokio::time::sleep(SHORT_LEASE + Duration::from_millis(100)).await;
+            let current = store.lease(1, Duration::from_secs(30), LeaseClock::Database).await.unwrap().remove(0);
+            assert_eq!(current.message_id, zombie.message_id, "{}", db.kind);
+            let ack = |l: &haunt_store::Leased| vec![(l.message_id.clone(), l.ctid.clone())];
+            let (zombies, currents) = (ack(&zombie), ack(&current));
+            let deleted = store.ack_leased(&of(&zombies), &zombie.lease_token).await.unwrap();
+            if bug.is_none() {
+                assert_eq!(deleted, 0, "{}: the zombie's ack deletes nothing", db.kind);
+                assert_eq!(store.ack_leased(&of(&currents), &current.lease_token).await.unwrap(), 1, "{}", db.kind);
+            } else {
+                assert_eq!(deleted, 1, "{}: no-lease-token: the zombie's ack deletes the message", db.kind);
+            }
+            assert_eq!(count_kind(&final_lines(&store).await, "pending"), 0, "{}", db.kind);
+        }
+    }
+}
+
 /// A worker paused past its lease wakes up and applies a message that its new
 /// holder has already parked as a dead letter (delivered past the limit).
 async fn zombie_applies_after_dead_letter(store: &haunt_store::Store) -> Applied {
@@ -175,4 +209,9 @@ async fn worker_clock_leases_follow_the_given_clock() {
         let honest = store.lease(1, Duration::from_secs(30), LeaseClock::Database).await.unwrap();
         assert_eq!(honest.len(), 0, "{}: the skewed lease ends an hour from now", db.kind);
     }
+}
+
+/// Acks as [`haunt_store::Store::ack_leased`] takes them.
+fn of(acks: &[(String, Option<String>)]) -> Vec<(&str, Option<&str>)> {
+    acks.iter().map(|(id, ctid)| (id.as_str(), ctid.as_deref())).collect()
 }
