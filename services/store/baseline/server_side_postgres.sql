@@ -19,6 +19,8 @@
 --      the worker parses it. (Without a relay the worker's publish_seq is NULL,
 --      as it is here.)
 --   3. ack: delete the held messages, fenced by the token. COMMIT.
+-- The fence and the ack find the rows where the lease left them (their ctid),
+-- as the worker does since 2026-12-07, not by primary key.
 -- With ack_in_effect the delete joins the apply's transaction: two commits per
 -- batch instead of three. With async_lease_ack the lease's and the ack's
 -- commits do not wait for the WAL flush (synchronous_commit = off), the apply's
@@ -47,10 +49,14 @@ DECLARE
     item_ids text[];
     qtys bigint[];
     held text[];
+    -- Where each leased row is, and each held one.
+    tids tid[];
+    held_tids tid[];
 BEGIN
-    -- 1. Lease. The batch's ids as an array (`= ANY(ARRAY(…))`), so that the
-    -- update finds them by primary key; `IN (SELECT …)` plans a hash semi-join
-    -- over a scan of the whole queue.
+    -- 1. Lease. The picked rows' addresses as an array (`ctid =
+    -- ANY(ARRAY(…))`), so that the update fetches them where the pick found
+    -- (and locked) them; `IN (SELECT …)` plans a hash semi-join over a scan
+    -- of the whole queue.
     IF async_lease_ack THEN
         SET LOCAL synchronous_commit = off;
     END IF;
@@ -60,21 +66,22 @@ BEGIN
             lease_token = token,
             lease_until_ms = CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS bigint) + visibility_ms,
             visible_at_ms = CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS bigint) + visibility_ms
-        WHERE message_id = ANY(ARRAY(
-            SELECT message_id FROM queue_messages
+        WHERE ctid = ANY(ARRAY(
+            SELECT ctid FROM queue_messages
             WHERE visible_at_ms <= CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS bigint)
             ORDER BY visible_at_ms
             LIMIT batch_size
             FOR UPDATE SKIP LOCKED))
-        RETURNING message_id, event_id, payload, delivery_count, enqueued_at_ms
+        RETURNING message_id, event_id, payload, delivery_count, enqueued_at_ms, ctid
     )
     SELECT array_agg(l.message_id ORDER BY l.enqueued_at_ms, l.message_id),
            array_agg(l.event_id ORDER BY l.enqueued_at_ms, l.message_id),
            array_agg(l.delivery_count ORDER BY l.enqueued_at_ms, l.message_id),
            array_agg(p.order_id ORDER BY l.enqueued_at_ms, l.message_id),
            array_agg(p.item_id ORDER BY l.enqueued_at_ms, l.message_id),
-           array_agg(p.qty ORDER BY l.enqueued_at_ms, l.message_id)
-    INTO ids, events, attempts, order_ids, item_ids, qtys
+           array_agg(p.qty ORDER BY l.enqueued_at_ms, l.message_id),
+           array_agg(l.ctid)
+    INTO ids, events, attempts, order_ids, item_ids, qtys, tids
     FROM l CROSS JOIN LATERAL json_to_record(CAST(l.payload AS json)) AS p(order_id text, item_id text, qty bigint);
     COMMIT;
     IF ids IS NULL THEN
@@ -82,10 +89,11 @@ BEGIN
         RETURN;
     END IF;
 
-    -- 2. Apply, fenced: the rows the lease still holds, locked by primary key.
-    SELECT array_agg(h.message_id) INTO held
-    FROM (SELECT message_id FROM queue_messages
-          WHERE message_id = ANY(ids) AND lease_token = token
+    -- 2. Apply, fenced: the rows the lease still holds, locked where the
+    -- lease left them.
+    SELECT array_agg(h.message_id), array_agg(h.ctid) INTO held, held_tids
+    FROM (SELECT message_id, ctid FROM queue_messages
+          WHERE ctid = ANY(tids) AND lease_token = token
           FOR UPDATE) h;
     IF held IS NOT NULL THEN
         -- The held deliveries: a join, not `= ANY(held)` in a filter, which
@@ -148,7 +156,7 @@ BEGIN
         END IF;
     END IF;
     IF held IS NOT NULL THEN
-        DELETE FROM queue_messages WHERE message_id = ANY(held) AND lease_token = token;
+        DELETE FROM queue_messages WHERE ctid = ANY(held_tids) AND lease_token = token;
     END IF;
     COMMIT;
     leased := cardinality(ids);
