@@ -35,8 +35,10 @@ pub struct Dialect {
     ///
     /// The fence: locks and names the rows of the batch (`$1`, its message
     /// ids) that the lease `$2` still holds. PostgreSQL locks them against a
-    /// new lease, and finds them by primary key (`= ANY(ARRAY(…))`, as the
-    /// lease does); SQLite needs a write first, so that the transaction holds
+    /// new lease, and finds them by primary key (`= ANY(ARRAY(…))`: this
+    /// stepwise path runs there only under the bug modes, whose switches sit
+    /// between the steps; the one-statement apply finds them where the lease
+    /// left them); SQLite needs a write first, so that the transaction holds
     /// the database's write lock before it reads.
     pub hold: &'static str,
     /// `$1` `[[event id, delivery count], …]` into the inbox, in that order;
