@@ -175,7 +175,16 @@ pub(crate) async fn wal_since(baseline: &Baseline, start: Option<i64>) -> Option
     Some(baseline.wal_position().await? - start?)
 }
 
-async fn haunt_drain(db: &DbUrl, workers: usize, how: Drain, n: usize) -> anyhow::Result<Drained> {
+/// One drain of the queue by `workers` in-process workers under `how`: its
+/// rate, its CPU and, given `wal` (the bench's own connections, outside the
+/// drain's pools), the WAL the server wrote meanwhile.
+async fn haunt_drain(
+    db: &DbUrl,
+    workers: usize,
+    how: Drain,
+    n: usize,
+    wal: Option<&Baseline>,
+) -> anyhow::Result<Drained> {
     // The pools are opened, migrated and warmed before the clock starts, as
     // the server-side limit's pool is: the figure is the drain, not the
     // connects (which took a few percent of a 1 s phase when they were timed).
@@ -189,8 +198,10 @@ async fn haunt_drain(db: &DbUrl, workers: usize, how: Drain, n: usize) -> anyhow
         stores.push(store);
     }
     let watcher = Store::connect(db, StoreOptions::default()).await?;
-    let wal = Baseline::connect(db, 1).await?;
-    let wal_start = wal.wal_position().await;
+    let wal_start = match wal {
+        Some(baseline) => baseline.wal_position().await,
+        None => None,
+    };
     let ack = if how.protocol.ack_in_apply { AckMode::InApplyTxn } else { AckMode::Separate };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut running = tokio::task::JoinSet::new();
@@ -231,19 +242,21 @@ async fn haunt_drain(db: &DbUrl, workers: usize, how: Drain, n: usize) -> anyhow
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let (elapsed, cpu) = (started.elapsed().as_secs_f64(), cpu.and_then(CpuClock::spent));
-    let wal_bytes = wal_since(&wal, wal_start).await;
+    let wal_bytes = match wal {
+        Some(baseline) => wal_since(baseline, wal_start).await,
+        None => None,
+    };
     let _ = stop.send(true);
     while let Some(ended) = running.join_next().await {
         ended.context("joining a worker")?;
     }
     watcher.close().await;
-    wal.close().await;
     Ok(Drained { events_per_s: n as f64 / elapsed, cpu, wal_bytes })
 }
 
 /// [`haunt_drain`]'s rate alone.
 async fn haunt_rate(db: &DbUrl, workers: usize, how: Drain, n: usize) -> anyhow::Result<f64> {
-    Ok(haunt_drain(db, workers, how, n).await?.events_per_s)
+    Ok(haunt_drain(db, workers, how, n, None).await?.events_per_s)
 }
 
 /// One drain phase: `n` events enqueued, the tables settled
@@ -803,7 +816,7 @@ impl<'a> Bench<'a> {
             for _ in 0..o.paired_rounds.max(1) {
                 haunt.push(
                     drain_phase(self.baseline, size, "haunt workers, paired with pgmq", || {
-                        haunt_drain(&o.db, o.workers, how, o.events)
+                        haunt_drain(&o.db, o.workers, how, o.events, Some(self.baseline))
                     })
                     .await?,
                 );
