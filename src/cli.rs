@@ -124,22 +124,12 @@ pub fn main() -> i32 {
             eprintln!("haunt bench: {}", haunt_bench::NOT_BUILT);
             64
         }
-        Command::Bench(crate::bench::BenchCommand::Harness(args)) => {
-            run_async_code("haunt bench", async { crate::bench::harness(args).await.map(|()| 0) })
-        }
-        Command::Bench(crate::bench::BenchCommand::Pipeline(args)) => {
-            run_async_code("haunt bench", async { crate::bench::pipeline(args).await.map(|()| 0) })
-        }
-        Command::Bench(crate::bench::BenchCommand::Transport(args)) => {
-            run_async_code("haunt bench", async { crate::bench::transport(args).await.map(|()| 0) })
-        }
-        Command::Bench(crate::bench::BenchCommand::Check(args)) => match crate::bench::check(args) {
-            Ok(()) => 0,
-            Err(e) => {
-                eprintln!("haunt bench: {e:#}");
-                1
+        Command::Bench(command) => {
+            if cfg!(debug_assertions) {
+                eprintln!("haunt bench: {UNOPTIMIZED}");
             }
-        },
+            bench(command)
+        }
         Command::Api(args) => run_async(services::api(args)),
         Command::Worker(args) => {
             let threads = args.threads;
@@ -152,6 +142,34 @@ pub fn main() -> i32 {
         Command::Guarantees(args) => run_async_code("haunt guarantees", crate::guarantees_cmd::guarantees(args)),
         Command::Shrink(args) => run_async_code("haunt shrink", crate::shrink_cmd::shrink(args)),
         Command::Run(args) => run_async_code("haunt run", crate::run_cmd::run(*args)),
+    }
+}
+
+/// What `haunt bench` says first in a build without optimisation (the
+/// README's first command builds one; a bench's figures are a release
+/// build's).
+const UNOPTIMIZED: &str = "warning: this haunt is a dev build, without optimisation: its figures are not what \
+     a release build measures. Build one with `cargo build --release --features bench`.";
+
+fn bench(command: crate::bench::BenchCommand) -> i32 {
+    use crate::bench::BenchCommand;
+    match command {
+        BenchCommand::Harness(args) => {
+            run_async_code("haunt bench", async { crate::bench::harness(args).await.map(|()| 0) })
+        }
+        BenchCommand::Pipeline(args) => {
+            run_async_code("haunt bench", async { crate::bench::pipeline(args).await.map(|()| 0) })
+        }
+        BenchCommand::Transport(args) => {
+            run_async_code("haunt bench", async { crate::bench::transport(args).await.map(|()| 0) })
+        }
+        BenchCommand::Check(args) => match crate::bench::check(args) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("haunt bench: {e:#}");
+                1
+            }
+        },
     }
 }
 

@@ -22,8 +22,9 @@
 //!
 //! The benches are this crate's default feature `run`. The `haunt` binary
 //! depends on the crate without it, so that the README's first command
-//! (`cargo run --release -- run`) does not compile them: they were about a
-//! tenth of that build's CPU (docs/performance.md, the first verdict).
+//! (`cargo run -- run`) and a plain release build do not compile them: they
+//! were about a tenth of a release build's CPU (docs/performance.md, the
+//! first verdict).
 //! `cargo build --release --features bench` builds the binary with them, and
 //! a workspace build (the suite's) has them through this crate's default.
 //! Without it each bench function returns an error that says so, and

@@ -290,7 +290,12 @@ fn the_pipeline_bench_refuses_a_database_with_data() {
     rt.block_on(keep_me(&url, true));
     let out = bench(&db);
     assert_eq!(out.status.code(), Some(3));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not empty"), "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not empty"), "{stderr}");
+    // The suite's binary is a dev build, as the README's first command's is:
+    // a bench says its figures are not a release build's (a release build of
+    // the suite would not).
+    assert_eq!(stderr.contains("a dev build, without optimisation"), cfg!(debug_assertions), "{stderr}");
     rt.block_on(keep_me(&url, false));
 }
 
