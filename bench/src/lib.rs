@@ -44,6 +44,8 @@ pub use options::{CheckOptions, HarnessOptions, PipelineOptions, TransportOption
 #[cfg(feature = "run")]
 mod check;
 #[cfg(feature = "run")]
+mod cpu;
+#[cfg(feature = "run")]
 mod harness;
 #[cfg(feature = "run")]
 mod pgmq;

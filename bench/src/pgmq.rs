@@ -15,8 +15,8 @@ use anyhow::Context;
 use haunt_store::{Baseline, DbUrl};
 use serde_json::json;
 
+use crate::cpu::{CpuClock, CpuSpent};
 use crate::pipeline::Drained;
-use crate::worker_process::{CpuClock, CpuSpent};
 
 /// pgmq's SQL, read before any phase runs, so that a bad path fails at once.
 #[derive(Debug, Clone)]

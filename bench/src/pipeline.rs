@@ -47,10 +47,9 @@ use haunt_telemetry::metrics::{OutcomeLabels, WorkerMetrics};
 use serde_json::json;
 
 use crate::PipelineOptions;
+use crate::cpu::{CpuClock, CpuSpent, cpu_seconds};
 use crate::pgmq::{AgainstPgmq, PgmqSql, pgmq_phase};
-use crate::worker_process::{
-    CpuClock, CpuSpent, WorkerCommand, WorkerProcess, cpu_seconds, worker_process, worker_processes,
-};
+use crate::worker_process::{WorkerCommand, WorkerProcess, worker_process, worker_processes};
 
 /// Messages per batch of the client-side SQL baseline, as in issue 8's
 /// pgbench script.
@@ -294,6 +293,13 @@ where
     Ok(value)
 }
 
+/// Refuses a database that holds anything: the benches empty their tables
+/// after each phase. `store` has opened (and so migrated) it.
+pub(crate) async fn ensure_empty(store: &Store, db: &DbUrl) -> anyhow::Result<()> {
+    anyhow::ensure!(store.is_empty().await?, "{db} is not empty; the bench needs a database of its own");
+    Ok(())
+}
+
 /// Returns once the queue is empty (every event applied: the phase's drain is
 /// verified after), for the `haunt worker` process, whose count of
 /// applications the bench cannot read. Polled at 20 ms with a probe that
@@ -509,7 +515,7 @@ async fn pipeline_run(
     )
     .await
     .with_context(|| format!("opening {}", options.db))?;
-    anyhow::ensure!(store.is_empty().await?, "{} is not empty; the bench needs a database of its own", options.db);
+    ensure_empty(&store, &options.db).await?;
     let pgmq = options.pgmq_sql.as_deref().map(|p| PgmqSql::read(p, &options.db)).transpose()?;
     let baseline = Baseline::connect(&options.db, 32).await?;
     if let Some(sql) = &pgmq {

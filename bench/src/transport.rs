@@ -48,7 +48,7 @@ use haunt_transport::{Envelope, Options, TransportSpec};
 use serde_json::json;
 
 use crate::TransportOptions;
-use crate::pipeline::{Record, verify_drained};
+use crate::pipeline::{Record, ensure_empty, verify_drained};
 
 /// Distinct items of the events (the projection's rows).
 const ITEMS: usize = 100;
@@ -102,9 +102,9 @@ async fn transport_run(
     // Migrated, and refused unless empty, before anything starts: the bench
     // empties its tables after each phase.
     let store = Store::connect(&options.db, StoreOptions::default()).await?;
-    let empty = store.is_empty().await?;
+    let empty = ensure_empty(&store, &options.db).await;
     store.close().await;
-    anyhow::ensure!(empty, "{} is not empty; the bench needs a database of its own", options.db);
+    empty?;
     let baseline = Baseline::connect(&options.db, 4).await?;
     let dir = tempfile::tempdir()?;
     let name = spec.server().context("no broker server")?;

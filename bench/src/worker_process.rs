@@ -1,9 +1,6 @@
 //! A `haunt worker` process draining a queue alone, measured from outside: its
 //! rate, its peak resident set and CPU time, and the CPU time of its server
 //! backends, all read from /proc. The one place the benches start a process.
-//! Also the benches' CPU clocks from /proc ([`cpu_seconds`] of a process,
-//! [`CpuClock`] of the machine and this process), which the in-process
-//! drains read too.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -12,6 +9,7 @@ use anyhow::Context;
 use haunt_store::{Baseline, Store};
 use serde_json::json;
 
+use crate::cpu::cpu_seconds;
 use crate::pipeline::{named, wait_drained};
 
 /// How long a stopped worker process (or the profiler around it) may take to
@@ -20,10 +18,6 @@ const WORKER_EXIT_GRACE: Duration = Duration::from_secs(60);
 
 /// The PostgreSQL application_name of the worker process's connections.
 const WORKER_APPLICATION_NAME: &str = "haunt-bench-worker";
-
-/// Linux's clock ticks per second in /proc/PID/stat (USER_HZ, 100 on every
-/// architecture the kernel exports it for).
-const USER_HZ: f64 = 100.0;
 
 /// The longest process name /proc/PID/comm holds (TASK_COMM_LEN less its NUL).
 const COMM_LEN_MAX: usize = 15;
@@ -74,55 +68,6 @@ impl WorkerProcess {
             "postgres_backends_cpu_us_per_event": self.backends_cpu_s.map(|c| c * 1e6 / n as f64),
         })
     }
-}
-
-/// CPU time spent so far by the whole machine (every process, from
-/// /proc/stat) and by this process: around a drain whose consumers run in
-/// this process against a server on this machine, the second is the
-/// consumers' side and the difference the server's (and whatever else ran).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct CpuClock {
-    machine_s: f64,
-    own_s: f64,
-}
-
-/// The CPU a drain spent, in seconds: see [`CpuClock`].
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct CpuSpent {
-    pub machine_s: f64,
-    pub own_s: f64,
-}
-
-impl CpuClock {
-    /// Now; `None` where /proc says nothing (not Linux).
-    pub fn now() -> Option<CpuClock> {
-        Some(CpuClock { machine_s: machine_cpu_seconds()?, own_s: cpu_seconds(std::process::id())? })
-    }
-
-    pub fn spent(self) -> Option<CpuSpent> {
-        let now = CpuClock::now()?;
-        Some(CpuSpent { machine_s: now.machine_s - self.machine_s, own_s: now.own_s - self.own_s })
-    }
-}
-
-/// Busy CPU seconds of every core so far, from /proc/stat's first line: user,
-/// nice, system, irq and softirq (idle, iowait and steal left out; guest time
-/// is inside user).
-fn machine_cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let line = stat.lines().next()?.strip_prefix("cpu ")?;
-    let ticks: Vec<f64> = line.split_whitespace().map(|f| f.parse().ok()).collect::<Option<_>>()?;
-    let busy = [0, 1, 2, 5, 6].iter().map(|&i| ticks.get(i).copied()).sum::<Option<f64>>()?;
-    Some(busy / USER_HZ)
-}
-
-/// User plus system CPU seconds of a process, from /proc/PID/stat.
-pub(crate) fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name, which is in parentheses and may hold spaces.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let (utime, stime): (f64, f64) = (fields.get(11)?.parse().ok()?, fields.get(12)?.parse().ok()?);
-    Some((utime + stime) / USER_HZ)
 }
 
 /// The process named `comm` at or below `pid`: the worker itself, or the child
