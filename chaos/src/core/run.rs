@@ -5,7 +5,8 @@
 //!
 //! A run is assembled from roles ([`Roles`]): the system under test, its
 //! client, the nemeses and the checker, each a trait object, so a test can
-//! swap any of them ([`execute`]). [`run`] assembles the reference pipeline's.
+//! swap any of them ([`execute`]); the `assemble` module builds them for a
+//! system and hands them here.
 //! Nothing here knows how a system is laid out (`crate::systems::pipeline`), how a fault
 //! is built (`crate::core::fault`) or what the options allow (`crate::core::options`).
 

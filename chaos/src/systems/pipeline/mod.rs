@@ -1,8 +1,9 @@
 //! The reference pipeline as a [`System`]: the API and the workers over
 //! SQLite or PostgreSQL, as child processes (the local backend) or as
 //! containers on a private network with a PostgreSQL container of their own
-//! (the Docker backend). With a broker transport (local only), the broker
-//! runs as a node of its own and a relay publishes the outbox to it.
+//! (the Docker backend). With a broker transport, the broker runs as a
+//! node of its own (a process, or a container) and a relay publishes the
+//! outbox to it.
 //! Everything about how it is laid out lives here: the ports, the fault
 //! proxies in front of the API, the database and the broker, the services'
 //! arguments, the admin token of their fault switches.
