@@ -26,7 +26,8 @@ pub(crate) struct CpuSpent {
 }
 
 impl CpuClock {
-    /// Now; `None` where /proc says nothing (not Linux).
+    /// Now; `None` where /proc or the process's CPU clock says nothing
+    /// (not Linux).
     pub fn now() -> Option<CpuClock> {
         Some(CpuClock { machine_s: machine_cpu_seconds()?, own_s: own_cpu_seconds()? })
     }
