@@ -117,6 +117,30 @@ fn a_node_that_never_becomes_ready_is_named_with_its_command_and_log() {
     assert!(stderr.contains("exited"), "{stderr}");
 }
 
+/// A node with an admin endpoint whose process dies at start (a SQLite
+/// schema race of the Go shop's workers did so in CI) is reported with its
+/// command and its log as soon as it has exited, not as an endpoint that
+/// kept refusing connections for the readiness wait.
+#[test]
+fn a_node_whose_admin_endpoint_dies_with_its_process_is_named_with_its_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = one_node_file(tmp.path(), API, "orders");
+    let worker = r#"
+[[node]]
+name = "worker"
+command = ["sh", "-c", "echo schema: database is locked >&2; exit 4"]
+admin = "http://127.0.0.1:{port:worker}"
+points = ["after-delivery"]
+"#;
+    let text = std::fs::read_to_string(&file).unwrap().replace("\n[client]", &format!("{worker}\n[client]"));
+    std::fs::write(&file, text).unwrap();
+    let stderr = failing_run(&file, &tmp.path().join("store"));
+    assert!(stderr.contains("node worker: its admin endpoint http://127.0.0.1:"), "{stderr}");
+    assert!(stderr.contains("did not answer before its process exited"), "{stderr}");
+    assert!(stderr.contains("command: sh -c echo schema: database is locked"), "{stderr}");
+    assert!(stderr.contains("    schema: database is locked"), "its log's tail: {stderr}");
+}
+
 #[test]
 fn a_final_state_query_that_fails_is_reported_with_the_database_error() {
     let tmp = tempfile::tempdir().unwrap();

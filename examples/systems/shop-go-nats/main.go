@@ -80,13 +80,35 @@ func main() {
 }
 
 // openDB opens the SQLite file in WAL mode and creates the schema; every
-// statement is IF NOT EXISTS, so any process may come first.
+// statement is IF NOT EXISTS, so any process may come first. SQLite answers
+// some lock conflicts SQLITE_BUSY at once, without waiting on the busy
+// timeout, and three processes opening a new file together under load met
+// both (a worker died at start):
+//   - switching the file to WAL, which one process does and the others find
+//     done: retried for a few seconds;
+//   - a deferred transaction's upgrade from reading to writing: every
+//     transaction begins IMMEDIATE instead, taking the write lock at once.
 func openDB(path string) (*sql.DB, error) {
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)")
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)&_txlock=immediate")
 	if err != nil {
 		return nil, err
 	}
 	db.SetMaxOpenConns(1) // one writer per process; processes wait on the busy timeout
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		_, err = db.Exec(`PRAGMA journal_mode=WAL`)
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("journal_mode=WAL: %w", err)
+	}
+	tx, err := db.Begin()
+	if err != nil {
+		return nil, fmt.Errorf("schema: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
 	for _, stmt := range []string{
 		`CREATE TABLE IF NOT EXISTS orders (order_id TEXT PRIMARY KEY, item_id TEXT NOT NULL,
 			qty INTEGER NOT NULL, event_id TEXT NOT NULL UNIQUE)`,
@@ -96,9 +118,12 @@ func openDB(path string) (*sql.DB, error) {
 		`CREATE TABLE IF NOT EXISTS ledger (event_id TEXT NOT NULL, order_id TEXT NOT NULL, item_id TEXT NOT NULL,
 			qty INTEGER NOT NULL, delivery_attempt INTEGER NOT NULL, worker_id TEXT NOT NULL, applied_at_ms INTEGER NOT NULL)`,
 	} {
-		if _, err := db.Exec(stmt); err != nil {
+		if _, err := tx.Exec(stmt); err != nil {
 			return nil, fmt.Errorf("schema: %w", err)
 		}
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("schema: %w", err)
 	}
 	return db, nil
 }

@@ -399,18 +399,26 @@ impl Foreign {
 
     /// Why `node` is not ready, with what a user needs to fix it.
     fn not_ready(&self, node: &Node, probe: &str, last: &str) -> anyhow::Error {
+        self.not_answering(node, &format!("node {} never became ready: {probe}", node.name), last)
+    }
+
+    /// `what` (naming the node and what it was asked) did not answer: how
+    /// long was waited or that the process exited, its command and the last
+    /// lines of its log.
+    fn not_answering(&self, node: &Node, what: &str, last: &str) -> anyhow::Error {
         let decl = self.spec.nodes.iter().find(|d| d.name == node.name);
         let command = decl.map(|d| d.command.join(" ")).unwrap_or_default();
         let log = self.nodes.log(node);
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         let tail = lines[lines.len().saturating_sub(20)..].join("\n    ");
-        let state = if self.surfaces.backend.is_running(node) { "running" } else { "exited" };
+        let when = if self.surfaces.backend.is_running(node) {
+            format!("within {} s (last: {last}; the process is running)", READY_WAIT.as_secs())
+        } else {
+            format!("before its process exited (last: {last})")
+        };
         anyhow::anyhow!(
-            "node {} never became ready: {probe} did not answer within {} s (last: {last}; the process has {state})\n  \
-             command: {command}\n  the last lines of {}:\n    {tail}",
-            node.name,
-            READY_WAIT.as_secs(),
+            "{what} did not answer {when}\n  command: {command}\n  the last lines of {}:\n    {tail}",
             log.display()
         )
     }
@@ -588,17 +596,23 @@ impl Foreign {
     async fn check_admin(&self, admin: &Admin) -> anyhow::Result<()> {
         for node in &admin.nodes {
             let decl = self.spec.nodes.iter().find(|d| d.name == node.name).context("an admin of no node")?;
+            // Waited for as a readiness probe is, and not past its process's exit.
+            let process = self.surfaces.backend.nodes().into_iter().find(|n| n.name == node.name);
+            let exited = || process.as_ref().is_some_and(|n| !self.surfaces.backend.is_running(n));
             let deadline = Instant::now() + READY_WAIT;
             let offered = loop {
                 match admin.get(&node.name, "/admin/points").await {
                     Ok(answer) => break answer,
-                    Err(e) if Instant::now() >= deadline => anyhow::bail!(
-                        "node {}: its admin endpoint {} did not answer GET /admin/points within {} s ({e:#}); \
-                         see docs/admin.md",
-                        node.name,
-                        node.base,
-                        READY_WAIT.as_secs()
-                    ),
+                    Err(e) if Instant::now() >= deadline || exited() => {
+                        let what = format!(
+                            "node {}: its admin endpoint {} (see docs/admin.md): GET /admin/points",
+                            node.name, node.base
+                        );
+                        return Err(match &process {
+                            Some(process) => self.not_answering(process, &what, &format!("{e:#}")),
+                            None => anyhow::anyhow!("{what} did not answer within {} s ({e:#})", READY_WAIT.as_secs()),
+                        });
+                    }
                     Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
                 }
             };
