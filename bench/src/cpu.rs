@@ -38,6 +38,29 @@ impl CpuClock {
     }
 }
 
+/// What a drain of `n` events cost the whole machine: its CPU per event (every
+/// process's, the server's and the consumers' together) and the share of
+/// the cores busy meanwhile (1.0: every core busy all along). Measured on
+/// both sides of a paired round, it says whether a side that drains slower
+/// spent more CPU per event or left the cores idle.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MachineUse {
+    pub cpu_us_per_event: f64,
+    pub busy_share: f64,
+}
+
+impl MachineUse {
+    /// From the CPU `spent` over `elapsed_s` of wall time draining `n` events.
+    pub fn of(spent: Option<CpuSpent>, elapsed_s: f64, n: usize) -> Option<MachineUse> {
+        let cores = std::thread::available_parallelism().ok()?.get() as f64;
+        let machine_s = spent?.machine_s;
+        (elapsed_s > 0.0 && n > 0).then(|| MachineUse {
+            cpu_us_per_event: machine_s * 1e6 / n as f64,
+            busy_share: machine_s / (elapsed_s * cores),
+        })
+    }
+}
+
 /// Busy CPU seconds of every core so far, from /proc/stat's first line: user,
 /// nice, system, irq and softirq (idle, iowait and steal left out; guest time
 /// is inside user).
@@ -113,5 +136,17 @@ mod tests {
         }
         let spent = clock.spent().expect("/proc on Linux");
         assert!(spent.own_s > 0.0, "{spent:?}");
+    }
+
+    #[test]
+    fn a_machine_use_is_per_event_and_per_core() {
+        let cores = std::thread::available_parallelism().unwrap().get() as f64;
+        let spent = CpuSpent { machine_s: 1.0, own_s: 0.25 };
+        let used = MachineUse::of(Some(spent), 2.0, 1_000).unwrap();
+        assert_eq!(used.cpu_us_per_event, 1_000.0);
+        assert_eq!(used.busy_share, 1.0 / (2.0 * cores));
+        assert!(MachineUse::of(Some(spent), 0.0, 1_000).is_none(), "no time, no share");
+        assert!(MachineUse::of(Some(spent), 2.0, 0).is_none(), "no events, no figure per event");
+        assert!(MachineUse::of(None, 2.0, 1_000).is_none(), "nothing from /proc");
     }
 }

@@ -47,7 +47,7 @@ use haunt_telemetry::metrics::{OutcomeLabels, WorkerMetrics};
 use serde_json::json;
 
 use crate::PipelineOptions;
-use crate::cpu::{CpuClock, CpuSpent, cpu_seconds};
+use crate::cpu::{CpuClock, CpuSpent, MachineUse, cpu_seconds};
 use crate::pgmq::{AgainstPgmq, PgmqSql, pgmq_phase};
 use crate::worker_process::{WorkerCommand, WorkerProcess, worker_process, worker_processes};
 
@@ -258,6 +258,17 @@ async fn haunt_rate(db: &DbUrl, workers: usize, how: Drain, n: usize) -> anyhow:
     Ok(haunt_drain(db, workers, how, n, None).await?.events_per_s)
 }
 
+/// [`haunt_drain`]'s rate and what it cost the machine.
+async fn haunt_rate_and_use(
+    db: &DbUrl,
+    workers: usize,
+    how: Drain,
+    n: usize,
+) -> anyhow::Result<(f64, Option<MachineUse>)> {
+    let d = haunt_drain(db, workers, how, n, None).await?;
+    Ok((d.events_per_s, MachineUse::of(d.cpu, n as f64 / d.events_per_s, n)))
+}
+
 /// One drain phase: `n` events enqueued, the tables settled
 /// ([`Baseline::settle`]), `measure` run, every event checked applied once
 /// and numbered ([`Record::Numbered`]), the tables emptied for the next phase.
@@ -374,6 +385,7 @@ async fn backends_cpu(baseline: &Baseline, name: &str) -> anyhow::Result<std::co
 struct Limit {
     events_per_s: f64,
     backends_cpu_us_per_event: Option<f64>,
+    machine: Option<MachineUse>,
 }
 
 /// `tasks` consumers of the server-side limit drain the queue over `limit`'s
@@ -387,6 +399,7 @@ async fn server_side_at(
 ) -> anyhow::Result<Limit> {
     let before = backends_cpu(baseline, LIMIT_APPLICATION_NAME).await?;
     let b = limit.clone();
+    let (started, clock) = (Instant::now(), CpuClock::now());
     let events_per_s = timed(n, tasks, move |t| {
         let b = b.clone();
         async move {
@@ -395,10 +408,11 @@ async fn server_side_at(
         }
     })
     .await?;
+    let machine = MachineUse::of(clock.and_then(CpuClock::spent), started.elapsed().as_secs_f64(), n);
     let after = backends_cpu(baseline, LIMIT_APPLICATION_NAME).await?;
     let spent: f64 = after.iter().map(|(pid, cpu)| cpu - before.get(pid).copied().unwrap_or(0.0)).sum();
     let backends_cpu_us_per_event = (!after.is_empty()).then(|| spent * 1e6 / n as f64);
-    Ok(Limit { events_per_s, backends_cpu_us_per_event })
+    Ok(Limit { events_per_s, backends_cpu_us_per_event, machine })
 }
 
 /// What a limit phase needs besides its protocol and consumer count.
@@ -442,6 +456,9 @@ struct Paired {
     haunt: Vec<f64>,
     /// Each drain against the mean of the limits on either side of it.
     ratios: Vec<f64>,
+    /// What each limit drain and each of haunt's cost the machine.
+    limits_use: Vec<Option<MachineUse>>,
+    haunt_use: Vec<Option<MachineUse>>,
 }
 
 async fn paired<Fut>(
@@ -452,16 +469,21 @@ async fn paired<Fut>(
     rounds: usize,
 ) -> anyhow::Result<Paired>
 where
-    Fut: std::future::Future<Output = anyhow::Result<f64>>,
+    Fut: std::future::Future<Output = anyhow::Result<(f64, Option<MachineUse>)>>,
 {
-    let mut limits = vec![limit_phase(setup, protocol, tasks).await?.events_per_s];
-    let mut haunt = Vec::with_capacity(rounds);
+    let first = limit_phase(setup, protocol, tasks).await?;
+    let (mut limits, mut limits_use) = (vec![first.events_per_s], vec![first.machine]);
+    let (mut haunt, mut haunt_use) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
     for _ in 0..rounds {
-        haunt.push(drain_phase(setup.baseline, setup.size, "haunt workers, paired", &drain).await?);
-        limits.push(limit_phase(setup, protocol, tasks).await?.events_per_s);
+        let (rate, machine) = drain_phase(setup.baseline, setup.size, "haunt workers, paired", &drain).await?;
+        haunt.push(rate);
+        haunt_use.push(machine);
+        let limit = limit_phase(setup, protocol, tasks).await?;
+        limits.push(limit.events_per_s);
+        limits_use.push(limit.machine);
     }
     let ratios: Vec<f64> = haunt.iter().zip(limits.windows(2)).map(|(h, l)| h / ((l[0] + l[1]) / 2.0)).collect();
-    Ok(Paired { protocol: protocol.name, consumers: tasks, limits, haunt, ratios })
+    Ok(Paired { protocol: protocol.name, consumers: tasks, limits, haunt, ratios, limits_use, haunt_use })
 }
 
 impl Paired {
@@ -469,6 +491,21 @@ impl Paired {
     /// quantiles), NaN with no round.
     fn median_ratio(&self) -> f64 {
         haunt_checker::stats::quantile(&mut self.ratios.clone(), 0.5).unwrap_or(f64::NAN)
+    }
+
+    /// `; the machine: …` with each side's median CPU per event and busy
+    /// share, or nothing where /proc said nothing.
+    fn machine_line(&self) -> String {
+        let side = |uses: &[Option<MachineUse>]| {
+            let m = machine_use_medians(uses);
+            let cpu = m["cpu_us_per_event_median"].as_f64()?;
+            let busy = m["busy_share_median"].as_f64()?;
+            Some(format!("{cpu:.1} us/event, {:.0} % of the cores busy", busy * 100.0))
+        };
+        match (side(&self.limits_use), side(&self.haunt_use)) {
+            (Some(limit), Some(haunt)) => format!("; the machine: limit {limit}, haunt {haunt}"),
+            _ => String::new(),
+        }
     }
 
     fn json(&self) -> serde_json::Value {
@@ -479,8 +516,24 @@ impl Paired {
             "haunt": self.haunt,
             "ratios": self.ratios,
             "median_ratio": self.median_ratio(),
+            "machine": {
+                "limits": machine_use_medians(&self.limits_use),
+                "haunt": machine_use_medians(&self.haunt_use),
+            },
         })
     }
+}
+
+/// The medians of the drains' [`MachineUse`], null where /proc said nothing.
+fn machine_use_medians(uses: &[Option<MachineUse>]) -> serde_json::Value {
+    let median = |f: fn(&MachineUse) -> f64| {
+        let mut values: Vec<f64> = uses.iter().flatten().map(f).collect();
+        haunt_checker::stats::quantile(&mut values, 0.5)
+    };
+    json!({
+        "cpu_us_per_event_median": median(|u| u.cpu_us_per_event),
+        "busy_share_median": median(|u| u.busy_share),
+    })
 }
 
 /// Runs every phase (or, with `profile_worker`, only the profiled worker
@@ -757,14 +810,15 @@ impl<'a> Bench<'a> {
                 limits.best_at.get(protocol.name).and_then(|t| t.as_u64()).context("the protocol's best count")?
                     as usize;
             let how = Drain { batch_size: o.batch_size, protocol };
-            let drain = || haunt_rate(&o.db, o.workers, how, o.events);
+            let drain = || haunt_rate_and_use(&o.db, o.workers, how, o.events);
             let p = paired(setup, protocol, tasks, drain, o.paired_rounds).await?;
             (self.progress)(&format!(
-                "paired, {:<40} {:.2} of its limit (median of {}: {})",
+                "paired, {:<40} {:.2} of its limit (median of {}: {}){}",
                 protocol.name,
                 p.median_ratio(),
                 p.ratios.len(),
-                p.ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", ")
+                p.ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", "),
+                p.machine_line()
             ));
             pairs.push(p);
         }
@@ -792,12 +846,13 @@ impl<'a> Bench<'a> {
         let p = paired(setup, default, tasks, drain, o.paired_rounds).await?;
         (self.progress)(&format!(
             "paired, {} haunt worker processes as haunt run starts them (RUST_LOG=info, metrics served) {:.2} of the \
-             limit of {} (median of {}: {})",
+             limit of {} (median of {}: {}){}",
             o.workers,
             p.median_ratio(),
             default.name,
             p.ratios.len(),
-            p.ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", ")
+            p.ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", "),
+            p.machine_line()
         ));
         Ok(p)
     }

@@ -9,7 +9,7 @@ use anyhow::Context;
 use haunt_store::{Baseline, Store};
 use serde_json::json;
 
-use crate::cpu::cpu_seconds;
+use crate::cpu::{CpuClock, MachineUse, cpu_seconds};
 use crate::pipeline::{named, wait_drained};
 
 /// How long a stopped worker process (or the profiler around it) may take to
@@ -166,14 +166,15 @@ fn spawn(command: &WorkerCommand<'_>, id: &str) -> anyhow::Result<tokio::process
 }
 
 /// `count` `haunt worker` processes, as `haunt run` starts its workers, drain
-/// `n` pre-enqueued events together: their rate, events/s.
+/// `n` pre-enqueued events together: their rate, events/s, and what the
+/// drain cost the machine (their starts included, as in the rate).
 pub(crate) async fn worker_processes(
     command: WorkerCommand<'_>,
     count: usize,
     n: usize,
     watcher: &Store,
-) -> anyhow::Result<f64> {
-    let started = Instant::now();
+) -> anyhow::Result<(f64, Option<MachineUse>)> {
+    let (started, clock) = (Instant::now(), CpuClock::now());
     let mut children =
         (1..=count).map(|i| spawn(&command, &format!("bench-process-{i}"))).collect::<anyhow::Result<Vec<_>>>()?;
     wait_drained(watcher, started, || {
@@ -186,11 +187,12 @@ pub(crate) async fn worker_processes(
     })
     .await
     .with_context(|| format!("{count} worker processes, {n} events"))?;
-    let events_per_s = n as f64 / started.elapsed().as_secs_f64();
+    let elapsed = started.elapsed().as_secs_f64();
+    let machine = MachineUse::of(clock.and_then(CpuClock::spent), elapsed, n);
     for child in &mut children {
         child.kill().await?;
     }
-    Ok(events_per_s)
+    Ok((n as f64 / elapsed, machine))
 }
 
 #[cfg(test)]

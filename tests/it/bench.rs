@@ -251,6 +251,14 @@ fn paired_series(report: &serde_json::Value, key: &str, protocol: &str, ratio: &
     let median = (sorted[sorted.len() / 2] * 1000.0).round() / 1000.0;
     assert_eq!(paired["median_ratio"].as_f64(), Some(median), "{report:#}");
     assert_eq!(report["ratios"][ratio].as_f64(), Some(median), "{report:#}");
+    // What each side's drains cost the machine, from /proc/stat's ticks of
+    // 10 ms: a drain of a few hundred events may read none, never less.
+    for side in ["limits", "haunt"] {
+        for figure in ["cpu_us_per_event_median", "busy_share_median"] {
+            let value = paired["machine"][side][figure].as_f64();
+            assert!(value.is_some_and(|v| v.is_finite() && v >= 0.0), "{key}.machine.{side}.{figure}: {report:#}");
+        }
+    }
 }
 
 #[test]
