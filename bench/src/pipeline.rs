@@ -497,9 +497,7 @@ impl Paired {
     /// share, or nothing where /proc said nothing.
     fn machine_line(&self) -> String {
         let side = |uses: &[Option<MachineUse>]| {
-            let m = machine_use_medians(uses);
-            let cpu = m["cpu_us_per_event_median"].as_f64()?;
-            let busy = m["busy_share_median"].as_f64()?;
+            let (Some(cpu), Some(busy)) = machine_use_medians(uses) else { return None };
             Some(format!("{cpu:.1} us/event, {:.0} % of the cores busy", busy * 100.0))
         };
         match (side(&self.limits_use), side(&self.haunt_use)) {
@@ -517,23 +515,27 @@ impl Paired {
             "ratios": self.ratios,
             "median_ratio": self.median_ratio(),
             "machine": {
-                "limits": machine_use_medians(&self.limits_use),
-                "haunt": machine_use_medians(&self.haunt_use),
+                "limits": machine_use_json(&self.limits_use),
+                "haunt": machine_use_json(&self.haunt_use),
             },
         })
     }
 }
 
-/// The medians of the drains' [`MachineUse`], null where /proc said nothing.
-fn machine_use_medians(uses: &[Option<MachineUse>]) -> serde_json::Value {
+/// The medians of the drains' [`MachineUse`]: CPU per event and busy share,
+/// `None` where /proc said nothing.
+fn machine_use_medians(uses: &[Option<MachineUse>]) -> (Option<f64>, Option<f64>) {
     let median = |f: fn(&MachineUse) -> f64| {
         let mut values: Vec<f64> = uses.iter().flatten().map(f).collect();
         haunt_checker::stats::quantile(&mut values, 0.5)
     };
-    json!({
-        "cpu_us_per_event_median": median(|u| u.cpu_us_per_event),
-        "busy_share_median": median(|u| u.busy_share),
-    })
+    (median(|u| u.cpu_us_per_event), median(|u| u.busy_share))
+}
+
+/// [`machine_use_medians`] as the report writes them.
+fn machine_use_json(uses: &[Option<MachineUse>]) -> serde_json::Value {
+    let (cpu, busy) = machine_use_medians(uses);
+    json!({"cpu_us_per_event_median": cpu, "busy_share_median": busy})
 }
 
 /// Runs every phase (or, with `profile_worker`, only the profiled worker
