@@ -109,7 +109,9 @@ pub struct PipelineBench {
     #[arg(long, value_delimiter = ',', requires = "sweep_batch_sizes")]
     pub sweep_workers: Vec<usize>,
     /// RUST_LOG of the `haunt worker` process the bench starts: `warn` logs
-    /// nothing per delivery; `info` (the worker's default) logs each one.
+    /// nothing but warnings; `info` (the worker's default) adds a line per
+    /// delivery under --worker-spans delivery, none under `batch`; `debug`
+    /// adds one per delivery under either.
     #[arg(long, default_value = "warn")]
     pub worker_rust_log: String,
     /// --spans of that `haunt worker` process: `batch` (one span per batch,

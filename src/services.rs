@@ -259,6 +259,10 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     // Checked before connecting, so a bad flag fails at once.
     config.check().map_err(anyhow::Error::msg)?;
     let store = connect(&args.service.db, args.service.bug).await?;
+    // The loops' connections open before the first lease, not in the first batches.
+    if config.worker.broker.is_none() {
+        store.warm_loops(config.worker.concurrency as u32).await.context("opening the lease loops' connections")?;
+    }
     let listener = match args.metrics_listen {
         Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?),
         None => None,

@@ -49,7 +49,7 @@ use serde_json::json;
 use crate::PipelineOptions;
 use crate::cpu::{CpuClock, CpuSpent, MachineUse, cpu_seconds};
 use crate::pgmq::{AgainstPgmq, PgmqSql, pgmq_phase};
-use crate::worker_process::{WorkerCommand, WorkerProcess, worker_process, worker_processes};
+use crate::worker_process::{WorkerCommand, WorkerProcess, timed_from, worker_process, worker_processes};
 
 /// Messages per batch of the client-side SQL baseline, as in issue 8's
 /// pgbench script.
@@ -62,6 +62,10 @@ const PER_MESSAGE_EVENTS_MAX: usize = 2_000;
 
 /// The PostgreSQL application_name of the server-side limit's connections.
 const LIMIT_APPLICATION_NAME: &str = "haunt-bench-limit";
+
+/// The PostgreSQL application_name of the in-process workers' connections,
+/// so that their backends can be told from the limit's and the bench's.
+const WORKERS_APPLICATION_NAME: &str = "haunt-bench-workers";
 
 /// What a drain's ledger carries besides each event applied once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,10 +194,11 @@ async fn haunt_drain(
     let config = haunt_worker::WorkerConfig::default();
     let options = StoreOptions { async_lease_ack: how.protocol.async_lease_ack, ..StoreOptions::default() };
     let mut stores = Vec::new();
+    let named_db = named(db, WORKERS_APPLICATION_NAME);
     for _ in 0..workers {
-        let store = Store::connect(db, options.clone()).await?;
-        // A loop holds a connection for its lease while its last ack is in flight on another.
-        store.warm(2 * config.concurrency as u32).await?;
+        let store = Store::connect(&named_db, options.clone()).await?;
+        // As `haunt worker` does before its first lease.
+        store.warm_loops(config.concurrency as u32).await?;
         stores.push(store);
     }
     let watcher = Store::connect(db, StoreOptions::default()).await?;
@@ -259,14 +264,20 @@ async fn haunt_rate(db: &DbUrl, workers: usize, how: Drain, n: usize) -> anyhow:
 }
 
 /// [`haunt_drain`]'s rate and what it cost the machine.
-async fn haunt_rate_and_use(
-    db: &DbUrl,
-    workers: usize,
-    how: Drain,
-    n: usize,
-) -> anyhow::Result<(f64, Option<MachineUse>)> {
+async fn haunt_rate_and_use(db: &DbUrl, workers: usize, how: Drain, n: usize) -> anyhow::Result<Timed> {
     let d = haunt_drain(db, workers, how, n, None).await?;
-    Ok((d.events_per_s, MachineUse::of(d.cpu, n as f64 / d.events_per_s, n)))
+    let machine = MachineUse::of(d.cpu, n as f64 / d.events_per_s, n);
+    Ok(Timed { events_per_s: d.events_per_s, machine, start_s: None })
+}
+
+/// One timed drain of haunt's in the paired rounds: its rate, what it cost the
+/// machine, and for worker processes how long they took to start, outside
+/// the rate's time (`None` for in-process workers, whose pools are opened
+/// before the clock starts, and on SQLite, where a process's start is inside).
+pub(crate) struct Timed {
+    pub events_per_s: f64,
+    pub machine: Option<MachineUse>,
+    pub start_s: Option<f64>,
 }
 
 /// One drain phase: `n` events enqueued, the tables settled
@@ -313,8 +324,9 @@ pub(crate) async fn ensure_empty(store: &Store, db: &DbUrl) -> anyhow::Result<()
 
 /// Returns once the queue is empty (every event applied: the phase's drain is
 /// verified after), for the `haunt worker` process, whose count of
-/// applications the bench cannot read. Polled at 20 ms with a probe that
-/// stops at its first row, well inside a phase's seconds; `alive` fails the
+/// applications the bench cannot read. Polled at 10 ms (5 ms late on average,
+/// half a percent of a phase of one second) with a probe that stops at its
+/// first row (a third of a millisecond once the drained rows lie before it); `alive` fails the
 /// wait early when the consumers died.
 pub(crate) async fn wait_drained(
     watcher: &Store,
@@ -327,7 +339,7 @@ pub(crate) async fn wait_drained(
         }
         alive()?;
         anyhow::ensure!(started.elapsed() < Duration::from_secs(600), "not drained in 600 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -459,6 +471,10 @@ struct Paired {
     /// What each limit drain and each of haunt's cost the machine.
     limits_use: Vec<Option<MachineUse>>,
     haunt_use: Vec<Option<MachineUse>>,
+    /// Worker processes' starts, each outside its drain's time.
+    starts_s: Vec<f64>,
+    /// For worker processes, what their drains are timed from.
+    timed_from: Option<&'static str>,
 }
 
 async fn paired<Fut>(
@@ -469,21 +485,33 @@ async fn paired<Fut>(
     rounds: usize,
 ) -> anyhow::Result<Paired>
 where
-    Fut: std::future::Future<Output = anyhow::Result<(f64, Option<MachineUse>)>>,
+    Fut: std::future::Future<Output = anyhow::Result<Timed>>,
 {
     let first = limit_phase(setup, protocol, tasks).await?;
     let (mut limits, mut limits_use) = (vec![first.events_per_s], vec![first.machine]);
     let (mut haunt, mut haunt_use) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
+    let mut starts_s = Vec::new();
     for _ in 0..rounds {
-        let (rate, machine) = drain_phase(setup.baseline, setup.size, "haunt workers, paired", &drain).await?;
-        haunt.push(rate);
-        haunt_use.push(machine);
+        let timed = drain_phase(setup.baseline, setup.size, "haunt workers, paired", &drain).await?;
+        haunt.push(timed.events_per_s);
+        haunt_use.push(timed.machine);
+        starts_s.extend(timed.start_s);
         let limit = limit_phase(setup, protocol, tasks).await?;
         limits.push(limit.events_per_s);
         limits_use.push(limit.machine);
     }
     let ratios: Vec<f64> = haunt.iter().zip(limits.windows(2)).map(|(h, l)| h / ((l[0] + l[1]) / 2.0)).collect();
-    Ok(Paired { protocol: protocol.name, consumers: tasks, limits, haunt, ratios, limits_use, haunt_use })
+    Ok(Paired {
+        protocol: protocol.name,
+        consumers: tasks,
+        limits,
+        haunt,
+        ratios,
+        limits_use,
+        haunt_use,
+        starts_s,
+        timed_from: None,
+    })
 }
 
 impl Paired {
@@ -507,7 +535,7 @@ impl Paired {
     }
 
     fn json(&self) -> serde_json::Value {
-        json!({
+        let mut json = json!({
             "protocol": self.protocol,
             "consumers": self.consumers,
             "limits": self.limits,
@@ -518,7 +546,12 @@ impl Paired {
                 "limits": machine_use_json(&self.limits_use),
                 "haunt": machine_use_json(&self.haunt_use),
             },
-        })
+        });
+        if let Some(from) = self.timed_from {
+            json["timed_from"] = json!(from);
+            json["starts_s"] = json!(self.starts_s);
+        }
+        json
     }
 }
 
@@ -844,12 +877,14 @@ impl<'a> Bench<'a> {
             limits.best_at.get(default.name).and_then(|t| t.as_u64()).context("the protocol's best count")? as usize;
         let command = WorkerCommand { rust_log: "info", spans: None, metrics: true, ..self.command() };
         let store = self.store;
-        let drain = || worker_processes(command, o.workers, o.events, store);
-        let p = paired(setup, default, tasks, drain, o.paired_rounds).await?;
+        let drain = || worker_processes(setup.baseline, command, o.workers, o.events, store);
+        let mut p = paired(setup, default, tasks, drain, o.paired_rounds).await?;
+        p.timed_from = Some(timed_from(p.starts_s.first().copied()));
         (self.progress)(&format!(
-            "paired, {} haunt worker processes as haunt run starts them (RUST_LOG=info, metrics served) {:.2} of the \
-             limit of {} (median of {}: {}){}",
+            "paired, {} haunt worker processes as haunt run starts them (RUST_LOG=info, metrics served, timed from \
+             their {}) {:.2} of the limit of {} (median of {}: {}){}",
             o.workers,
+            p.timed_from.unwrap_or("spawn"),
             p.median_ratio(),
             default.name,
             p.ratios.len(),

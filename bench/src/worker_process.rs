@@ -10,7 +10,7 @@ use haunt_store::{Baseline, Store};
 use serde_json::json;
 
 use crate::cpu::{CpuClock, MachineUse, cpu_seconds};
-use crate::pipeline::{named, wait_drained};
+use crate::pipeline::{Timed, named, wait_drained};
 
 /// How long a stopped worker process (or the profiler around it) may take to
 /// exit: a profiler writes its data in seconds; past this it is killed.
@@ -18,6 +18,9 @@ const WORKER_EXIT_GRACE: Duration = Duration::from_secs(60);
 
 /// The PostgreSQL application_name of the worker process's connections.
 const WORKER_APPLICATION_NAME: &str = "haunt-bench-worker";
+
+/// How long worker processes may take from their spawn to their first leases.
+const WORKER_START_MAX: Duration = Duration::from_secs(30);
 
 /// The longest process name /proc/PID/comm holds (TASK_COMM_LEN less its NUL).
 const COMM_LEN_MAX: usize = 15;
@@ -44,6 +47,9 @@ pub(crate) struct WorkerCommand<'a> {
 #[derive(Debug, Default)]
 pub(crate) struct WorkerProcess {
     pub events_per_s: f64,
+    /// From its spawn to its first leases, outside the rate's time; `None`
+    /// where the rate's time includes it (SQLite).
+    pub start_s: Option<f64>,
     /// VmHWM, MiB.
     pub peak_rss_mib: Option<f64>,
     /// User and system CPU time of the worker process.
@@ -58,6 +64,8 @@ impl WorkerProcess {
     pub fn json(&self, n: usize, command: &WorkerCommand) -> serde_json::Value {
         json!({
             "events_per_s": self.events_per_s,
+            "timed_from": timed_from(self.start_s),
+            "start_s": self.start_s,
             "peak_rss_mib": self.peak_rss_mib,
             "rust_log": command.rust_log,
             "spans": command.spans.unwrap_or("the worker's default"),
@@ -67,6 +75,15 @@ impl WorkerProcess {
             "postgres_backends_cpu_s": self.backends_cpu_s,
             "postgres_backends_cpu_us_per_event": self.backends_cpu_s.map(|c| c * 1e6 / n as f64),
         })
+    }
+}
+
+/// What a worker process's rate is timed from, for the report: its `first
+/// lease` ([`start_held`]), or its `spawn` where nothing held the queue.
+pub(crate) fn timed_from(start_s: Option<f64>) -> &'static str {
+    match start_s {
+        Some(_) => "first lease",
+        None => "spawn",
     }
 }
 
@@ -98,8 +115,8 @@ fn comm_of(exe: &Path) -> String {
 }
 
 /// A `haunt worker` process (under `command.wrapper` if given) drains `n`
-/// pre-enqueued events; its peak resident set (VmHWM) and CPU times are read
-/// from /proc before it is stopped.
+/// pre-enqueued events, timed from its first lease ([`start_held`]); its peak
+/// resident set (VmHWM) and CPU times are read from /proc before it is stopped.
 pub(crate) async fn worker_process(
     baseline: &Baseline,
     command: WorkerCommand<'_>,
@@ -107,8 +124,9 @@ pub(crate) async fn worker_process(
     watcher: &Store,
 ) -> anyhow::Result<WorkerProcess> {
     let wrapper = command.wrapper;
+    let (mut children, start_s) = start_held(baseline, &command, 1).await?;
+    let mut child = children.pop().context("no worker started")?;
     let started = Instant::now();
-    let mut child = spawn(&command, "bench-process")?;
     let pid = child.id().context("the worker has no pid")?;
     wait_drained(watcher, started, || match child.try_wait()? {
         Some(status) => anyhow::bail!("the worker exited with {status} before draining"),
@@ -140,7 +158,48 @@ pub(crate) async fn worker_process(
     } else {
         child.kill().await?;
     }
-    Ok(WorkerProcess { events_per_s, peak_rss_mib, cpu_s, backends_cpu_s })
+    Ok(WorkerProcess { events_per_s, start_s, peak_rss_mib, cpu_s, backends_cpu_s })
+}
+
+/// Starts `count` worker processes with the queue held from their leases
+/// ([`Baseline::hold_queue`]) and lets it go once every lease loop of every
+/// process waits on it: the drain is then timed from its first lease, as the
+/// in-process workers' and the limit's are, and not from the processes'
+/// exec and connects (tens of milliseconds in a phase of about one second).
+/// Answers the processes and how long that start took; `None` on SQLite,
+/// where nothing holds the queue and the drain's clock starts at the spawn.
+pub(crate) async fn start_held(
+    baseline: &Baseline,
+    command: &WorkerCommand<'_>,
+    count: usize,
+) -> anyhow::Result<(Vec<tokio::process::Child>, Option<f64>)> {
+    let hold = baseline.hold_queue().await?;
+    let spawned = Instant::now();
+    let mut children =
+        (1..=count).map(|i| spawn(command, &format!("bench-process-{i}"))).collect::<anyhow::Result<Vec<_>>>()?;
+    let Some(hold) = hold else { return Ok((children, None)) };
+    let loops = count * haunt_worker::WorkerConfig::default().concurrency;
+    loop {
+        let waiting = baseline.lock_waiters(WORKER_APPLICATION_NAME).await?;
+        if waiting >= loops {
+            break;
+        }
+        for child in &mut children {
+            if let Some(status) = child.try_wait()? {
+                anyhow::bail!("a worker exited with {status} before its first lease");
+            }
+        }
+        anyhow::ensure!(
+            spawned.elapsed() < WORKER_START_MAX,
+            "{waiting} of the {loops} lease loops of {count} worker process(es) had sent their first lease {}s after \
+             their start",
+            WORKER_START_MAX.as_secs()
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let start_s = spawned.elapsed().as_secs_f64();
+    hold.release().await?;
+    Ok((children, Some(start_s)))
 }
 
 /// Starts a `haunt worker` process named `id` as `command` says.
@@ -158,7 +217,7 @@ fn spawn(command: &WorkerCommand<'_>, id: &str) -> anyhow::Result<tokio::process
         .args(if command.metrics { &["--metrics-listen", "127.0.0.1:0"][..] } else { &[] })
         .env("RUST_LOG", command.rust_log)
         .stdout(std::process::Stdio::null())
-        // Its logs (one line per delivery at info) would drown the bench's.
+        // Its logs (a line per delivery at info with delivery spans) would drown the bench's.
         .stderr(if wrapper.is_some() { std::process::Stdio::inherit() } else { std::process::Stdio::null() })
         .kill_on_drop(true)
         .spawn()
@@ -166,17 +225,18 @@ fn spawn(command: &WorkerCommand<'_>, id: &str) -> anyhow::Result<tokio::process
 }
 
 /// `count` `haunt worker` processes, as `haunt run` starts its workers, drain
-/// `n` pre-enqueued events together: their rate, events/s, and what the
-/// drain cost the machine (their starts included, as in the rate).
+/// `n` pre-enqueued events together, timed from their first lease
+/// ([`start_held`]): their rate, what the drain cost the machine, and how
+/// long they took to start.
 pub(crate) async fn worker_processes(
+    baseline: &Baseline,
     command: WorkerCommand<'_>,
     count: usize,
     n: usize,
     watcher: &Store,
-) -> anyhow::Result<(f64, Option<MachineUse>)> {
+) -> anyhow::Result<Timed> {
+    let (mut children, start_s) = start_held(baseline, &command, count).await?;
     let (started, clock) = (Instant::now(), CpuClock::now());
-    let mut children =
-        (1..=count).map(|i| spawn(&command, &format!("bench-process-{i}"))).collect::<anyhow::Result<Vec<_>>>()?;
     wait_drained(watcher, started, || {
         for child in &mut children {
             if let Some(status) = child.try_wait()? {
@@ -192,7 +252,7 @@ pub(crate) async fn worker_processes(
     for child in &mut children {
         child.kill().await?;
     }
-    Ok((n as f64 / elapsed, machine))
+    Ok(Timed { events_per_s: n as f64 / elapsed, machine, start_s })
 }
 
 #[cfg(test)]

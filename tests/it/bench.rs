@@ -59,7 +59,7 @@ fn the_pipeline_bench_measures_every_phase_on_sqlite() {
     }
     assert!(report["worker_peak_rss_mib"].as_f64().is_some_and(|m| m > 1.0), "{report:#}");
     assert_eq!(report["sweep"].as_array().map(Vec::len), Some(2));
-    paired_by_default(&report, ("3 commits", "2 commits"));
+    paired_by_default(&report, ("3 commits", "2 commits"), "spawn");
 }
 
 #[test]
@@ -136,7 +136,7 @@ fn the_pipeline_bench_measures_the_server_side_limits_and_baselines_on_postgres(
         assert_eq!(by[&at].as_f64(), Some(best), "{report:#}");
     }
     assert!(report["worker_peak_rss_mib"].as_f64().is_some_and(|m| m > 1.0), "{report:#}");
-    paired_by_default(&report, ("3 commits, lease+ack async", "2 commits, lease async"));
+    paired_by_default(&report, ("3 commits, lease+ack async", "2 commits, lease async"), "first lease");
     // haunt's default drain paired with the consumer over pgmq: pgmq on either
     // side of each of haunt's 9 drains, each ratio against their mean, as many
     // consumers as haunt's lease loops.
@@ -208,8 +208,10 @@ fn the_pipeline_bench_refuses_pgmq_sql_it_cannot_run() {
 /// rounds by default): a limit on either side of every drain, each drain's
 /// ratio against their mean, and the median of those in the ratios; the
 /// same for `--ack-in-txn` and its protocol; and the default once more,
-/// drained by `haunt worker` processes as `haunt run` starts them.
-fn paired_by_default(report: &serde_json::Value, (default, in_txn): (&str, &str)) {
+/// drained by `haunt worker` processes as `haunt run` starts them, timed
+/// from `timed_from`: their first leases where the bench can hold the queue
+/// until every loop has sent one (PostgreSQL), their spawn where not.
+fn paired_by_default(report: &serde_json::Value, (default, in_txn): (&str, &str), timed_from: &str) {
     for (key, protocol, ratio) in [
         ("paired", default, "haunt_vs_own_limit_paired"),
         ("paired_ack_in_txn", in_txn, "haunt_ack_in_txn_vs_own_limit_paired"),
@@ -224,6 +226,14 @@ fn paired_by_default(report: &serde_json::Value, (default, in_txn): (&str, &str)
         (Some("info"), Some(true)),
         "{report:#}"
     );
+    assert_eq!(processes["timed_from"], timed_from, "{report:#}");
+    assert_eq!(report["worker_process"]["timed_from"], timed_from, "{report:#}");
+    // Each round's start, spawn to first leases, outside its drain's time.
+    let starts: Vec<f64> = processes["starts_s"].as_array().unwrap().iter().map(|s| s.as_f64().unwrap()).collect();
+    let expected = if timed_from == "first lease" { 9 } else { 0 };
+    assert_eq!(starts.len(), expected, "{report:#}");
+    assert!(starts.iter().all(|s| *s > 0.0 && *s < 30.0), "{report:#}");
+    assert_eq!(report["worker_process"]["start_s"].as_f64().is_some(), expected > 0, "{report:#}");
 }
 
 /// Nine rounds of haunt's drains (the default) alternated with a baseline

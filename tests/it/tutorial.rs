@@ -116,6 +116,40 @@ fn the_tutorial_by_hand() {
     assert!(String::from_utf8_lossy(&again.stdout).contains("no drift"));
 }
 
+/// A `haunt worker` over PostgreSQL's queue opens its lease loops'
+/// connections before it says it is ready, so that its first batches do not
+/// wait for connects: per loop (two by default) two for leases and acks and
+/// one to apply on.
+#[test]
+fn a_worker_opens_its_loops_connections_before_it_is_ready() {
+    let Some(db) = haunt_testkit::TestDb::postgres_blocking() else { return };
+    let name = format!("haunt-warm-{}", std::process::id());
+    let url = format!("{}{}application_name={name}", db.url, if db.url.contains('?') { '&' } else { '?' });
+    let mut child = haunt(&["worker", "--db", &url]).env("RUST_LOG", "info").stderr(Stdio::piped()).spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let _worker = Service(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut lines = std::io::BufReader::new(stderr).lines().map_while(Result::ok);
+        if lines.any(|l| l.contains("worker ready")) {
+            let _ = tx.send(());
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(30)).expect("no start line from the worker");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let open: i64 = rt.block_on(async {
+        use sqlx::Connection;
+        let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        sqlx::query_scalar("SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = $1")
+            .bind(&name)
+            .fetch_one(&mut c)
+            .await
+            .unwrap()
+    });
+    assert!(open >= 6, "{open} connections open at the worker's start line; its two loops hold six");
+}
+
 /// The runtime threads of a `haunt worker` process: one by default (its
 /// lease loops wait on the database; more threads on a small machine wake
 /// each other, docs/performance.md), as many as `--threads` says, and its

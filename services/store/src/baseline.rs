@@ -63,6 +63,20 @@ pub struct Baseline {
     db: DbUrl,
 }
 
+/// The queue held from every lease ([`Baseline::hold_queue`]); dropped
+/// without [`QueueHold::release`], its transaction rolls back and lets go too.
+#[derive(Debug)]
+pub struct QueueHold {
+    tx: sqlx::Transaction<'static, sqlx::Any>,
+}
+
+impl QueueHold {
+    /// Lets the waiting leases through.
+    pub async fn release(self) -> Result<(), StoreError> {
+        self.tx.rollback().await.map_err(NotCommitted)
+    }
+}
+
 /// What a drain left: the bench checks every event was applied once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DrainCounts {
@@ -377,6 +391,36 @@ impl Baseline {
         sqlx::query_scalar(BACKENDS_NAMED).bind(application_name).fetch_all(&self.pool).await.map_err(NotCommitted)
     }
 
+    /// Holds every lease off the queue until [`QueueHold::release`]: a
+    /// transaction of the bench's holding the queue's table in `EXCLUSIVE`
+    /// mode, which lets reads by (the bench's probes) but makes each lease
+    /// wait for it. So worker processes can start, connect and send their
+    /// first lease before a drain's clock starts, as the in-process workers
+    /// do. `None` on SQLite, whose only lock that would hold them also fails
+    /// their start.
+    pub async fn hold_queue(&self) -> Result<Option<QueueHold>, StoreError> {
+        if self.db.kind() != DbKind::Postgres {
+            return Ok(None);
+        }
+        let mut tx = self.pool.begin().await.map_err(NotCommitted)?;
+        sqlx::raw_sql(HOLD_QUEUE).execute(&mut *tx).await.map_err(NotCommitted)?;
+        Ok(Some(QueueHold { tx }))
+    }
+
+    /// How many backends connected under `application_name` wait for a lock,
+    /// such as the leases a [`QueueHold`] holds off. 0 on SQLite.
+    pub async fn lock_waiters(&self, application_name: &str) -> Result<usize, StoreError> {
+        if self.db.kind() != DbKind::Postgres {
+            return Ok(0);
+        }
+        let n: i64 = sqlx::query_scalar(LOCK_WAITERS)
+            .bind(application_name)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(NotCommitted)?;
+        Ok(usize::try_from(n).unwrap_or(0))
+    }
+
     /// The client-side SQL baseline (the bench's "raw ceiling" until
     /// 2026-12-01): the pipeline's protocol in hand-written SQL sent by the
     /// client, `batch_size` at a time, until the queue is empty: lease (a
@@ -644,6 +688,13 @@ const DROP_SERVER_SIDE_POSTGRES: &str =
 /// $1 batch size, $2 worker id, $3 ack in the apply's transaction, $4 lease and
 /// ack without waiting for the WAL flush. Answers the messages leased.
 const SERVER_SIDE_CALL: &str = "CALL haunt_bench_server_side_batch($1, $2, $3, $4, NULL)";
+
+/// Leases update the queue's rows (`ROW EXCLUSIVE`, or `ROW SHARE` for `FOR
+/// UPDATE`): `EXCLUSIVE` conflicts with both and with nothing a plain read takes.
+const HOLD_QUEUE: &str = "LOCK TABLE queue_messages IN EXCLUSIVE MODE";
+
+const LOCK_WAITERS: &str = "SELECT COUNT(*) FROM pg_stat_activity \
+     WHERE datname = current_database() AND application_name = $1 AND wait_event_type = 'Lock'";
 
 const BACKENDS_NAMED: &str = "SELECT CAST(pid AS BIGINT) FROM pg_stat_activity \
      WHERE datname = current_database() AND application_name = $1";

@@ -26,7 +26,7 @@ pub mod retry;
 mod sql;
 mod store;
 
-pub use baseline::{Baseline, DrainCounts};
+pub use baseline::{Baseline, DrainCounts, QueueHold};
 pub use bug::Bug;
 pub use db_url::{DbKind, DbUrl};
 pub use model::*;

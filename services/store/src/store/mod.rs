@@ -256,9 +256,32 @@ impl Store {
     }
 
     /// Opens `n` connections of each pool now instead of on first use, and
-    /// keeps them idle in the pool: the pipeline bench opens its workers'
-    /// pools before it starts their clock, as the server-side limit's pool
-    /// is open before its clock starts.
+    /// keeps them idle in the pool: the pipeline bench opens its in-process
+    /// workers' pools before it starts their clock, as the server-side
+    /// limit's pool is open before its clock starts.
+    /// Opens now the connections `loops` lease loops hold at once, so that
+    /// the first batches do not wait for connects: per loop, one for its lease
+    /// while its last ack is in flight on another, and on PostgreSQL one to
+    /// apply on (the hot path's own pool; the `Any` pool, which serves the
+    /// rest, is left as it is). Each pool opens at most its size.
+    pub async fn warm_loops(&self, loops: u32) -> Result<(), StoreError> {
+        async fn open<DB: sqlx::Database>(pool: &sqlx::Pool<DB>, n: u32) -> Result<(), StoreError> {
+            let mut held = Vec::new();
+            for _ in 0..n.min(pool.options().get_max_connections()) {
+                held.push(pool.acquire().await.map_err(NotCommitted)?);
+            }
+            Ok(())
+        }
+        match (&self.pg, &self.pg_settle) {
+            (Some(apply), Some(settle)) => {
+                open(settle, 2 * loops).await?;
+                open(apply, loops).await
+            }
+            (Some(pg), None) => open(pg, 2 * loops).await,
+            _ => open(&self.pool, 2 * loops).await,
+        }
+    }
+
     pub async fn warm(&self, n: u32) -> Result<(), StoreError> {
         let mut held = Vec::new();
         for _ in 0..n {
