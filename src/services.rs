@@ -16,7 +16,9 @@ pub struct DbArgs {
     /// Database URL: sqlite://PATH (embedded, the default) or postgres://USER@HOST:PORT/DB.
     #[arg(long, env = "HAUNT_DB", default_value = DEFAULT_DB)]
     pub db: haunt_store::DbUrl,
-    /// Connections in the pool.
+    /// Connections in each pool. `haunt worker` over the database queue opens
+    /// its lease loops' before its first lease: two per loop in one pool (lease
+    /// and ack) and one per loop in another (apply), at most this many each.
     #[arg(long, default_value_t = 8)]
     pub db_connections_max: u32,
 }
