@@ -393,7 +393,7 @@ impl Baseline {
 
     /// Holds every lease off the queue until [`QueueHold::release`]: a
     /// transaction of the bench's holding the queue's table in `EXCLUSIVE`
-    /// mode, which lets reads by (the bench's probes) but makes each lease
+    /// mode, which lets plain reads through (the bench's probes) but makes each lease
     /// wait for it. So worker processes can start, connect and send their
     /// first lease before a drain's clock starts, as the in-process workers
     /// do. `None` on SQLite, whose only lock that would hold them also fails
