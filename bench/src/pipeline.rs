@@ -471,10 +471,12 @@ struct Paired {
     /// What each limit drain and each of haunt's cost the machine.
     limits_use: Vec<Option<MachineUse>>,
     haunt_use: Vec<Option<MachineUse>>,
-    /// Worker processes' starts, each outside its drain's time.
+    /// Worker processes' starts, each outside its drain's time (none where
+    /// their clock starts at the spawn).
     starts_s: Vec<f64>,
-    /// For worker processes, what their drains are timed from.
-    timed_from: Option<&'static str>,
+    /// Whether `haunt worker` processes drained (their report says what their
+    /// clock started at).
+    of_processes: bool,
 }
 
 async fn paired<Fut>(
@@ -510,7 +512,7 @@ where
         limits_use,
         haunt_use,
         starts_s,
-        timed_from: None,
+        of_processes: false,
     })
 }
 
@@ -534,6 +536,11 @@ impl Paired {
         }
     }
 
+    /// What the worker processes' clock started at.
+    fn timed_from(&self) -> &'static str {
+        timed_from(self.starts_s.first().copied())
+    }
+
     fn json(&self) -> serde_json::Value {
         let mut json = json!({
             "protocol": self.protocol,
@@ -547,8 +554,8 @@ impl Paired {
                 "haunt": machine_use_json(&self.haunt_use),
             },
         });
-        if let Some(from) = self.timed_from {
-            json["timed_from"] = json!(from);
+        if self.of_processes {
+            json["timed_from"] = json!(self.timed_from());
             json["starts_s"] = json!(self.starts_s);
         }
         json
@@ -879,12 +886,12 @@ impl<'a> Bench<'a> {
         let store = self.store;
         let drain = || worker_processes(setup.baseline, command, o.workers, o.events, store);
         let mut p = paired(setup, default, tasks, drain, o.paired_rounds).await?;
-        p.timed_from = Some(timed_from(p.starts_s.first().copied()));
+        p.of_processes = true;
         (self.progress)(&format!(
             "paired, {} haunt worker processes as haunt run starts them (RUST_LOG=info, metrics served, timed from \
              their {}) {:.2} of the limit of {} (median of {}: {}){}",
             o.workers,
-            p.timed_from.unwrap_or("spawn"),
+            p.timed_from(),
             p.median_ratio(),
             default.name,
             p.ratios.len(),

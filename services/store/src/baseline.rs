@@ -117,11 +117,7 @@ impl Baseline {
     /// Opens `n` connections now, so that a phase timed over this pool does
     /// not time its connects.
     pub async fn warm(&self, n: u32) -> Result<(), StoreError> {
-        let mut held = Vec::new();
-        for _ in 0..n {
-            held.push(self.pool.acquire().await.map_err(NotCommitted)?);
-        }
-        Ok(())
+        crate::store::open_held(&self.pool, n).await
     }
 
     pub async fn close(&self) {

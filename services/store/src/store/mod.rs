@@ -255,43 +255,30 @@ impl Store {
         &self.injected
     }
 
-    /// Opens `n` connections of each pool now instead of on first use, and
-    /// keeps them idle in the pool: the pipeline bench opens its in-process
-    /// workers' pools before it starts their clock, as the server-side
-    /// limit's pool is open before its clock starts.
     /// Opens now the connections `loops` lease loops hold at once, so that
     /// the first batches do not wait for connects: per loop, one for its lease
     /// while its last ack is in flight on another, and on PostgreSQL one to
     /// apply on (the hot path's own pool; the `Any` pool, which serves the
     /// rest, is left as it is). Each pool opens at most its size.
     pub async fn warm_loops(&self, loops: u32) -> Result<(), StoreError> {
-        async fn open<DB: sqlx::Database>(pool: &sqlx::Pool<DB>, n: u32) -> Result<(), StoreError> {
-            let mut held = Vec::new();
-            for _ in 0..n.min(pool.options().get_max_connections()) {
-                held.push(pool.acquire().await.map_err(NotCommitted)?);
-            }
-            Ok(())
-        }
         match (&self.pg, &self.pg_settle) {
             (Some(apply), Some(settle)) => {
-                open(settle, 2 * loops).await?;
-                open(apply, loops).await
+                open_held(settle, 2 * loops).await?;
+                open_held(apply, loops).await
             }
-            (Some(pg), None) => open(pg, 2 * loops).await,
-            _ => open(&self.pool, 2 * loops).await,
+            (Some(pg), None) => open_held(pg, 2 * loops).await,
+            _ => open_held(&self.pool, 2 * loops).await,
         }
     }
 
+    /// Opens `n` connections of each pool now instead of on first use, and
+    /// keeps them idle in the pool: the transport bench opens its consumers'
+    /// pools before it starts their clock, as the server-side limit's pool is
+    /// open before its clock starts.
     pub async fn warm(&self, n: u32) -> Result<(), StoreError> {
-        let mut held = Vec::new();
-        for _ in 0..n {
-            held.push(self.pool.acquire().await.map_err(NotCommitted)?);
-        }
+        open_held(&self.pool, n).await?;
         for pg in self.pg.iter().chain(&self.pg_settle) {
-            let mut held = Vec::new();
-            for _ in 0..n {
-                held.push(pg.acquire().await.map_err(NotCommitted)?);
-            }
+            open_held(pg, n).await?;
         }
         Ok(())
     }
@@ -386,4 +373,14 @@ fn stored_order(row: &AnyRow) -> Result<StoredOrder, StoreError> {
 async fn read_order(conn: &mut sqlx::AnyConnection, order_id: &str) -> Result<Option<StoredOrder>, StoreError> {
     let row = sqlx::query(sql::ORDER_BY_ID).bind(order_id).fetch_optional(conn).await.map_err(NotCommitted)?;
     row.as_ref().map(stored_order).transpose()
+}
+
+/// Opens `n` connections of `pool` (at most its size) together, then lets
+/// them go idle in it, open.
+pub(crate) async fn open_held<DB: sqlx::Database>(pool: &sqlx::Pool<DB>, n: u32) -> Result<(), StoreError> {
+    let mut held = Vec::new();
+    for _ in 0..n.min(pool.options().get_max_connections()) {
+        held.push(pool.acquire().await.map_err(NotCommitted)?);
+    }
+    Ok(())
 }
