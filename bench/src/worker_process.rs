@@ -10,7 +10,7 @@ use haunt_store::{Baseline, Store};
 use serde_json::json;
 
 use crate::cpu::{CpuClock, MachineUse, cpu_seconds};
-use crate::pipeline::{Timed, named, wait_drained};
+use crate::pipeline::{DrainWatch, Timed, named};
 
 /// How long a stopped worker process (or the profiler around it) may take to
 /// exit: a profiler writes its data in seconds; past this it is killed.
@@ -124,16 +124,18 @@ pub(crate) async fn worker_process(
     watcher: &Store,
 ) -> anyhow::Result<WorkerProcess> {
     let wrapper = command.wrapper;
+    let watch = DrainWatch::before(baseline, watcher, n).await?;
     let (mut children, start_s) = start_held(baseline, &command, 1).await?;
     let mut child = children.pop().context("no worker started")?;
     let started = Instant::now();
     let pid = child.id().context("the worker has no pid")?;
-    wait_drained(watcher, started, || match child.try_wait()? {
-        Some(status) => anyhow::bail!("the worker exited with {status} before draining"),
-        None => Ok(()),
-    })
-    .await
-    .with_context(|| format!("a worker process, {n} events"))?;
+    watch
+        .wait(started, || match child.try_wait()? {
+            Some(status) => anyhow::bail!("the worker exited with {status} before draining"),
+            None => Ok(()),
+        })
+        .await
+        .with_context(|| format!("a worker process, {n} events"))?;
     let events_per_s = n as f64 / started.elapsed().as_secs_f64();
     let worker = process_named(pid, &comm_of(command.haunt));
     let peak_rss_mib = worker.and_then(|w| {
@@ -235,18 +237,20 @@ pub(crate) async fn worker_processes(
     n: usize,
     watcher: &Store,
 ) -> anyhow::Result<Timed> {
+    let watch = DrainWatch::before(baseline, watcher, n).await?;
     let (mut children, start_s) = start_held(baseline, &command, count).await?;
     let (started, clock) = (Instant::now(), CpuClock::now());
-    wait_drained(watcher, started, || {
-        for child in &mut children {
-            if let Some(status) = child.try_wait()? {
-                anyhow::bail!("a worker exited with {status} before draining");
+    watch
+        .wait(started, || {
+            for child in &mut children {
+                if let Some(status) = child.try_wait()? {
+                    anyhow::bail!("a worker exited with {status} before draining");
+                }
             }
-        }
-        Ok(())
-    })
-    .await
-    .with_context(|| format!("{count} worker processes, {n} events"))?;
+            Ok(())
+        })
+        .await
+        .with_context(|| format!("{count} worker processes, {n} events"))?;
     let elapsed = started.elapsed().as_secs_f64();
     let machine = MachineUse::of(clock.and_then(CpuClock::spent), elapsed, n);
     for child in &mut children {

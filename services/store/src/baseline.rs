@@ -403,6 +403,22 @@ impl Baseline {
         Ok(Some(QueueHold { tx }))
     }
 
+    /// How many ledger rows have been numbered so far: the position of the
+    /// sequence that numbers them (0 before the first). The ledger has one
+    /// row per applied event, so a watcher sees a drain's progress in one
+    /// read of a counter, with no plan to choose (the tables' statistics are
+    /// those of their empty state before a drain), instead of probing the
+    /// queue, whose head the acks fill with dead rows. A row is numbered when
+    /// inserted, before its transaction commits, so the difference of two
+    /// reads says "about done", and the queue says when.
+    pub async fn ledger_numbered(&self) -> Result<i64, StoreError> {
+        let sql = match self.db.kind() {
+            DbKind::Postgres => LEDGER_NUMBERED_POSTGRES,
+            DbKind::Sqlite => LEDGER_NUMBERED_SQLITE,
+        };
+        sqlx::query_scalar(sql).fetch_one(&self.pool).await.map_err(NotCommitted)
+    }
+
     /// How many backends connected under `application_name` wait for a lock,
     /// such as the leases a [`QueueHold`] holds off. 0 on SQLite.
     pub async fn lock_waiters(&self, application_name: &str) -> Result<usize, StoreError> {
@@ -687,6 +703,10 @@ const SERVER_SIDE_CALL: &str = "CALL haunt_bench_server_side_batch($1, $2, $3, $
 
 /// Leases update the queue's rows (`ROW EXCLUSIVE`, or `ROW SHARE` for `FOR
 /// UPDATE`): `EXCLUSIVE` conflicts with both and with nothing a plain read takes.
+const LEDGER_NUMBERED_POSTGRES: &str = "SELECT CAST(COALESCE(pg_sequence_last_value(\
+     CAST(pg_get_serial_sequence('projection_ledger', 'id') AS regclass)), 0) AS BIGINT)";
+const LEDGER_NUMBERED_SQLITE: &str = "SELECT CAST(COALESCE((SELECT seq FROM sqlite_sequence \
+     WHERE name = 'projection_ledger'), 0) AS BIGINT)";
 const HOLD_QUEUE: &str = "LOCK TABLE queue_messages IN EXCLUSIVE MODE";
 
 const LOCK_WAITERS: &str = "SELECT COUNT(*) FROM pg_stat_activity \

@@ -443,9 +443,14 @@ pub const FINAL_PENDING: &str =
     "SELECT message_id, event_id, delivery_count FROM queue_messages ORDER BY enqueued_at_ms, message_id";
 pub const FINAL_DEAD: &str =
     "SELECT message_id, event_id, delivery_count, last_error FROM dead_letters ORDER BY dead_at_ms, message_id";
-/// 1 when the queue holds a row, 0 when it is empty.
+/// 1 when the queue holds a row, 0 when it is empty: the first entry of
+/// the `visible_at_ms` index, not the first row of the table. Acks delete
+/// from the table's head, so mid-drain a scan of the table reads through
+/// every row acked since the last vacuum before it finds a live one (2.7 ms
+/// a probe on PostgreSQL in the bench's drains of 50,000 events); the
+/// leases' scans of the index mark its dead entries as they pass them.
 pub const QUEUE_HAS_ROWS: &str =
-    "SELECT CASE WHEN EXISTS (SELECT 1 FROM queue_messages) THEN CAST(1 AS BIGINT) ELSE CAST(0 AS BIGINT) END";
+    "SELECT CAST(COUNT(*) AS BIGINT) FROM (SELECT 1 FROM queue_messages ORDER BY visible_at_ms LIMIT 1) AS first_row";
 
 pub const ROWS_IN_PIPELINE: &str = "SELECT CAST((SELECT COUNT(*) FROM orders) + (SELECT COUNT(*) FROM queue_messages) \
      + (SELECT COUNT(*) FROM projection_ledger) + (SELECT COUNT(*) FROM dead_letters) \

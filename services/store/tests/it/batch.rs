@@ -455,3 +455,42 @@ async fn the_ledger_keeps_the_publish_sequence_a_delivery_carries() {
         }
     }
 }
+
+/// The bench watches a drain by processes through the ledger's numbering and
+/// then the queue's emptiness: the numbering counts every row applied, also
+/// across an emptied ledger (the bench truncates between phases), and the
+/// queue is empty only once the last message of the batch is acked.
+#[tokio::test]
+async fn the_ledger_numbering_counts_every_row_applied_and_the_queue_is_empty_after_the_last_ack() {
+    for db in databases().await {
+        let store = open(&db).await;
+        let baseline = haunt_store::Baseline::connect(&db.url.parse().unwrap(), 2).await.unwrap();
+        let before = baseline.ledger_numbered().await.unwrap();
+        for (i, item) in ["apple", "pear", "apple"].iter().enumerate() {
+            store.place_order(&order(&format!("o{i}"), item, 1)).await.unwrap();
+        }
+        let batch = lease_all(&store, 3).await;
+        assert!(!store.queue_is_empty().await.unwrap(), "{}: three leased messages are still queued", db.kind);
+        store.apply_batch(&events(&batch), "w1").await.unwrap();
+        assert_eq!(baseline.ledger_numbered().await.unwrap() - before, 3, "{}: one ledger row per event", db.kind);
+        assert!(!store.queue_is_empty().await.unwrap(), "{}: applied, not yet acked", db.kind);
+        let (ids, token): (Vec<&str>, &str) =
+            (batch.iter().map(|l| l.message_id.as_str()).collect(), &batch[0].lease_token);
+        assert_eq!(store.ack_batch(&ids[..2], token).await.unwrap(), 2, "{}", db.kind);
+        assert!(!store.queue_is_empty().await.unwrap(), "{}: one message is still unacked", db.kind);
+        assert_eq!(store.ack_batch(&ids[2..], token).await.unwrap(), 1, "{}", db.kind);
+        assert!(store.queue_is_empty().await.unwrap(), "{}: every message acked", db.kind);
+
+        baseline.reset().await.unwrap();
+        store.place_order(&order("o9", "plum", 1)).await.unwrap();
+        let batch = lease_all(&store, 1).await;
+        store.apply_batch(&events(&batch), "w1").await.unwrap();
+        assert_eq!(
+            baseline.ledger_numbered().await.unwrap() - before,
+            4,
+            "{}: the numbering goes on after the ledger is emptied",
+            db.kind
+        );
+        baseline.close().await;
+    }
+}
