@@ -701,12 +701,14 @@ const DROP_SERVER_SIDE_POSTGRES: &str =
 /// ack without waiting for the WAL flush. Answers the messages leased.
 const SERVER_SIDE_CALL: &str = "CALL haunt_bench_server_side_batch($1, $2, $3, $4, NULL)";
 
-/// Leases update the queue's rows (`ROW EXCLUSIVE`, or `ROW SHARE` for `FOR
-/// UPDATE`): `EXCLUSIVE` conflicts with both and with nothing a plain read takes.
+/// The last value the ledger's id sequence handed out (`AUTOINCREMENT`'s
+/// record of it on SQLite), 0 before the first.
 const LEDGER_NUMBERED_POSTGRES: &str = "SELECT CAST(COALESCE(pg_sequence_last_value(\
      CAST(pg_get_serial_sequence('projection_ledger', 'id') AS regclass)), 0) AS BIGINT)";
 const LEDGER_NUMBERED_SQLITE: &str = "SELECT CAST(COALESCE((SELECT seq FROM sqlite_sequence \
      WHERE name = 'projection_ledger'), 0) AS BIGINT)";
+/// Leases update the queue's rows (`ROW EXCLUSIVE`, or `ROW SHARE` for `FOR
+/// UPDATE`): `EXCLUSIVE` conflicts with both and with nothing a plain read takes.
 const HOLD_QUEUE: &str = "LOCK TABLE queue_messages IN EXCLUSIVE MODE";
 
 const LOCK_WAITERS: &str = "SELECT COUNT(*) FROM pg_stat_activity \
