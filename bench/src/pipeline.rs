@@ -342,22 +342,32 @@ impl<'a> DrainWatch<'a> {
 
     /// Returns once the queue is empty (every event applied and acked: the
     /// phase's drain is verified after). Until the ledger's numbering says that
-    /// about `n` events are in, it is read every 2 ms (a sequence's position,
-    /// microseconds); then the queue every millisecond until the last
-    /// ack is in too. Probing the queue all along cost the processes' drain
-    /// what the limit's never paid: its head is where the acks leave their
-    /// dead rows, and 100 probes a second took a fifth of a core (2.7 ms each
-    /// by a scan of the table; 0.5 ms by its index). `alive` fails the wait
-    /// early when the consumers died.
+    /// about `n` events are in, it is read at the intervals [`next_read`]
+    /// gives: a few reads a drain, closer together as its end nears, never
+    /// more than one every 2 ms; then the queue every millisecond until the
+    /// last ack is in too. Probing the queue all along cost the processes'
+    /// drain what the limit's never paid: its head is where the acks leave
+    /// their dead rows, and 100 probes a second took a fifth of a core (2.7
+    /// ms each by a scan of the table; 0.5 ms by its index). Reading the
+    /// numbering every 2 ms cost less, but still woke the bench and a
+    /// backend 500 times a second on cores the drain had to share. `alive`
+    /// fails the wait early when the consumers died.
     pub(crate) async fn wait(
         &self,
         started: Instant,
         mut alive: impl FnMut() -> anyhow::Result<()>,
     ) -> anyhow::Result<()> {
-        while self.baseline.ledger_numbered().await? - self.ledger_from < self.n as i64 {
+        let n = self.n as i64;
+        let mut last = (Duration::ZERO, 0);
+        loop {
+            let (at, done) = (started.elapsed(), self.baseline.ledger_numbered().await? - self.ledger_from);
+            if done >= n {
+                break;
+            }
             alive()?;
-            anyhow::ensure!(started.elapsed() < Duration::from_secs(600), "not drained in 600 s");
-            tokio::time::sleep(Duration::from_millis(2)).await;
+            anyhow::ensure!(at < Duration::from_secs(600), "not drained in 600 s");
+            tokio::time::sleep(next_read(last, (at, done), n)).await;
+            last = (at, done);
         }
         while !self.watcher.queue_is_empty().await? {
             alive()?;
@@ -366,6 +376,31 @@ impl<'a> DrainWatch<'a> {
         }
         Ok(())
     }
+}
+
+/// The shortest wait between two reads of a drain's progress.
+const READ_EVERY_MIN: Duration = Duration::from_millis(2);
+/// The longest.
+const READ_EVERY_MAX: Duration = Duration::from_millis(100);
+
+/// How long a watcher waits before it reads a drain's progress again, having
+/// read `done` of `n` events in at `at` (both since the drain's start) and
+/// `last` the read before: two fifths of the time the rest would take at the
+/// faster of the rate so far and the rate since the read before, within
+/// [`READ_EVERY_MIN`] and [`READ_EVERY_MAX`]. A drain would have to speed up
+/// two and a half times from one read to the next for a wait to pass its
+/// end; where nothing is in yet, the shortest wait.
+pub(crate) fn next_read(last: (Duration, i64), (at, done): (Duration, i64), n: i64) -> Duration {
+    let rate = |from: (Duration, i64)| {
+        let dt = at.saturating_sub(from.0).as_secs_f64();
+        if dt > 0.0 { (done - from.1) as f64 / dt } else { 0.0 }
+    };
+    let fastest = rate((Duration::ZERO, 0)).max(rate(last));
+    if fastest <= 0.0 {
+        return READ_EVERY_MIN;
+    }
+    let rest = Duration::from_secs_f64((n - done).max(0) as f64 / fastest);
+    rest.mul_f64(0.4).clamp(READ_EVERY_MIN, READ_EVERY_MAX)
 }
 
 /// Runs `tasks` copies of `f` side by side and returns the events per second.
@@ -553,7 +588,14 @@ impl Paired {
     fn machine_line(&self) -> String {
         let side = |uses: &[Option<MachineUse>]| {
             let (Some(cpu), Some(busy)) = machine_use_medians(uses) else { return None };
-            Some(format!("{cpu:.1} us/event, {:.0} % of the cores busy", busy * 100.0))
+            let kernel = machine_median(uses, |u| u.kernel_us_per_event).unwrap_or(f64::NAN);
+            let switches = machine_median(uses, |u| u.switches_per_event).unwrap_or(f64::NAN);
+            let faults = machine_median(uses, |u| u.faults_per_event).unwrap_or(f64::NAN);
+            Some(format!(
+                "{cpu:.1} us/event ({kernel:.1} in the kernel; {switches:.2} context switches, {faults:.2} page faults), \
+                 {:.0} % of the cores busy",
+                busy * 100.0
+            ))
         };
         match (side(&self.limits_use), side(&self.haunt_use)) {
             (Some(limit), Some(haunt)) => format!("; the machine: limit {limit}, haunt {haunt}"),
@@ -590,17 +632,26 @@ impl Paired {
 /// The medians of the drains' [`MachineUse`]: CPU per event and busy share,
 /// `None` where /proc said nothing.
 fn machine_use_medians(uses: &[Option<MachineUse>]) -> (Option<f64>, Option<f64>) {
-    let median = |f: fn(&MachineUse) -> f64| {
-        let mut values: Vec<f64> = uses.iter().flatten().map(f).collect();
-        haunt_checker::stats::quantile(&mut values, 0.5)
-    };
-    (median(|u| u.cpu_us_per_event), median(|u| u.busy_share))
+    (machine_median(uses, |u| u.cpu_us_per_event), machine_median(uses, |u| u.busy_share))
 }
 
-/// [`machine_use_medians`] as the report writes them.
+/// The median of one figure of the drains' [`MachineUse`].
+fn machine_median(uses: &[Option<MachineUse>], f: fn(&MachineUse) -> f64) -> Option<f64> {
+    let mut values: Vec<f64> = uses.iter().flatten().map(f).collect();
+    haunt_checker::stats::quantile(&mut values, 0.5)
+}
+
+/// The medians of the drains' [`MachineUse`] as the report writes them.
 fn machine_use_json(uses: &[Option<MachineUse>]) -> serde_json::Value {
     let (cpu, busy) = machine_use_medians(uses);
-    json!({"cpu_us_per_event_median": cpu, "busy_share_median": busy})
+    json!({
+        "cpu_us_per_event_median": cpu,
+        "busy_share_median": busy,
+        "kernel_us_per_event_median": machine_median(uses, |u| u.kernel_us_per_event),
+        "steal_share_median": machine_median(uses, |u| u.steal_share),
+        "switches_per_event_median": machine_median(uses, |u| u.switches_per_event),
+        "faults_per_event_median": machine_median(uses, |u| u.faults_per_event),
+    })
 }
 
 /// Runs every phase (or, with `profile_worker`, only the profiled worker
@@ -1214,5 +1265,57 @@ impl Figures {
             report.insert("sweep".into(), json!(sweep));
         }
         report
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A watcher's reads of a drain whose count at time t is `count(t)`, until
+    /// it sees `n`: how many reads, and how long after the drain's end the
+    /// last one came.
+    fn watch(n: i64, count: impl Fn(Duration) -> i64) -> (usize, Duration) {
+        let (mut at, mut last, mut reads) = (Duration::ZERO, (Duration::ZERO, 0), 0);
+        let end = (0..).map(|us| Duration::from_micros(us * 100)).find(|&t| count(t) >= n).expect("the drain ends");
+        loop {
+            reads += 1;
+            let done = count(at);
+            if done >= n {
+                return (reads, at - end);
+            }
+            let wait = next_read(last, (at, done), n);
+            assert!(wait >= READ_EVERY_MIN && wait <= READ_EVERY_MAX, "{wait:?}");
+            last = (at, done);
+            at += wait;
+        }
+    }
+
+    #[test]
+    fn a_watcher_with_nothing_in_yet_reads_again_at_the_shortest_wait() {
+        assert_eq!(next_read((Duration::ZERO, 0), (Duration::from_millis(30), 0), 50_000), READ_EVERY_MIN);
+        assert_eq!(next_read((Duration::ZERO, 0), (Duration::ZERO, 0), 50_000), READ_EVERY_MIN);
+    }
+
+    #[test]
+    fn a_steady_drain_is_read_a_few_times_and_its_end_seen_within_the_shortest_wait() {
+        // 50,000 events at 50,000 a second, after 40 ms with nothing in.
+        let count = |t: Duration| ((t.as_secs_f64() - 0.04).max(0.0) * 50_000.0) as i64;
+        let (reads, late) = watch(50_000, count);
+        assert!(late <= READ_EVERY_MIN, "seen {late:?} after the end");
+        // Every 2 ms would be about 520 reads.
+        assert!(reads < 60, "{reads} reads");
+    }
+
+    #[test]
+    fn a_drain_that_speeds_up_threefold_is_still_seen_within_the_shortest_wait_of_its_end() {
+        // A slow first half second, then three times the rate.
+        let count = |t: Duration| {
+            let s = t.as_secs_f64();
+            if s < 0.5 { (s * 20_000.0) as i64 } else { 10_000 + ((s - 0.5) * 60_000.0) as i64 }
+        };
+        let (reads, late) = watch(50_000, count);
+        assert!(late <= READ_EVERY_MIN, "seen {late:?} after the end");
+        assert!(reads < 80, "{reads} reads");
     }
 }

@@ -103,6 +103,15 @@ fn process_named(pid: u32, comm: &str) -> Option<u32> {
     None
 }
 
+/// Kills process `pid` if it is still the one named `comm` (not a pid the
+/// kernel has given to another process since).
+fn kill_if_named(pid: u32, comm: &str) {
+    let named = std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm);
+    if let (true, Ok(pid)) = (named, i32::try_from(pid)) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
 /// What /proc/PID/comm says for a process started from `exe`: its file name,
 /// cut to [`COMM_LEN_MAX`] bytes.
 fn comm_of(exe: &Path) -> String {
@@ -156,6 +165,11 @@ pub(crate) async fn worker_process(
         let _ = std::process::Command::new("kill").args(["-INT", &pid.to_string()]).status();
         if tokio::time::timeout(WORKER_EXIT_GRACE, child.wait()).await.is_err() {
             child.kill().await?;
+        }
+        // A wrapper that ends without ending the worker (`strace` detaches
+        // on SIGINT and leaves its tracee running) leaves it to the bench.
+        if let Some(w) = worker.filter(|&w| w != pid) {
+            kill_if_named(w, &comm_of(command.haunt));
         }
     } else {
         child.kill().await?;
@@ -267,5 +281,16 @@ mod tests {
     fn the_comm_of_an_executable_is_its_name_cut_as_the_kernel_cuts_it() {
         assert_eq!(comm_of(Path::new("/work/target/debug/haunt")), "haunt");
         assert_eq!(comm_of(Path::new("/bin/a-very-long-executable-name")), "a-very-long-exe");
+    }
+
+    #[test]
+    fn a_process_left_by_a_wrapper_is_killed_only_under_its_own_name() {
+        let mut sleeper = std::process::Command::new("sleep").arg("30").spawn().expect("sleep(1)");
+        let pid = sleeper.id();
+        kill_if_named(pid, "not-sleep");
+        assert!(sleeper.try_wait().unwrap().is_none(), "a process of another name is left alone");
+        kill_if_named(pid, "sleep");
+        let status = sleeper.wait().unwrap();
+        assert!(!status.success(), "killed: {status}");
     }
 }
