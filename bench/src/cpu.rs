@@ -19,7 +19,7 @@ pub(crate) struct CpuClock {
 }
 
 /// The CPU a drain spent, in seconds: see [`CpuClock`].
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct CpuSpent {
     pub machine_s: f64,
     pub own_s: f64,
