@@ -583,14 +583,18 @@ impl Paired {
         haunt_checker::stats::quantile(&mut self.ratios.clone(), 0.5).unwrap_or(f64::NAN)
     }
 
-    /// `; the machine: …` with each side's median CPU per event and busy
-    /// share, or nothing where /proc said nothing.
+    /// `; the machine: …` with each side's median CPU per event (and the
+    /// kernel's part, switches and faults) and busy share, or nothing where
+    /// /proc said nothing.
     fn machine_line(&self) -> String {
         let side = |uses: &[Option<MachineUse>]| {
-            let (Some(cpu), Some(busy)) = machine_use_medians(uses) else { return None };
-            let kernel = machine_median(uses, |u| u.kernel_us_per_event).unwrap_or(f64::NAN);
-            let switches = machine_median(uses, |u| u.switches_per_event).unwrap_or(f64::NAN);
-            let faults = machine_median(uses, |u| u.faults_per_event).unwrap_or(f64::NAN);
+            let median = |f| machine_median(uses, f);
+            let (Some(cpu), Some(busy)) = (median(|u| u.cpu_us_per_event), median(|u| u.busy_share)) else {
+                return None;
+            };
+            let kernel = median(|u| u.kernel_us_per_event).unwrap_or(f64::NAN);
+            let switches = median(|u| u.switches_per_event).unwrap_or(f64::NAN);
+            let faults = median(|u| u.faults_per_event).unwrap_or(f64::NAN);
             Some(format!(
                 "{cpu:.1} us/event ({kernel:.1} in the kernel; {switches:.2} context switches, {faults:.2} page faults), \
                  {:.0} % of the cores busy",
@@ -629,13 +633,8 @@ impl Paired {
     }
 }
 
-/// The medians of the drains' [`MachineUse`]: CPU per event and busy share,
-/// `None` where /proc said nothing.
-fn machine_use_medians(uses: &[Option<MachineUse>]) -> (Option<f64>, Option<f64>) {
-    (machine_median(uses, |u| u.cpu_us_per_event), machine_median(uses, |u| u.busy_share))
-}
-
-/// The median of one figure of the drains' [`MachineUse`].
+/// The median of one figure of the drains' [`MachineUse`], `None` where
+/// /proc said nothing.
 fn machine_median(uses: &[Option<MachineUse>], f: fn(&MachineUse) -> f64) -> Option<f64> {
     let mut values: Vec<f64> = uses.iter().flatten().map(f).collect();
     haunt_checker::stats::quantile(&mut values, 0.5)
@@ -643,10 +642,9 @@ fn machine_median(uses: &[Option<MachineUse>], f: fn(&MachineUse) -> f64) -> Opt
 
 /// The medians of the drains' [`MachineUse`] as the report writes them.
 fn machine_use_json(uses: &[Option<MachineUse>]) -> serde_json::Value {
-    let (cpu, busy) = machine_use_medians(uses);
     json!({
-        "cpu_us_per_event_median": cpu,
-        "busy_share_median": busy,
+        "cpu_us_per_event_median": machine_median(uses, |u| u.cpu_us_per_event),
+        "busy_share_median": machine_median(uses, |u| u.busy_share),
         "kernel_us_per_event_median": machine_median(uses, |u| u.kernel_us_per_event),
         "steal_share_median": machine_median(uses, |u| u.steal_share),
         "switches_per_event_median": machine_median(uses, |u| u.switches_per_event),
