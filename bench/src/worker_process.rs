@@ -93,8 +93,7 @@ pub(crate) fn timed_from(start_s: Option<f64>) -> &'static str {
 fn process_named(pid: u32, comm: &str) -> Option<u32> {
     let mut pid = pid;
     for _ in 0..4 {
-        let found = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-        if found.trim() == comm {
+        if comm_is(pid, comm) {
             return Some(pid);
         }
         let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
@@ -103,11 +102,15 @@ fn process_named(pid: u32, comm: &str) -> Option<u32> {
     None
 }
 
+/// Whether process `pid` exists and /proc/PID/comm says `comm`.
+fn comm_is(pid: u32, comm: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm)
+}
+
 /// Kills process `pid` if it is still the one named `comm` (not a pid the
 /// kernel has given to another process since).
 fn kill_if_named(pid: u32, comm: &str) {
-    let named = std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm);
-    if let (true, Ok(pid)) = (named, i32::try_from(pid)) {
+    if let (true, Ok(pid)) = (comm_is(pid, comm), i32::try_from(pid)) {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
     }
 }
