@@ -290,6 +290,15 @@ mod tests {
     fn a_process_left_by_a_wrapper_is_killed_only_under_its_own_name() {
         let mut sleeper = std::process::Command::new("sleep").arg("30").spawn().expect("sleep(1)");
         let pid = sleeper.id();
+        // Until the child has exec'd, its comm is still the test's thread's:
+        // a kill then would find another name and (rightly) do nothing.
+        for _ in 0..1000 {
+            if comm_is(pid, "sleep") {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(comm_is(pid, "sleep"), "the child runs sleep within a second");
         kill_if_named(pid, "not-sleep");
         assert!(sleeper.try_wait().unwrap().is_none(), "a process of another name is left alone");
         kill_if_named(pid, "sleep");
